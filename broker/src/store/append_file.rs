@@ -1,0 +1,404 @@
+//! An append-only file written with O_DIRECT through io_uring, with its newest bytes in memory.
+//!
+//! Owns one file on disk and a "hot tail": the appended bytes as `Bytes` chunks, covering at
+//! least everything not yet durable plus up to `hot_tail_bytes` of recent data, so that tailing
+//! readers are served from memory without copying. Used for CommitLog segments, ConsumeQueue
+//! files and index files. It never interprets the bytes.
+//!
+//! Data enters by `append_bytes` / `append_copy` (synchronous, memory only) and reaches the disk
+//! in `flush`, which writes from the last 4 KiB boundary below the durable length to the end
+//! (re-writing the partial last block, zero padded) in one DMA write, then optionally
+//! `fdatasync`s. O_DIRECT needs the file offset, the length and the buffer aligned to the
+//! device's logical block; we use 4 KiB, which satisfies every device we target. The zero padding
+//! past the logical end is why readers of these files find the end by content, not file size.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use glommio::io::{DmaFile, OpenOptions};
+
+/// Alignment of every O_DIRECT write offset, length and buffer.
+pub const DMA_ALIGNMENT_BYTES: u64 = 4096;
+
+pub fn align_down(value: u64) -> u64 {
+    value & !(DMA_ALIGNMENT_BYTES - 1)
+}
+
+pub fn align_up(value: u64) -> u64 {
+    align_down(value + DMA_ALIGNMENT_BYTES - 1)
+}
+
+fn to_io(err: glommio::GlommioError<()>) -> io::Error {
+    io::Error::from(err)
+}
+
+struct Tail {
+    /// Frozen chunks, contiguous, the first starting at `start`.
+    chunks: VecDeque<Bytes>,
+    start: u64,
+    /// Small appends gathered here and frozen into a chunk on the next `append_bytes` or flush.
+    open: BytesMut,
+}
+
+impl Tail {
+    fn freeze_open(&mut self) {
+        if !self.open.is_empty() {
+            let chunk = self.open.split().freeze();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Copies `[from, to)` (which must lie within the tail) into `out`.
+    fn copy_range(&self, from: u64, to: u64, out: &mut [u8]) {
+        let mut chunk_start = self.start;
+        let mut written = 0usize;
+        let pieces = self
+            .chunks
+            .iter()
+            .map(|c| &c[..])
+            .chain(std::iter::once(&self.open[..]));
+        for chunk in pieces {
+            let chunk_end = chunk_start + chunk.len() as u64;
+            if chunk_end > from && chunk_start < to {
+                let lo = from.max(chunk_start);
+                let hi = to.min(chunk_end);
+                let piece = &chunk[(lo - chunk_start) as usize..(hi - chunk_start) as usize];
+                out[written..written + piece.len()].copy_from_slice(piece);
+                written += piece.len();
+            }
+            chunk_start = chunk_end;
+            if chunk_start >= to {
+                break;
+            }
+        }
+        debug_assert_eq!(written as u64, to - from);
+    }
+
+    /// Zero-copy slice when `[from, to)` lies in one frozen chunk.
+    fn slice(&self, from: u64, to: u64) -> Option<Bytes> {
+        let mut chunk_start = self.start;
+        for chunk in &self.chunks {
+            let chunk_end = chunk_start + chunk.len() as u64;
+            if from >= chunk_start && to <= chunk_end {
+                return Some(
+                    chunk.slice((from - chunk_start) as usize..(to - chunk_start) as usize),
+                );
+            }
+            if chunk_end > from {
+                return None;
+            }
+            chunk_start = chunk_end;
+        }
+        None
+    }
+}
+
+/// See the module documentation.
+pub struct AppendFile {
+    path: PathBuf,
+    file: RefCell<Option<Rc<DmaFile>>>,
+    len: Cell<u64>,
+    durable_len: Cell<u64>,
+    hot_tail_bytes: Cell<u64>,
+    is_flushing: Cell<bool>,
+    tail: RefCell<Tail>,
+}
+
+impl AppendFile {
+    /// A file that does not exist yet; it is created by the first flush.
+    pub fn new_lazy(path: PathBuf, hot_tail_bytes: u64) -> AppendFile {
+        AppendFile::with_state(path, None, 0, hot_tail_bytes)
+    }
+
+    /// Opens an existing file whose valid content is `len` bytes (found by the caller's scan);
+    /// anything after `len` is treated as garbage and overwritten by later appends.
+    pub async fn open_existing(
+        path: PathBuf,
+        len: u64,
+        hot_tail_bytes: u64,
+    ) -> io::Result<AppendFile> {
+        let file = open_read_write(&path).await?;
+        let append_file = AppendFile::with_state(path, Some(Rc::new(file)), len, hot_tail_bytes);
+        // The partial last block must be in memory, since the next flush rewrites it whole.
+        let block_start = align_down(len);
+        if block_start < len {
+            let bytes = append_file
+                .read_from_disk(block_start, len - block_start)
+                .await?;
+            let mut tail = append_file.tail.borrow_mut();
+            tail.start = block_start;
+            tail.chunks.push_back(bytes);
+        }
+        Ok(append_file)
+    }
+
+    fn with_state(
+        path: PathBuf,
+        file: Option<Rc<DmaFile>>,
+        len: u64,
+        hot_tail_bytes: u64,
+    ) -> AppendFile {
+        AppendFile {
+            path,
+            file: RefCell::new(file),
+            len: Cell::new(len),
+            durable_len: Cell::new(len),
+            hot_tail_bytes: Cell::new(hot_tail_bytes),
+            is_flushing: Cell::new(false),
+            tail: RefCell::new(Tail {
+                chunks: VecDeque::new(),
+                start: len,
+                open: BytesMut::new(),
+            }),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes appended, durable or not.
+    pub fn len(&self) -> u64 {
+        self.len.get()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len.get() == 0
+    }
+
+    /// Bytes known to be on disk (written, and synced when the flush asked for it).
+    pub fn durable_len(&self) -> u64 {
+        self.durable_len.get()
+    }
+
+    /// Changes how much flushed data stays in memory (0 for sealed files).
+    pub fn set_hot_tail_bytes(&self, bytes: u64) {
+        self.hot_tail_bytes.set(bytes);
+        self.trim_tail();
+    }
+
+    /// Appends a frozen chunk without copying it.
+    pub fn append_bytes(&self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        let mut tail = self.tail.borrow_mut();
+        tail.freeze_open();
+        self.len.set(self.len.get() + bytes.len() as u64);
+        tail.chunks.push_back(bytes);
+    }
+
+    /// Appends a copy of small data (index and queue entries).
+    pub fn append_copy(&self, data: &[u8]) {
+        self.tail.borrow_mut().open.extend_from_slice(data);
+        self.len.set(self.len.get() + data.len() as u64);
+    }
+
+    /// Writes everything appended so far to disk; with `is_sync`, also `fdatasync`s. Returns the
+    /// durable length. Only one flush of a file may run at a time.
+    pub async fn flush(&self, is_sync: bool) -> io::Result<u64> {
+        assert!(
+            !self.is_flushing.replace(true),
+            "concurrent flush of {}",
+            self.path.display()
+        );
+        let result = self.flush_inner(is_sync).await;
+        self.is_flushing.set(false);
+        result
+    }
+
+    async fn flush_inner(&self, is_sync: bool) -> io::Result<u64> {
+        let end = self.len.get();
+        let durable = self.durable_len.get();
+        if end == durable {
+            return Ok(durable);
+        }
+        let file = self.file_or_create().await?;
+        let write_start = align_down(durable);
+        let write_len = align_up(end) - write_start;
+        let mut buffer = file.alloc_dma_buffer(write_len as usize);
+        {
+            let mut tail = self.tail.borrow_mut();
+            tail.freeze_open();
+            debug_assert!(
+                tail.start <= write_start,
+                "hot tail lost bytes still to be written"
+            );
+            let out = buffer.as_bytes_mut();
+            tail.copy_range(write_start, end, &mut out[..(end - write_start) as usize]);
+            out[(end - write_start) as usize..].fill(0);
+        }
+        let written = file.write_at(buffer, write_start).await.map_err(to_io)?;
+        if (written as u64) < write_len {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!(
+                    "short O_DIRECT write to {}: {written} of {write_len} bytes",
+                    self.path.display()
+                ),
+            ));
+        }
+        if is_sync {
+            file.fdatasync().await.map_err(to_io)?;
+        }
+        self.durable_len.set(end);
+        self.trim_tail();
+        Ok(end)
+    }
+
+    async fn file_or_create(&self) -> io::Result<Rc<DmaFile>> {
+        if let Some(file) = self.file.borrow().as_ref() {
+            return Ok(file.clone());
+        }
+        let file = Rc::new(open_read_write(&self.path).await?);
+        *self.file.borrow_mut() = Some(file.clone());
+        Ok(file)
+    }
+
+    /// Drops chunks that are durable, outside the hot window and wholly before the partial
+    /// last block (which the next flush rewrites).
+    fn trim_tail(&self) {
+        let keep_from = align_down(self.durable_len.get())
+            .min(self.len.get().saturating_sub(self.hot_tail_bytes.get()));
+        let mut tail = self.tail.borrow_mut();
+        while let Some(first) = tail.chunks.front() {
+            let first_end = tail.start + first.len() as u64;
+            if first_end > keep_from {
+                break;
+            }
+            tail.start = first_end;
+            tail.chunks.pop_front();
+        }
+    }
+
+    /// Reads `[pos, pos + len)`: from memory when the range is in the hot tail (without copying
+    /// when it lies in one chunk), else with an O_DIRECT read.
+    pub async fn read(&self, pos: u64, len: u64) -> io::Result<Bytes> {
+        let end = pos
+            .checked_add(len)
+            .filter(|&e| e <= self.len.get())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "read of {len} bytes at {pos} is past the end ({}) of {}",
+                        self.len.get(),
+                        self.path.display()
+                    ),
+                )
+            })?;
+        {
+            let tail = self.tail.borrow();
+            if pos >= tail.start {
+                if let Some(bytes) = tail.slice(pos, end) {
+                    return Ok(bytes);
+                }
+                let mut out = vec![0u8; len as usize];
+                tail.copy_range(pos, end, &mut out);
+                return Ok(Bytes::from(out));
+            }
+        }
+        self.read_from_disk(pos, len).await
+    }
+
+    async fn read_from_disk(&self, pos: u64, len: u64) -> io::Result<Bytes> {
+        let file = self.file_or_create().await?;
+        let result = file.read_at(pos, len as usize).await.map_err(to_io)?;
+        if (result.len() as u64) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} is shorter than expected: wanted {len} bytes at {pos}",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(Bytes::copy_from_slice(&result[..len as usize]))
+    }
+
+    /// Cuts the file's content to `len` bytes (recovery only: nothing may be appended yet past
+    /// a durable point that is cut away).
+    pub async fn truncate(&self, len: u64) -> io::Result<()> {
+        assert!(!self.is_flushing.get());
+        if len >= self.len.get() {
+            return Ok(());
+        }
+        let file = self.file_or_create().await?;
+        let block_start = align_down(len);
+        let partial = if block_start < len {
+            Some(self.read(block_start, len - block_start).await?)
+        } else {
+            None
+        };
+        file.truncate(len).await.map_err(to_io)?;
+        file.fdatasync().await.map_err(to_io)?;
+        self.len.set(len);
+        self.durable_len.set(len);
+        let mut tail = self.tail.borrow_mut();
+        tail.chunks.clear();
+        tail.open.clear();
+        tail.start = len;
+        if let Some(partial) = partial {
+            tail.start = block_start;
+            tail.chunks.push_back(partial);
+        }
+        Ok(())
+    }
+
+    /// Cuts whatever lies on disk after the valid length (garbage a crash left behind), so that
+    /// later appends that end on a block boundary are never followed by stale bytes.
+    pub async fn truncate_on_disk(&self, len: u64) -> io::Result<()> {
+        assert_eq!(
+            len,
+            self.len.get(),
+            "truncate_on_disk keeps the valid length"
+        );
+        let file = self.file_or_create().await?;
+        file.truncate(len).await.map_err(to_io)?;
+        file.fdatasync().await.map_err(to_io)
+    }
+
+    /// Closes and deletes the file.
+    pub async fn remove(&self) -> io::Result<()> {
+        let file = self.file.borrow_mut().take();
+        if let Some(file) = file {
+            if let Ok(file) = Rc::try_unwrap(file) {
+                let _ = file.close().await;
+            }
+        }
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Opens (creating if needed) a file for O_DIRECT reads and writes.
+pub async fn open_read_write(path: &Path) -> io::Result<DmaFile> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .dma_open(path)
+        .await
+        .map_err(to_io)
+}
+
+/// Makes glommio decide correctly whether the device under `dir` supports polled I/O.
+///
+/// glommio probes this once per device and thread, with a read at offset 0 of the first
+/// `DmaFile` opened there; on an empty file that read succeeds without touching the device, the
+/// probe wrongly says "pollable", and every later read fails with EOPNOTSUPP on devices without
+/// poll queues. Opening a file that has a real block first gives the probe something to read.
+/// Call once per executor before opening store files.
+pub async fn prime_direct_io_probe(dir: &Path) -> io::Result<()> {
+    let path = dir.join(".direct-io-probe");
+    std::fs::write(&path, vec![0u8; DMA_ALIGNMENT_BYTES as usize])?;
+    let file = open_read_write(&path).await?;
+    let _ = file.close().await;
+    std::fs::remove_file(&path)
+}

@@ -1,0 +1,328 @@
+//! The message index of one storage shard: message key and unique message id → CommitLog
+//! offsets.
+//!
+//! Owns the index files (`<shard>/index/<20-digit store timestamp of the first entry>`) and, for
+//! the newest file, an in-memory hash table over its entries. Files are append-only sequences of
+//! 24-byte entries (key hash u64, commitlog offset u64, store timestamp ms i64; layout in
+//! `docs/storage-format.md`); a file holds at most `max_entries_per_file`, then a new one starts.
+//! Older files are searched by a sequential scan bounded by the query's time range.
+//!
+//! Hashes collide, and derived data may lag the CommitLog, so a hit is only a candidate: the
+//! message store confirms every candidate against the stored record before answering. It is
+//! derived data, rebuilt from the CommitLog after the checkpoint like the ConsumeQueues.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use tracing::warn;
+
+use super::append_file::AppendFile;
+use super::commitlog::{parse_segment_file_name, segment_file_name};
+
+pub const INDEX_ENTRY_BYTES: u64 = 24;
+const HOT_TAIL_BYTES: u64 = 64 << 10;
+
+/// What an index entry was made from; the kind is folded into the hash so that a key and an id
+/// with the same text never collide by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexKind {
+    /// A message key (`KEYS` property), scoped by topic.
+    Key,
+    /// The client-generated unique id (`UNIQ_KEY`), global.
+    UniqueId,
+}
+
+/// FNV-1a 64 over the kind, the topic (keys only) and the text. Stable across versions: it is
+/// part of the file format.
+pub fn index_hash(kind: IndexKind, topic: &str, text: &str) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET_BASIS;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    };
+    match kind {
+        IndexKind::Key => {
+            feed(b"K");
+            feed(topic.as_bytes());
+            feed(b"#");
+        }
+        IndexKind::UniqueId => feed(b"U"),
+    }
+    feed(text.as_bytes());
+    hash
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub hash: u64,
+    pub commitlog_offset: u64,
+    pub store_timestamp_ms: i64,
+}
+
+impl IndexEntry {
+    pub fn encode(&self) -> [u8; INDEX_ENTRY_BYTES as usize] {
+        let mut out = [0u8; INDEX_ENTRY_BYTES as usize];
+        out[0..8].copy_from_slice(&self.hash.to_be_bytes());
+        out[8..16].copy_from_slice(&self.commitlog_offset.to_be_bytes());
+        out[16..24].copy_from_slice(&self.store_timestamp_ms.to_be_bytes());
+        out
+    }
+
+    /// `None` for the zero padding after the last entry (a real entry has a store timestamp).
+    pub fn decode(bytes: &[u8]) -> Option<IndexEntry> {
+        let entry = IndexEntry {
+            hash: u64::from_be_bytes(bytes.get(0..8)?.try_into().ok()?),
+            commitlog_offset: u64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?),
+            store_timestamp_ms: i64::from_be_bytes(bytes.get(16..24)?.try_into().ok()?),
+        };
+        (entry.store_timestamp_ms != 0).then_some(entry)
+    }
+}
+
+struct IndexFile {
+    file: Rc<AppendFile>,
+    first_timestamp_ms: i64,
+    first_commitlog_offset: u64,
+}
+
+/// See the module documentation.
+pub struct MessageIndex {
+    dir: PathBuf,
+    max_entries_per_file: u64,
+    /// Files by first store timestamp (ties broken by the entry offset in the name order).
+    files: RefCell<BTreeMap<(i64, u64), IndexFile>>,
+    /// Hash → (commitlog offset, store timestamp) for the newest file.
+    active: RefCell<HashMap<u64, Vec<(u64, i64)>>>,
+    active_entries: Cell<u64>,
+    last_timestamp_ms: Cell<i64>,
+}
+
+impl MessageIndex {
+    /// Opens the index in `dir`, dropping entries of the newest file that point at or past
+    /// `keep_below` (they are rebuilt from the CommitLog).
+    pub async fn open(
+        dir: PathBuf,
+        max_entries_per_file: u64,
+        keep_below: u64,
+    ) -> io::Result<MessageIndex> {
+        std::fs::create_dir_all(&dir)?;
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            if let Some(ts) = entry.file_name().to_str().and_then(parse_segment_file_name) {
+                names.push((ts, entry.path()));
+            }
+        }
+        names.sort();
+        let index = MessageIndex {
+            dir,
+            max_entries_per_file,
+            files: RefCell::new(BTreeMap::new()),
+            active: RefCell::new(HashMap::new()),
+            active_entries: Cell::new(0),
+            last_timestamp_ms: Cell::new(0),
+        };
+        let count = names.len();
+        for (position, (ts, path)) in names.into_iter().enumerate() {
+            let raw = std::fs::read(&path)?;
+            let is_newest = position + 1 == count;
+            let mut entries: Vec<IndexEntry> = raw
+                .chunks_exact(INDEX_ENTRY_BYTES as usize)
+                .map_while(IndexEntry::decode)
+                .collect();
+            if is_newest {
+                entries.retain(|e| e.commitlog_offset < keep_below);
+            }
+            let Some(first) = entries.first().copied() else {
+                std::fs::remove_file(&path)?;
+                continue;
+            };
+            let valid_bytes = entries.len() as u64 * INDEX_ENTRY_BYTES;
+            let file = AppendFile::open_existing(path, valid_bytes, HOT_TAIL_BYTES).await?;
+            if raw.len() as u64 > valid_bytes {
+                if !is_newest {
+                    warn!(file = %file.path().display(), "index file has garbage after its entries");
+                }
+                file.truncate_on_disk(valid_bytes).await?;
+            }
+            if is_newest {
+                let mut active = index.active.borrow_mut();
+                for e in &entries {
+                    active
+                        .entry(e.hash)
+                        .or_default()
+                        .push((e.commitlog_offset, e.store_timestamp_ms));
+                }
+                index.active_entries.set(entries.len() as u64);
+            }
+            let last_ts = entries
+                .iter()
+                .map(|e| e.store_timestamp_ms)
+                .max()
+                .unwrap_or(first.store_timestamp_ms);
+            index
+                .last_timestamp_ms
+                .set(index.last_timestamp_ms.get().max(last_ts));
+            index.files.borrow_mut().insert(
+                (ts as i64, first.commitlog_offset),
+                IndexFile {
+                    file: Rc::new(file),
+                    first_timestamp_ms: ts as i64,
+                    first_commitlog_offset: first.commitlog_offset,
+                },
+            );
+        }
+        Ok(index)
+    }
+
+    /// Adds an entry (in CommitLog order).
+    pub fn put(&self, entry: IndexEntry) {
+        if self.files.borrow().is_empty() || self.active_entries.get() >= self.max_entries_per_file
+        {
+            self.start_file(entry);
+        }
+        let files = self.files.borrow();
+        let (_, newest) = files.iter().next_back().expect("an index file exists");
+        newest.file.append_copy(&entry.encode());
+        self.active_entries.set(self.active_entries.get() + 1);
+        self.active
+            .borrow_mut()
+            .entry(entry.hash)
+            .or_default()
+            .push((entry.commitlog_offset, entry.store_timestamp_ms));
+        self.last_timestamp_ms
+            .set(self.last_timestamp_ms.get().max(entry.store_timestamp_ms));
+    }
+
+    fn start_file(&self, first: IndexEntry) {
+        // File names are unique timestamps: a newer file never gets an older or equal name.
+        let newest_ts = self
+            .files
+            .borrow()
+            .keys()
+            .next_back()
+            .map(|k| k.0)
+            .unwrap_or(i64::MIN);
+        let ts = first
+            .store_timestamp_ms
+            .max(newest_ts.saturating_add(1))
+            .max(0);
+        let path = self.dir.join(segment_file_name(ts as u64));
+        self.files.borrow_mut().insert(
+            (ts, first.commitlog_offset),
+            IndexFile {
+                file: Rc::new(AppendFile::new_lazy(path, HOT_TAIL_BYTES)),
+                first_timestamp_ms: ts,
+                first_commitlog_offset: first.commitlog_offset,
+            },
+        );
+        self.active.borrow_mut().clear();
+        self.active_entries.set(0);
+    }
+
+    /// Candidate CommitLog offsets for `hash` with store time in `[begin_ms, end_ms]`, newest
+    /// first, at most `max_candidates`, without duplicates.
+    pub async fn lookup(
+        &self,
+        hash: u64,
+        begin_ms: i64,
+        end_ms: i64,
+        max_candidates: usize,
+    ) -> io::Result<Vec<u64>> {
+        let mut found: Vec<u64> = Vec::new();
+        let in_range = |ts: i64| ts >= begin_ms && ts <= end_ms;
+        if let Some(hits) = self.active.borrow().get(&hash) {
+            found.extend(
+                hits.iter()
+                    .rev()
+                    .filter(|(_, ts)| in_range(*ts))
+                    .map(|(offset, _)| *offset),
+            );
+        }
+        // Older files, newest first, skipping those wholly outside the range: a file's entries
+        // are no older than its name and older than the next file's name.
+        let older: Vec<(i64, i64, Rc<AppendFile>)> = {
+            let files = self.files.borrow();
+            let mut next_start = i64::MAX;
+            let mut list = Vec::new();
+            for (position, file) in files.values().rev().enumerate() {
+                if position > 0 && file.first_timestamp_ms <= end_ms && next_start >= begin_ms {
+                    list.push((file.first_timestamp_ms, next_start, file.file.clone()));
+                }
+                next_start = file.first_timestamp_ms;
+            }
+            list
+        };
+        for (_, _, file) in older {
+            if found.len() >= max_candidates {
+                break;
+            }
+            let bytes = file.read(0, file.len()).await?;
+            let mut hits: Vec<u64> = bytes
+                .chunks_exact(INDEX_ENTRY_BYTES as usize)
+                .filter_map(IndexEntry::decode)
+                .filter(|e| e.hash == hash && in_range(e.store_timestamp_ms))
+                .map(|e| e.commitlog_offset)
+                .collect();
+            hits.reverse();
+            found.extend(hits);
+        }
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|offset| seen.insert(*offset));
+        found.truncate(max_candidates);
+        Ok(found)
+    }
+
+    /// Writes and syncs the newest file.
+    pub async fn flush(&self) -> io::Result<()> {
+        let dirty: Vec<Rc<AppendFile>> = self
+            .files
+            .borrow()
+            .values()
+            .filter(|f| f.file.len() > f.file.durable_len())
+            .map(|f| f.file.clone())
+            .collect();
+        for file in dirty {
+            file.flush(true).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes files all of whose entries point below `commitlog_min` (a file's entries are
+    /// below the next file's first offset). The newest file is never deleted.
+    pub async fn delete_below(&self, commitlog_min: u64) -> io::Result<u64> {
+        let mut deleted = 0;
+        loop {
+            let doomed = {
+                let files = self.files.borrow();
+                let mut iter = files.iter();
+                match (iter.next(), iter.next()) {
+                    (Some((key, first)), Some((_, second)))
+                        if second.first_commitlog_offset <= commitlog_min =>
+                    {
+                        Some((*key, first.file.clone()))
+                    }
+                    _ => None,
+                }
+            };
+            let Some((key, file)) = doomed else {
+                return Ok(deleted);
+            };
+            self.files.borrow_mut().remove(&key);
+            file.remove().await?;
+            deleted += 1;
+        }
+    }
+
+    /// Entries in the newest file (for reports).
+    pub fn active_entries(&self) -> u64 {
+        self.active_entries.get()
+    }
+}

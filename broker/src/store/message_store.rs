@@ -1,0 +1,1312 @@
+//! The message store of one storage shard: CommitLog + ConsumeQueues + index, joined.
+//!
+//! Owns: recovery at open (checkpoint → scan → cut → rebuild derived entries), the append path
+//! (assign queue and physical offsets, patch records, buffer, complete under the flush mode),
+//! the flush loop (group commit), dispatch of completed records into the ConsumeQueues and the
+//! index, the checkpoint/housekeeping loop (derived-file flushes, checkpoint, disk usage,
+//! retention), and the read paths (by queue offset, by time, by key, by id).
+//!
+//! Lives on one glommio executor (it is `!Send`); everything in it runs on that core, so there
+//! are no locks. It opens no sockets: network shards reach it through the broker's mesh.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_lite::future;
+use glommio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use super::append_file::{prime_direct_io_probe, DMA_ALIGNMENT_BYTES};
+use super::atomic_file::write_atomically_async;
+use super::checkpoint::{Checkpoint, CHECKPOINT_FILE};
+use super::commitlog::{CommitLog, RecoveryScan};
+use super::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
+use super::filter::TagFilter;
+use super::format::{StoreFormat, FORMAT_VERSION};
+use super::index::{index_hash, IndexEntry, IndexKind, MessageIndex};
+use super::notify::LocalNotify;
+use super::record::{
+    decode_message, encode_record, patch_record, peek_total_size, PendingRecord, RecordError,
+    RecordInput, RecordView, StorePatch,
+};
+
+/// When an append counts as complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushMode {
+    /// After the `fdatasync` that covers it.
+    Sync,
+    /// Once buffered; the flush loop writes at least every `flush_interval_ms`.
+    Async,
+}
+
+impl std::str::FromStr for FlushMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sync" => Ok(FlushMode::Sync),
+            "async" => Ok(FlushMode::Async),
+            other => Err(format!(
+                "flush mode must be `sync` or `async`, not `{other}`"
+            )),
+        }
+    }
+}
+
+/// Everything the store can be told; defaults follow RocketMQ (see the reference).
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// The shard directory (`<data>/shard-N`).
+    pub shard_dir: PathBuf,
+    pub flush_mode: FlushMode,
+    /// CommitLog segment size; a multiple of 4 KiB, at least 64 KiB.
+    pub segment_bytes: u64,
+    pub flush_interval_ms: u64,
+    pub sync_flush_timeout_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub consume_queue_entries_per_file: u64,
+    pub index_max_entries_per_file: u64,
+    /// Recent CommitLog bytes kept in memory for tailing readers.
+    pub hot_tail_bytes: u64,
+    /// Appended but not yet written bytes above which appends get `Busy`.
+    pub max_unflushed_bytes: u64,
+    pub file_reserved_hours: u64,
+    pub retention_interval_ms: u64,
+    /// Disk use at which the oldest segments are deleted early.
+    pub disk_max_used_ratio: f64,
+    /// Disk use at which appends are refused.
+    pub disk_refuse_ratio: f64,
+    /// Most ConsumeQueue entries one read examines when a tag filter skips entries.
+    pub max_scanned_entries_per_read: u64,
+}
+
+impl StoreConfig {
+    pub fn new(shard_dir: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            shard_dir: shard_dir.into(),
+            flush_mode: FlushMode::Async,
+            segment_bytes: 1 << 30,
+            flush_interval_ms: 500,
+            sync_flush_timeout_ms: 5_000,
+            checkpoint_interval_ms: 1_000,
+            consume_queue_entries_per_file: 300_000,
+            index_max_entries_per_file: 2_000_000,
+            hot_tail_bytes: 64 << 20,
+            max_unflushed_bytes: 256 << 20,
+            file_reserved_hours: 72,
+            retention_interval_ms: 10_000,
+            disk_max_used_ratio: 0.75,
+            disk_refuse_ratio: 0.95,
+            max_scanned_entries_per_read: 16_000,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        let fail = |why: String| Err(StoreError::Config(why));
+        if !self.segment_bytes.is_multiple_of(DMA_ALIGNMENT_BYTES) || self.segment_bytes < 64 << 10
+        {
+            return fail(format!(
+                "segment_bytes is {}, must be a multiple of 4096 and at least 65536",
+                self.segment_bytes
+            ));
+        }
+        if self.consume_queue_entries_per_file == 0 || self.index_max_entries_per_file == 0 {
+            return fail("entries per file must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&self.disk_max_used_ratio)
+            || !(0.0..=1.0).contains(&self.disk_refuse_ratio)
+        {
+            return fail("disk ratios must be between 0 and 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Errors a caller can act on; each maps to a wire status.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("I/O error on {context}: {source}")]
+    Io { context: String, source: io::Error },
+    #[error("disk is full: {used_percent:.1}% used, at or over the refuse threshold {limit_percent:.1}%")]
+    DiskFull {
+        used_percent: f64,
+        limit_percent: f64,
+    },
+    #[error("CommitLog flush is failing ({0}); appends are refused until it recovers")]
+    FlushFailing(String),
+    #[error("storage shard is busy: {unflushed_bytes} bytes wait for the disk, over max_unflushed_bytes ({limit})")]
+    Busy { unflushed_bytes: u64, limit: u64 },
+    #[error("record is {size} bytes, over the largest a segment holds ({limit})")]
+    RecordTooLarge { size: u64, limit: u64 },
+    #[error("invalid record in batch: {0}")]
+    InvalidRecord(#[from] RecordError),
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    #[error("store is closed")]
+    Closed,
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+/// Records encoded by a network shard, on their way to a storage shard.
+#[derive(Debug, Default)]
+pub struct EncodedBatch {
+    pub bytes: BytesMut,
+    pub records: Vec<PendingRecord>,
+}
+
+impl EncodedBatch {
+    pub fn new() -> EncodedBatch {
+        EncodedBatch::default()
+    }
+
+    pub fn push(&mut self, input: &RecordInput<'_>) -> Result<(), RecordError> {
+        let pending = encode_record(&mut self.bytes, input)?;
+        self.records.push(pending);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+}
+
+/// Where one appended record went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendedRecord {
+    pub physical_offset: u64,
+    pub size: u32,
+    pub queue_id: u32,
+    pub queue_offset: u64,
+    pub store_timestamp_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendStatus {
+    Ok,
+    /// Sync flush did not confirm within `sync_flush_timeout_ms`; the records are appended and
+    /// become visible once flushed.
+    FlushDiskTimeout,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendOutcome {
+    pub status: AppendStatus,
+    pub records: Vec<AppendedRecord>,
+}
+
+/// RocketMQ's `GetMessageStatus`, less the states we cannot reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetStatus {
+    Found,
+    /// Entries were examined but none passed the filter; `next_offset` skips them.
+    NoMatchedMessage,
+    /// `offset` equals the queue's max offset: nothing new yet.
+    NoNewMessage,
+    OffsetTooSmall,
+    /// `offset` is past the max offset.
+    OffsetOverflow,
+    /// The queue has never had a message on this shard.
+    NoMatchedQueue,
+}
+
+#[derive(Debug, Clone)]
+pub struct GetResult {
+    pub status: GetStatus,
+    /// Stored record bytes, exactly as in the CommitLog.
+    pub records: Vec<Bytes>,
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+/// What recovery found and repaired, for the startup log and for tests.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub checkpoint: Option<Checkpoint>,
+    pub checkpoint_problem: Option<String>,
+    pub commitlog: RecoveryScan,
+    pub consume_queue_entries_dropped: u64,
+    pub records_redispatched: u64,
+    /// Derived files were inconsistent and rebuilt from the whole CommitLog.
+    pub rebuilt_derived: bool,
+}
+
+/// A record's derived entries, computed once when it is appended or scanned.
+struct DispatchInfo {
+    queue: Rc<ConsumeQueue>,
+    physical_offset: u64,
+    size: u32,
+    queue_offset: u64,
+    tags_hash: u64,
+    store_timestamp_ms: i64,
+    index_hashes: Vec<u64>,
+}
+
+/// Largest number of candidates one key/id query examines.
+const MAX_INDEX_CANDIDATES: usize = 1024;
+
+struct Inner {
+    config: StoreConfig,
+    commit_log: CommitLog,
+    queues: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>>,
+    index: MessageIndex,
+    durable_offset: Cell<u64>,
+    dispatched_offset: Cell<u64>,
+    /// Sync mode: appended records waiting for their flush before dispatch.
+    pending_dispatch: RefCell<VecDeque<DispatchInfo>>,
+    last_store_timestamp_ms: Cell<i64>,
+    appended: LocalNotify,
+    flushed: LocalNotify,
+    arrivals: LocalNotify,
+    closing: LocalNotify,
+    flush_error: RefCell<Option<String>>,
+    disk_used_ratio: Cell<f64>,
+    is_closed: Cell<bool>,
+}
+
+/// See the module documentation. Cloning shares the same store.
+#[derive(Clone)]
+pub struct MessageStore {
+    inner: Rc<Inner>,
+    tasks: Rc<RefCell<Vec<JoinHandle<()>>>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl MessageStore {
+    /// Opens (creating if needed) the store in `config.shard_dir`, recovering as described in
+    /// the module documentation, and starts its flush and housekeeping tasks.
+    pub async fn open(
+        mut config: StoreConfig,
+    ) -> Result<(MessageStore, RecoveryReport), StoreError> {
+        config.validate()?;
+        let dir = config.shard_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(io_error(dir.display().to_string()))?;
+        config.segment_bytes = settle_segment_bytes(&dir, config.segment_bytes)?;
+        prime_direct_io_probe(&dir)
+            .await
+            .map_err(io_error("direct I/O probe"))?;
+        let mut report = RecoveryReport::default();
+        match Checkpoint::load(&dir).map_err(io_error("checkpoint"))? {
+            Ok(checkpoint) => report.checkpoint = checkpoint,
+            Err(problem) => {
+                warn!(%problem, "checkpoint unusable: scanning and rebuilding everything");
+                report.checkpoint_problem = Some(problem);
+            }
+        }
+        let keep_below = report
+            .checkpoint
+            .map(|c| c.derived_durable_offset)
+            .unwrap_or(0);
+        let inner = match Inner::recover(&config, keep_below, &mut report).await? {
+            Some(inner) => inner,
+            None => {
+                warn!("derived files are inconsistent with the CommitLog: rebuilding them from scratch");
+                for sub in ["consumequeue", "index"] {
+                    let path = dir.join(sub);
+                    if path.exists() {
+                        std::fs::remove_dir_all(&path)
+                            .map_err(io_error(path.display().to_string()))?;
+                    }
+                }
+                report.rebuilt_derived = true;
+                report.records_redispatched = 0;
+                Inner::recover(&config, 0, &mut report)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(
+                            "CommitLog records disagree with their own queue offsets".into(),
+                        )
+                    })?
+            }
+        };
+        let inner = Rc::new(inner);
+        inner.refresh_disk_usage();
+        inner.apply_retention_to_derived().await?;
+        inner.checkpoint().await?;
+        let store = MessageStore {
+            inner: inner.clone(),
+            tasks: Rc::new(RefCell::new(Vec::new())),
+        };
+        let flush_task = glommio::spawn_local(flush_loop(inner.clone())).detach();
+        let housekeeping_task = glommio::spawn_local(housekeeping_loop(inner)).detach();
+        store
+            .tasks
+            .borrow_mut()
+            .extend([flush_task, housekeeping_task]);
+        Ok((store, report))
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Appends a batch; completes as the flush mode says. On error nothing of the batch is
+    /// appended.
+    pub async fn append(&self, batch: EncodedBatch) -> Result<AppendOutcome, StoreError> {
+        let inner = &self.inner;
+        inner.check_writable(batch.bytes.len() as u64)?;
+        let queues = inner.queues_for_batch(&batch)?;
+        let store_timestamp_ms = now_ms().max(inner.last_store_timestamp_ms.get());
+        inner.last_store_timestamp_ms.set(store_timestamp_ms);
+        let mut records = Vec::with_capacity(batch.records.len());
+        let mut infos = Vec::with_capacity(batch.records.len());
+        let lens: Vec<u32> = batch.records.iter().map(|r| r.len).collect();
+        let pending = batch.records;
+        inner
+            .commit_log
+            .append_batch(batch.bytes, &lens, &mut |index, physical_offset, bytes| {
+                let queue = &queues[index];
+                let queue_offset = queue.assign_offset();
+                let patch = StorePatch {
+                    queue_offset,
+                    physical_offset,
+                    store_timestamp_ms,
+                };
+                patch_record(bytes, pending[index], patch);
+                let view = RecordView::parse_unchecked(bytes).expect("validated before the append");
+                records.push(AppendedRecord {
+                    physical_offset,
+                    size: pending[index].len,
+                    queue_id: view.queue_id(),
+                    queue_offset,
+                    store_timestamp_ms,
+                });
+                infos.push(dispatch_info(queue.clone(), physical_offset, &view));
+            });
+        let end = inner.commit_log.write_offset();
+        match inner.config.flush_mode {
+            FlushMode::Async => {
+                for info in &infos {
+                    inner.dispatch(info).map_err(StoreError::Corrupt)?;
+                }
+                inner.arrivals.notify_all();
+                if end - inner.durable_offset.get() > inner.config.max_unflushed_bytes / 2 {
+                    inner.appended.notify_all();
+                }
+                Ok(AppendOutcome {
+                    status: AppendStatus::Ok,
+                    records,
+                })
+            }
+            FlushMode::Sync => {
+                inner.pending_dispatch.borrow_mut().extend(infos);
+                inner.appended.notify_all();
+                let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
+                let status = if inner.wait_durable(end, timeout).await {
+                    AppendStatus::Ok
+                } else {
+                    AppendStatus::FlushDiskTimeout
+                };
+                Ok(AppendOutcome { status, records })
+            }
+        }
+    }
+
+    /// Reads messages of (topic, queue) from `offset`: at most `max_messages` and about
+    /// `max_bytes` (at least one message if any matches), skipping entries the filter rejects.
+    pub async fn get_messages(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u64,
+        filter: &TagFilter,
+    ) -> Result<GetResult, StoreError> {
+        let Some(queue) = self.inner.queue(topic, queue_id) else {
+            return Ok(GetResult {
+                status: GetStatus::NoMatchedQueue,
+                records: Vec::new(),
+                next_offset: 0,
+                min_offset: 0,
+                max_offset: 0,
+            });
+        };
+        let (min_offset, max_offset) = (queue.min_offset(), queue.max_offset());
+        let mut result = GetResult {
+            status: GetStatus::NoNewMessage,
+            records: Vec::new(),
+            next_offset: offset,
+            min_offset,
+            max_offset,
+        };
+        if offset < min_offset {
+            result.status = GetStatus::OffsetTooSmall;
+            result.next_offset = min_offset;
+            return Ok(result);
+        }
+        if offset > max_offset {
+            result.status = GetStatus::OffsetOverflow;
+            result.next_offset = max_offset;
+            return Ok(result);
+        }
+        if offset == max_offset {
+            return Ok(result);
+        }
+        let commitlog_min = self.inner.commit_log.min_offset();
+        let mut next = offset;
+        let mut bytes_total = 0u64;
+        let mut scanned = 0u64;
+        'scan: while next < max_offset && scanned < self.inner.config.max_scanned_entries_per_read {
+            let want = (self.inner.config.max_scanned_entries_per_read - scanned).min(1024);
+            let entries = queue
+                .read(next, want)
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?;
+            if entries.is_empty() {
+                break;
+            }
+            for entry in entries {
+                if result.records.len() >= max_messages as usize
+                    || (!result.records.is_empty()
+                        && bytes_total + u64::from(entry.size) > max_bytes)
+                {
+                    break 'scan;
+                }
+                scanned += 1;
+                let queue_offset = next;
+                next += 1;
+                if entry.commitlog_offset < commitlog_min || !filter.matches_hash(entry.tags_hash) {
+                    continue;
+                }
+                let record = self
+                    .inner
+                    .read_queue_record(topic, queue_id, queue_offset, &entry)
+                    .await?;
+                bytes_total += record.len() as u64;
+                result.records.push(record);
+            }
+        }
+        result.next_offset = next;
+        result.status = if result.records.is_empty() {
+            GetStatus::NoMatchedMessage
+        } else {
+            GetStatus::Found
+        };
+        Ok(result)
+    }
+
+    /// `(min, max)` queue offsets of (topic, queue), if the queue exists on this shard.
+    pub fn queue_offsets(&self, topic: &str, queue_id: u32) -> Option<(u64, u64)> {
+        self.inner
+            .queue(topic, queue_id)
+            .map(|q| (q.min_offset(), q.max_offset()))
+    }
+
+    /// Every (topic, queue) this shard has, with min and max offsets.
+    pub fn queues(&self) -> Vec<(String, u32, u64, u64)> {
+        let mut list: Vec<_> = self
+            .inner
+            .queues
+            .borrow()
+            .iter()
+            .flat_map(|(topic, queues)| {
+                queues
+                    .iter()
+                    .map(move |(id, q)| (topic.clone(), *id, q.min_offset(), q.max_offset()))
+            })
+            .collect();
+        list.sort();
+        list
+    }
+
+    /// The first queue offset whose message was stored at or after `timestamp_ms` (the max
+    /// offset if none), by binary search over the queue. For offset reset by time.
+    pub async fn offset_by_time(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let Some(queue) = self.inner.queue(topic, queue_id) else {
+            return Ok(0);
+        };
+        let (mut low, mut high) = (queue.min_offset(), queue.max_offset());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let entry = queue
+                .get(mid)
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("{topic}/{queue_id}: entry {mid} missing"))
+                })?;
+            let record = self
+                .inner
+                .read_queue_record(topic, queue_id, mid, &entry)
+                .await?;
+            let view = RecordView::parse_unchecked(&record)?;
+            if view.store_timestamp_ms() < timestamp_ms {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        Ok(low)
+    }
+
+    /// Messages of `topic` with key `key` stored in `[begin_ms, end_ms]`, newest first.
+    pub async fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let hash = index_hash(IndexKind::Key, topic, key);
+        self.inner
+            .query_index(hash, begin_ms, end_ms, max_results, |view| {
+                view.topic() == topic && view.keys().any(|k| k == key)
+            })
+            .await
+    }
+
+    /// Messages whose client-generated unique id is `id`, stored in `[begin_ms, end_ms]`.
+    pub async fn query_by_unique_id(
+        &self,
+        id: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let hash = index_hash(IndexKind::UniqueId, "", id);
+        self.inner
+            .query_index(hash, begin_ms, end_ms, max_results, |view| {
+                view.unique_key() == Some(id)
+            })
+            .await
+    }
+
+    /// The validated record at a physical offset (query by offset id).
+    pub async fn read_record_at(&self, physical_offset: u64) -> Result<Bytes, StoreError> {
+        self.inner.read_record_at(physical_offset).await
+    }
+
+    /// Completes when a message is next made visible on this shard (for long polling).
+    pub fn arrival(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.inner.arrivals.notified()
+    }
+
+    /// `(min, write)` physical offsets of the CommitLog and the durable offset.
+    pub fn commitlog_offsets(&self) -> (u64, u64, u64) {
+        let log = &self.inner.commit_log;
+        (
+            log.min_offset(),
+            log.write_offset(),
+            self.inner.durable_offset.get(),
+        )
+    }
+
+    /// Runs one retention pass now (it also runs every `retention_interval_ms`).
+    pub async fn run_retention(&self) -> Result<u64, StoreError> {
+        self.inner.run_retention().await
+    }
+
+    /// Re-reads disk usage now (it is also checked every `checkpoint_interval_ms`).
+    pub fn refresh_disk_usage(&self) -> f64 {
+        self.inner.refresh_disk_usage()
+    }
+
+    /// Flushes everything, writes the checkpoint and stops the background tasks.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        if inner.is_closed.replace(true) {
+            return Ok(());
+        }
+        inner.appended.notify_all();
+        inner.closing.notify_all();
+        let tasks: Vec<_> = self.tasks.borrow_mut().drain(..).collect();
+        for task in tasks {
+            task.await;
+        }
+        let end = inner.commit_log.write_offset();
+        if inner.durable_offset.get() < end {
+            inner.flush_commitlog_once().await?;
+        }
+        inner.checkpoint().await?;
+        info!(end_offset = end, "store closed");
+        Ok(())
+    }
+}
+
+/// The segment size recorded at creation wins over the configured one.
+fn settle_segment_bytes(dir: &Path, configured: u64) -> Result<u64, StoreError> {
+    match StoreFormat::load(dir).map_err(io_error("format file"))? {
+        Some(format) => {
+            if format.segment_bytes != configured {
+                warn!(
+                    recorded = format.segment_bytes,
+                    configured, "segment size differs from the one the store was created with; keeping the recorded one"
+                );
+            }
+            Ok(format.segment_bytes)
+        }
+        None => {
+            let format = StoreFormat {
+                version: FORMAT_VERSION,
+                segment_bytes: configured,
+            };
+            format.save(dir).map_err(io_error("format file"))?;
+            Ok(configured)
+        }
+    }
+}
+
+fn dispatch_info(
+    queue: Rc<ConsumeQueue>,
+    physical_offset: u64,
+    view: &RecordView<'_>,
+) -> DispatchInfo {
+    let topic = view.topic();
+    let mut index_hashes: Vec<u64> = view
+        .keys()
+        .map(|k| index_hash(IndexKind::Key, topic, k))
+        .collect();
+    if let Some(id) = view.unique_key() {
+        index_hashes.push(index_hash(IndexKind::UniqueId, "", id));
+    }
+    DispatchInfo {
+        queue,
+        physical_offset,
+        size: view.total_size(),
+        queue_offset: view.queue_offset(),
+        tags_hash: view.tags().map(super::record::tags_hash).unwrap_or(0),
+        store_timestamp_ms: view.store_timestamp_ms(),
+        index_hashes,
+    }
+}
+
+impl Inner {
+    /// Opens the CommitLog, ConsumeQueues and index; `None` when the derived files cannot be
+    /// brought in line with the CommitLog and must be rebuilt from scratch.
+    async fn recover(
+        config: &StoreConfig,
+        keep_below: u64,
+        report: &mut RecoveryReport,
+    ) -> Result<Option<Inner>, StoreError> {
+        let dir = &config.shard_dir;
+        let queues = open_consume_queues(
+            &dir.join("consumequeue"),
+            config.consume_queue_entries_per_file,
+            keep_below,
+            report,
+        )
+        .await?;
+        let index = MessageIndex::open(
+            dir.join("index"),
+            config.index_max_entries_per_file,
+            keep_below,
+        )
+        .await
+        .map_err(io_error("index"))?;
+        let queue_map: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>> =
+            RefCell::new(queues);
+        let mut pending: Vec<DispatchInfo> = Vec::new();
+        let mut has_gap = false;
+        let (commit_log, scan) = {
+            let mut on_record = |physical_offset: u64, view: &RecordView<'_>| {
+                if physical_offset < keep_below || has_gap {
+                    return;
+                }
+                let queue = get_or_create_queue(&queue_map, config, view.topic(), view.queue_id());
+                let info = dispatch_info(queue, physical_offset, view);
+                if info.queue.put(info.queue_offset, entry_of(&info)).is_err() {
+                    has_gap = true;
+                }
+                pending.push(info);
+            };
+            CommitLog::open(
+                dir.join("commitlog"),
+                config.segment_bytes,
+                config.hot_tail_bytes,
+                keep_below,
+                &mut on_record,
+            )
+            .await
+            .map_err(io_error("commitlog"))?
+        };
+        if has_gap {
+            return Ok(None);
+        }
+        for info in &pending {
+            for &hash in &info.index_hashes {
+                index.put(IndexEntry {
+                    hash,
+                    commitlog_offset: info.physical_offset,
+                    store_timestamp_ms: info.store_timestamp_ms,
+                });
+            }
+        }
+        report.records_redispatched += pending.len() as u64;
+        let end = scan.end_offset;
+        // Entries that point past the recovered end can only exist if the CommitLog lost data
+        // the checkpoint called durable; then the derived files cannot be trusted.
+        if keep_below > end {
+            warn!(
+                keep_below,
+                end, "CommitLog ends before the checkpoint's derived offset"
+            );
+            return Ok(None);
+        }
+        let last_ts = pending.last().map(|i| i.store_timestamp_ms).unwrap_or(0);
+        report.commitlog = scan;
+        Ok(Some(Inner {
+            config: config.clone(),
+            commit_log,
+            queues: queue_map,
+            index,
+            durable_offset: Cell::new(end),
+            dispatched_offset: Cell::new(end),
+            pending_dispatch: RefCell::new(VecDeque::new()),
+            last_store_timestamp_ms: Cell::new(last_ts),
+            appended: LocalNotify::default(),
+            flushed: LocalNotify::default(),
+            arrivals: LocalNotify::default(),
+            closing: LocalNotify::default(),
+            flush_error: RefCell::new(None),
+            disk_used_ratio: Cell::new(0.0),
+            is_closed: Cell::new(false),
+        }))
+    }
+
+    fn queue(&self, topic: &str, queue_id: u32) -> Option<Rc<ConsumeQueue>> {
+        self.queues
+            .borrow()
+            .get(topic)
+            .and_then(|q| q.get(&queue_id))
+            .cloned()
+    }
+
+    fn check_writable(&self, batch_bytes: u64) -> Result<(), StoreError> {
+        if self.is_closed.get() {
+            return Err(StoreError::Closed);
+        }
+        let used = self.disk_used_ratio.get();
+        if used >= self.config.disk_refuse_ratio {
+            return Err(StoreError::DiskFull {
+                used_percent: used * 100.0,
+                limit_percent: self.config.disk_refuse_ratio * 100.0,
+            });
+        }
+        if let Some(problem) = self.flush_error.borrow().as_ref() {
+            return Err(StoreError::FlushFailing(problem.clone()));
+        }
+        let unflushed = self.commit_log.write_offset() - self.durable_offset.get() + batch_bytes;
+        if unflushed > self.config.max_unflushed_bytes {
+            return Err(StoreError::Busy {
+                unflushed_bytes: unflushed,
+                limit: self.config.max_unflushed_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Validates the batch's structure and finds each record's queue.
+    fn queues_for_batch(&self, batch: &EncodedBatch) -> Result<Vec<Rc<ConsumeQueue>>, StoreError> {
+        let mut queues = Vec::with_capacity(batch.records.len());
+        let mut at = 0usize;
+        let limit = self.commit_log.max_record_bytes();
+        for pending in &batch.records {
+            let len = pending.len as usize;
+            if len as u64 > limit {
+                return Err(StoreError::RecordTooLarge {
+                    size: len as u64,
+                    limit,
+                });
+            }
+            let bytes = batch
+                .bytes
+                .get(at..at + len)
+                .ok_or(RecordError::Truncated {
+                    available: batch.bytes.len().saturating_sub(at),
+                    needed: len,
+                })?;
+            let view = RecordView::parse_unchecked(bytes)?;
+            if view.total_size() as usize != len {
+                return Err(RecordError::BadTotalSize {
+                    total_size: view.total_size(),
+                    available: len,
+                }
+                .into());
+            }
+            queues.push(get_or_create_queue(
+                &self.queues,
+                &self.config,
+                view.topic(),
+                view.queue_id(),
+            ));
+            at += len;
+        }
+        if at != batch.bytes.len() {
+            return Err(StoreError::InvalidRecord(RecordError::LengthMismatch {
+                computed: at,
+                total_size: batch.bytes.len(),
+            }));
+        }
+        Ok(queues)
+    }
+
+    fn dispatch(&self, info: &DispatchInfo) -> Result<(), String> {
+        info.queue
+            .put(info.queue_offset, entry_of(info))
+            .map_err(|max| {
+                format!(
+                "queue offset {} dispatched while the queue's max is {max}: offsets out of order",
+                info.queue_offset
+            )
+            })?;
+        for &hash in &info.index_hashes {
+            self.index.put(IndexEntry {
+                hash,
+                commitlog_offset: info.physical_offset,
+                store_timestamp_ms: info.store_timestamp_ms,
+            });
+        }
+        self.dispatched_offset
+            .set(info.physical_offset + u64::from(info.size));
+        Ok(())
+    }
+
+    /// Waits until everything below `end` is durable; `false` on timeout.
+    async fn wait_durable(&self, end: u64, timeout: Duration) -> bool {
+        let wait = async {
+            while self.durable_offset.get() < end {
+                self.flushed.notified().await;
+            }
+            true
+        };
+        future::or(wait, async {
+            glommio::timer::sleep(timeout).await;
+            false
+        })
+        .await
+    }
+
+    /// One group commit: write and sync everything appended so far, then dispatch what it
+    /// covered and wake the waiters.
+    async fn flush_commitlog_once(&self) -> Result<(), StoreError> {
+        match self.commit_log.flush(true).await {
+            Ok(durable) => {
+                self.durable_offset.set(durable);
+                if self.flush_error.borrow_mut().take().is_some() {
+                    info!("CommitLog flush recovered");
+                }
+                let mut dispatched_any = false;
+                loop {
+                    let next = {
+                        let mut pending = self.pending_dispatch.borrow_mut();
+                        match pending.front() {
+                            Some(info) if info.physical_offset < durable => pending.pop_front(),
+                            _ => None,
+                        }
+                    };
+                    let Some(info) = next else { break };
+                    self.dispatch(&info).map_err(StoreError::Corrupt)?;
+                    dispatched_any = true;
+                }
+                self.flushed.notify_all();
+                if dispatched_any {
+                    self.arrivals.notify_all();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let problem = e.to_string();
+                if self.flush_error.borrow().as_deref() != Some(problem.as_str()) {
+                    error!(error = %problem, "CommitLog flush failed; refusing appends until it succeeds");
+                }
+                *self.flush_error.borrow_mut() = Some(problem);
+                Err(StoreError::Io {
+                    context: "CommitLog flush".into(),
+                    source: e,
+                })
+            }
+        }
+    }
+
+    async fn flush_derived(&self) -> Result<(), StoreError> {
+        let queues: Vec<Rc<ConsumeQueue>> = self
+            .queues
+            .borrow()
+            .values()
+            .flat_map(|q| q.values().cloned())
+            .collect();
+        for queue in queues {
+            queue
+                .flush()
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?;
+        }
+        self.index.flush().await.map_err(io_error("index"))
+    }
+
+    /// Flushes derived files, then records how far they and the CommitLog are durable.
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        let dispatched = self.dispatched_offset.get();
+        self.flush_derived().await?;
+        let checkpoint = Checkpoint {
+            commitlog_durable_offset: self.durable_offset.get(),
+            derived_durable_offset: dispatched.min(self.durable_offset.get()),
+            written_at_ms: now_ms(),
+        };
+        let path = self.config.shard_dir.join(CHECKPOINT_FILE);
+        write_atomically_async(path, checkpoint.encode().to_vec())
+            .await
+            .map_err(io_error("checkpoint"))
+    }
+
+    fn refresh_disk_usage(&self) -> f64 {
+        match disk_used_ratio(&self.config.shard_dir) {
+            Ok(ratio) => {
+                let was_full = self.disk_used_ratio.get() >= self.config.disk_refuse_ratio;
+                let is_full = ratio >= self.config.disk_refuse_ratio;
+                if is_full && !was_full {
+                    warn!(
+                        used_percent = ratio * 100.0,
+                        "disk nearly full: refusing appends"
+                    );
+                } else if was_full && !is_full {
+                    info!(
+                        used_percent = ratio * 100.0,
+                        "disk has room again: accepting appends"
+                    );
+                }
+                self.disk_used_ratio.set(ratio);
+                ratio
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot read disk usage");
+                self.disk_used_ratio.get()
+            }
+        }
+    }
+
+    /// Deletes expired segments (and, above `disk_max_used_ratio`, the oldest ones early), then
+    /// the derived entries that pointed into them. Returns segments deleted.
+    async fn run_retention(&self) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        let reserved = Duration::from_secs(self.config.file_reserved_hours * 3600);
+        while let Some((_, _, path)) = self.commit_log.sealed_segments().into_iter().next() {
+            let is_expired = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .map(|modified| modified.elapsed().unwrap_or_default() >= reserved)
+                .unwrap_or(false);
+            let is_pressed = self.refresh_disk_usage() >= self.config.disk_max_used_ratio;
+            if !is_expired && !is_pressed {
+                break;
+            }
+            match self
+                .commit_log
+                .delete_oldest_segment()
+                .await
+                .map_err(io_error("CommitLog retention"))?
+            {
+                Some(_) => {
+                    deleted += 1;
+                    info!(segment = %path.display(), is_expired, is_pressed, "retention deleted a CommitLog segment");
+                }
+                None => break,
+            }
+        }
+        if deleted > 0 {
+            self.apply_retention_to_derived().await?;
+            self.refresh_disk_usage();
+        }
+        Ok(deleted)
+    }
+
+    async fn apply_retention_to_derived(&self) -> Result<(), StoreError> {
+        let commitlog_min = self.commit_log.min_offset();
+        if commitlog_min == 0 {
+            return Ok(());
+        }
+        let queues: Vec<Rc<ConsumeQueue>> = self
+            .queues
+            .borrow()
+            .values()
+            .flat_map(|q| q.values().cloned())
+            .collect();
+        for queue in queues {
+            queue
+                .delete_below(commitlog_min)
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?;
+        }
+        self.index
+            .delete_below(commitlog_min)
+            .await
+            .map_err(io_error("index"))?;
+        Ok(())
+    }
+
+    /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
+    async fn read_queue_record(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        queue_offset: u64,
+        entry: &ConsumeQueueEntry,
+    ) -> Result<Bytes, StoreError> {
+        let bytes = self
+            .commit_log
+            .read(entry.commitlog_offset, u64::from(entry.size))
+            .await
+            .map_err(io_error(format!(
+                "CommitLog read at {}",
+                entry.commitlog_offset
+            )))?;
+        // Full validation (both CRCs): a record damaged on disk is reported, never served.
+        let view = decode_message(&bytes).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) is damaged: {e}; run `shardmq-broker verify`",
+                entry.commitlog_offset
+            ))
+        })?;
+        if view.queue_offset() != queue_offset
+            || view.queue_id() != queue_id
+            || view.topic() != topic
+        {
+            return Err(StoreError::Corrupt(format!(
+                "ConsumeQueue {topic}/{queue_id} entry {queue_offset} points at CommitLog offset {} which holds another record",
+                entry.commitlog_offset
+            )));
+        }
+        Ok(bytes)
+    }
+
+    async fn read_record_at(&self, physical_offset: u64) -> Result<Bytes, StoreError> {
+        let (min, end) = (self.commit_log.min_offset(), self.commit_log.write_offset());
+        if physical_offset < min || physical_offset + 8 > end {
+            return Err(StoreError::Corrupt(format!(
+                "physical offset {physical_offset} is outside the CommitLog [{min}, {end})"
+            )));
+        }
+        let context = || format!("CommitLog read at {physical_offset}");
+        let head = self
+            .commit_log
+            .read(physical_offset, 8)
+            .await
+            .map_err(io_error(context()))?;
+        let size = u64::from(peek_total_size(&head).unwrap_or(0));
+        if size < 8 || physical_offset + size > end {
+            return Err(StoreError::Corrupt(format!(
+                "no record starts at physical offset {physical_offset}"
+            )));
+        }
+        let bytes = self
+            .commit_log
+            .read(physical_offset, size)
+            .await
+            .map_err(io_error(context()))?;
+        let view = decode_message(&bytes)?;
+        if view.physical_offset() != physical_offset {
+            return Err(StoreError::Corrupt(format!(
+                "no record starts at physical offset {physical_offset}"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    async fn query_index(
+        &self,
+        hash: u64,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+        is_match: impl Fn(&RecordView<'_>) -> bool,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let candidates = self
+            .index
+            .lookup(hash, begin_ms, end_ms, MAX_INDEX_CANDIDATES)
+            .await
+            .map_err(io_error("index"))?;
+        let mut found = Vec::new();
+        for offset in candidates {
+            if found.len() >= max_results {
+                break;
+            }
+            // A candidate may point at a deleted or cut record: that is a miss, not an error.
+            let Ok(bytes) = self.read_record_at(offset).await else {
+                continue;
+            };
+            let is_hit = decode_message(&bytes).is_ok_and(|view| {
+                let ts = view.store_timestamp_ms();
+                ts >= begin_ms && ts <= end_ms && is_match(&view)
+            });
+            if is_hit {
+                found.push(bytes);
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn entry_of(info: &DispatchInfo) -> ConsumeQueueEntry {
+    ConsumeQueueEntry {
+        commitlog_offset: info.physical_offset,
+        size: info.size,
+        tags_hash: info.tags_hash,
+    }
+}
+
+fn get_or_create_queue(
+    queues: &RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>>,
+    config: &StoreConfig,
+    topic: &str,
+    queue_id: u32,
+) -> Rc<ConsumeQueue> {
+    if let Some(queue) = queues.borrow().get(topic).and_then(|q| q.get(&queue_id)) {
+        return queue.clone();
+    }
+    let dir = config
+        .shard_dir
+        .join("consumequeue")
+        .join(topic)
+        .join(queue_id.to_string());
+    let queue = Rc::new(ConsumeQueue::new_empty(
+        dir,
+        config.consume_queue_entries_per_file,
+    ));
+    queues
+        .borrow_mut()
+        .entry(topic.to_owned())
+        .or_default()
+        .insert(queue_id, queue.clone());
+    queue
+}
+
+async fn open_consume_queues(
+    root: &Path,
+    entries_per_file: u64,
+    keep_below: u64,
+    report: &mut RecoveryReport,
+) -> Result<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>, StoreError> {
+    let mut queues: HashMap<String, HashMap<u32, Rc<ConsumeQueue>>> = HashMap::new();
+    if !root.exists() {
+        return Ok(queues);
+    }
+    let context = || root.display().to_string();
+    for topic_entry in std::fs::read_dir(root).map_err(io_error(context()))? {
+        let topic_entry = topic_entry.map_err(io_error(context()))?;
+        let Some(topic) = topic_entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !topic_entry.path().is_dir() {
+            continue;
+        }
+        for queue_entry in std::fs::read_dir(topic_entry.path()).map_err(io_error(context()))? {
+            let queue_entry = queue_entry.map_err(io_error(context()))?;
+            let Some(queue_id) = queue_entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let (queue, repair) =
+                ConsumeQueue::open(queue_entry.path(), entries_per_file, keep_below)
+                    .await
+                    .map_err(io_error(queue_entry.path().display().to_string()))?;
+            report.consume_queue_entries_dropped += repair.entries_dropped;
+            queues
+                .entry(topic.clone())
+                .or_default()
+                .insert(queue_id, Rc::new(queue));
+        }
+    }
+    Ok(queues)
+}
+
+/// The flush loop: in sync mode a group commit whenever appends wait; in async mode every
+/// `flush_interval_ms`, or sooner when unflushed bytes pass half of `max_unflushed_bytes`.
+async fn flush_loop(inner: Rc<Inner>) {
+    let interval = Duration::from_millis(inner.config.flush_interval_ms.max(1));
+    let retry_delay = Duration::from_millis(100);
+    loop {
+        let has_unflushed = inner.commit_log.write_offset() > inner.durable_offset.get();
+        if inner.is_closed.get() {
+            break;
+        }
+        match inner.config.flush_mode {
+            FlushMode::Sync if !has_unflushed => {
+                inner.appended.notified().await;
+                continue;
+            }
+            FlushMode::Sync => {}
+            FlushMode::Async => {
+                future::or(inner.appended.notified(), glommio::timer::sleep(interval)).await;
+                if inner.commit_log.write_offset() == inner.durable_offset.get() {
+                    continue;
+                }
+            }
+        }
+        if inner.flush_commitlog_once().await.is_err() {
+            glommio::timer::sleep(retry_delay).await;
+        }
+    }
+}
+
+/// Checkpoints every `checkpoint_interval_ms`; checks disk usage and runs retention every
+/// `retention_interval_ms`.
+async fn housekeeping_loop(inner: Rc<Inner>) {
+    let interval = Duration::from_millis(inner.config.checkpoint_interval_ms.max(1));
+    let mut since_retention = Duration::ZERO;
+    while !inner.is_closed.get() {
+        future::or(inner.closing.notified(), glommio::timer::sleep(interval)).await;
+        if inner.is_closed.get() {
+            break;
+        }
+        if let Err(e) = inner.checkpoint().await {
+            error!(error = %e, "checkpoint failed");
+        }
+        inner.refresh_disk_usage();
+        since_retention += interval;
+        if since_retention.as_millis() as u64 >= inner.config.retention_interval_ms {
+            since_retention = Duration::ZERO;
+            if let Err(e) = inner.run_retention().await {
+                error!(error = %e, "retention failed");
+            }
+        }
+    }
+}
+
+/// Fraction of the file system holding `path` that is in use (as `df` computes it).
+pub fn disk_used_ratio(path: &Path) -> io::Result<f64> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a valid NUL-terminated string and `stat` a valid out-pointer.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let available = stat.f_bavail as f64;
+    let used = stat.f_blocks.saturating_sub(stat.f_bfree) as f64;
+    if used + available == 0.0 {
+        return Ok(0.0);
+    }
+    Ok(used / (used + available))
+}

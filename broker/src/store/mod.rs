@@ -1,0 +1,28 @@
+//! The storage engine of a storage shard (see `docs/storage-format.md` for every file format).
+//!
+//! `message_store` is the entry point and joins the parts: `commitlog` (the only source of
+//! truth), `consume_queue` and `index` (derived, rebuildable), `checkpoint`, and the pieces
+//! they share: `append_file` (O_DIRECT appends with a hot tail), `record` (the stored message
+//! layout), `scan` (validating walks), `filter`, `notify`, `atomic_file`. `verify` checks a data
+//! directory offline. Nothing here knows about sockets.
+
+pub mod append_file;
+pub mod atomic_file;
+pub mod checkpoint;
+pub mod commitlog;
+pub mod consume_queue;
+pub mod filter;
+pub mod format;
+pub mod index;
+pub mod message_store;
+pub mod notify;
+pub mod record;
+pub mod scan;
+pub mod verify;
+
+pub use filter::TagFilter;
+pub use message_store::{
+    AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, GetResult, GetStatus,
+    MessageStore, RecoveryReport, StoreConfig, StoreError,
+};
+pub use record::{RecordInput, RecordView};

@@ -1,0 +1,1 @@
+//! ShardMQ client (issue 4).

@@ -1,0 +1,53 @@
+//! The protocol version rule of the handshake (docs/protocol.md, "Version handshake").
+//!
+//! Owns: which protocol versions this build speaks and how a server picks one from a client's
+//! `HandshakeRequest`. Never: sending or awaiting anything; the broker, namesrv and client call
+//! [`negotiate_protocol_version`] and write the `HandshakeResponse` themselves.
+
+/// The protocol version this build speaks and sends in `HandshakeRequest.protocol_version`.
+/// Bump it for any change that old peers cannot read by flatbuffers' own evolution rules.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The oldest protocol version this build still speaks.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// Picks the version to speak with a peer that speaks `peer_min_version..=peer_max_version`
+/// (a `HandshakeRequest`'s `min_protocol_version` and `protocol_version`; a min of 0 means the
+/// same as the max): the highest version both sides speak, or `None` when there is none, in
+/// which case the server answers `UNSUPPORTED_VERSION`.
+#[must_use]
+pub fn negotiate_protocol_version(peer_max_version: u32, peer_min_version: u32) -> Option<u32> {
+    let peer_min_version = if peer_min_version == 0 {
+        peer_max_version
+    } else {
+        peer_min_version
+    };
+    let highest_common = peer_max_version.min(PROTOCOL_VERSION);
+    let lowest_common = peer_min_version.max(MIN_PROTOCOL_VERSION);
+    (highest_common >= lowest_common && highest_common != 0).then_some(highest_common)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_version_is_chosen() {
+        assert_eq!(negotiate_protocol_version(1, 1), Some(1));
+        assert_eq!(negotiate_protocol_version(1, 0), Some(1));
+    }
+
+    #[test]
+    fn newer_peer_that_accepts_ours_gets_ours() {
+        assert_eq!(negotiate_protocol_version(7, 1), Some(PROTOCOL_VERSION));
+    }
+
+    #[test]
+    fn no_common_version_is_refused() {
+        assert_eq!(negotiate_protocol_version(0, 0), None);
+        assert_eq!(negotiate_protocol_version(9, 2), None);
+        assert_eq!(negotiate_protocol_version(9, 0), None);
+        // A nonsensical range (min above max) is refused rather than guessed at.
+        assert_eq!(negotiate_protocol_version(1, 3), None);
+    }
+}
