@@ -232,15 +232,35 @@ impl AppendFile {
             tail.copy_range(write_start, end, &mut out[..(end - write_start) as usize]);
             out[(end - write_start) as usize..].fill(0);
         }
-        let written = file.write_at(buffer, write_start).await.map_err(to_io)?;
-        if (written as u64) < write_len {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!(
-                    "short O_DIRECT write to {}: {written} of {write_len} bytes",
-                    self.path.display()
-                ),
-            ));
+        let mut written = file.write_at(buffer, write_start).await.map_err(to_io)? as u64;
+        // A short write is what a filling disk looks like: retry the rest, which either goes
+        // through or fails with the real cause (ENOSPC) for the caller to report.
+        while written < write_len {
+            let rest_len = write_len - written;
+            let mut rest = file.alloc_dma_buffer(rest_len as usize);
+            {
+                let tail = self.tail.borrow();
+                let out = rest.as_bytes_mut();
+                let from = write_start + written;
+                let data_len = end.saturating_sub(from).min(rest_len) as usize;
+                tail.copy_range(from, from + data_len as u64, &mut out[..data_len]);
+                out[data_len..].fill(0);
+            }
+            let more = file
+                .write_at(rest, write_start + written)
+                .await
+                .map_err(to_io)? as u64;
+            if more == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!(
+                        "O_DIRECT write to {} made no progress at {}",
+                        self.path.display(),
+                        write_start + written
+                    ),
+                ));
+            }
+            written += more;
         }
         if is_sync {
             file.fdatasync().await.map_err(to_io)?;

@@ -17,8 +17,6 @@ use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use tracing::warn;
-
 use super::append_file::AppendFile;
 use super::commitlog::{parse_segment_file_name, segment_file_name};
 
@@ -129,30 +127,27 @@ impl MessageIndex {
             active_entries: Cell::new(0),
             last_timestamp_ms: Cell::new(0),
         };
-        let count = names.len();
-        for (position, (ts, path)) in names.into_iter().enumerate() {
-            let raw = std::fs::read(&path)?;
+        // Entries are appended in CommitLog order across files, so a file's entries all lie
+        // below the next file's first entry. Files whose first entry is at or past
+        // `keep_below` go entirely; the last file kept is cut there and becomes the active one.
+        let mut kept: Vec<(u64, PathBuf, IndexEntry)> = Vec::new();
+        for (ts, path) in names {
+            match first_entry(&path)? {
+                Some(first) if first.commitlog_offset < keep_below => kept.push((ts, path, first)),
+                _ => std::fs::remove_file(&path)?,
+            }
+        }
+        let count = kept.len();
+        for (position, (ts, path, first)) in kept.into_iter().enumerate() {
             let is_newest = position + 1 == count;
-            let mut entries: Vec<IndexEntry> = raw
-                .chunks_exact(INDEX_ENTRY_BYTES as usize)
-                .map_while(IndexEntry::decode)
-                .collect();
-            if is_newest {
-                entries.retain(|e| e.commitlog_offset < keep_below);
-            }
-            let Some(first) = entries.first().copied() else {
-                std::fs::remove_file(&path)?;
-                continue;
-            };
-            let valid_bytes = entries.len() as u64 * INDEX_ENTRY_BYTES;
-            let file = AppendFile::open_existing(path, valid_bytes, HOT_TAIL_BYTES).await?;
-            if raw.len() as u64 > valid_bytes {
-                if !is_newest {
-                    warn!(file = %file.path().display(), "index file has garbage after its entries");
-                }
-                file.truncate_on_disk(valid_bytes).await?;
-            }
-            if is_newest {
+            let on_disk = std::fs::metadata(&path)?.len();
+            let (valid_bytes, last_ts) = if is_newest {
+                let raw = std::fs::read(&path)?;
+                let entries: Vec<IndexEntry> = raw
+                    .chunks_exact(INDEX_ENTRY_BYTES as usize)
+                    .map_while(IndexEntry::decode)
+                    .take_while(|e| e.commitlog_offset < keep_below)
+                    .collect();
                 let mut active = index.active.borrow_mut();
                 for e in &entries {
                     active
@@ -161,12 +156,19 @@ impl MessageIndex {
                         .push((e.commitlog_offset, e.store_timestamp_ms));
                 }
                 index.active_entries.set(entries.len() as u64);
+                let last_ts = entries
+                    .iter()
+                    .map(|e| e.store_timestamp_ms)
+                    .max()
+                    .unwrap_or(first.store_timestamp_ms);
+                (entries.len() as u64 * INDEX_ENTRY_BYTES, last_ts)
+            } else {
+                (valid_entry_bytes(&path, on_disk)?, first.store_timestamp_ms)
+            };
+            let file = AppendFile::open_existing(path, valid_bytes, HOT_TAIL_BYTES).await?;
+            if on_disk > valid_bytes && is_newest {
+                file.truncate_on_disk(valid_bytes).await?;
             }
-            let last_ts = entries
-                .iter()
-                .map(|e| e.store_timestamp_ms)
-                .max()
-                .unwrap_or(first.store_timestamp_ms);
             index
                 .last_timestamp_ms
                 .set(index.last_timestamp_ms.get().max(last_ts));
@@ -325,4 +327,35 @@ impl MessageIndex {
     pub fn active_entries(&self) -> u64 {
         self.active_entries.get()
     }
+}
+
+fn first_entry(path: &std::path::Path) -> io::Result<Option<IndexEntry>> {
+    use std::io::Read;
+    let mut bytes = [0u8; INDEX_ENTRY_BYTES as usize];
+    let mut file = std::fs::File::open(path)?;
+    match file.read_exact(&mut bytes) {
+        Ok(()) => Ok(IndexEntry::decode(&bytes)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Bytes of entries in a sealed file: its length less the zero padding of the last block.
+fn valid_entry_bytes(path: &std::path::Path, on_disk: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    // Only the last 4 KiB block can hold padding: walk its entries from the entry boundary at or
+    // before the block's start.
+    let tail_start = super::append_file::align_down(on_disk.saturating_sub(1));
+    let first_in_tail = tail_start - tail_start % INDEX_ENTRY_BYTES;
+    let mut end = first_in_tail;
+    let mut entry = [0u8; INDEX_ENTRY_BYTES as usize];
+    while end + INDEX_ENTRY_BYTES <= on_disk {
+        file.read_exact_at(&mut entry, end)?;
+        if IndexEntry::decode(&entry).is_none() {
+            break;
+        }
+        end += INDEX_ENTRY_BYTES;
+    }
+    Ok(end)
 }

@@ -736,11 +736,14 @@ impl Inner {
                 }
                 pending.push(info);
             };
+            // Validate whole segments from the one holding the derived offset: a bad byte
+            // below the checkpoint (lost or damaged on disk) is then found, not trusted.
+            let scan_from = keep_below - keep_below % config.segment_bytes;
             CommitLog::open(
                 dir.join("commitlog"),
                 config.segment_bytes,
                 config.hot_tail_bytes,
-                keep_below,
+                scan_from,
                 &mut on_record,
             )
             .await
