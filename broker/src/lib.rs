@@ -1,1 +1,18 @@
+//! The ShardMQ broker: storage engine (`store`), shard runtime and request serving.
+//!
+//! Storage shards (`storage_shard`) own the message stores; network shards (`network`) own the
+//! sockets; they talk only through the channel mesh (`mesh`). `runtime` places shards on cores
+//! and runs them; `registration` announces the broker to name servers.
+
+pub mod config;
+pub mod groups;
+pub mod mesh;
+pub mod meta;
+pub mod naming;
+pub mod network;
+pub mod offsets;
+pub mod registration;
+pub mod runtime;
+pub mod storage_shard;
 pub mod store;
+pub mod topics;

@@ -1,21 +1,35 @@
-//! `shardmq-broker`: the broker binary. Subcommands: `verify` (offline data directory check).
+//! `shardmq-broker`: runs the broker (the default) or checks a data directory (`verify`).
+//!
+//! Every option can also be given in a TOML file (`--config broker.toml`, keys named like the
+//! flags with `_` for `-`); flags override the file, the file overrides the defaults.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
-use shardmq_broker::store::verify::verify_data_dir;
+use clap::{Args, Parser, Subcommand};
+use shardmq_broker::config::BrokerConfig;
+use shardmq_broker::store::verify::{report_json, verify_data_dir};
 
 #[derive(Parser, Debug)]
-#[command(name = "shardmq-broker", version, about = "ShardMQ broker")]
+#[command(
+    name = "shardmq-broker",
+    version,
+    about = "ShardMQ broker: stores and serves messages, shard per core"
+)]
+#[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Check every record's CRC and the derived files' consistency; exit 0 only when clean.
+    /// Check every record's CRC and the derived files' consistency; exit 0 only when clean
+    /// (1: problems found, 2: the directory could not be read).
     Verify {
         /// Broker data directory (or one shard directory).
         #[arg(long)]
@@ -26,10 +40,148 @@ enum Command {
     },
 }
 
+/// Flags of the serving broker; each overrides the config file's key of the same name.
+#[derive(Args, Debug, Default)]
+struct ServeArgs {
+    /// TOML config file (keys as the long flags, with `_`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Name servers to register with, comma separated `host:port`.
+    #[arg(long, value_delimiter = ',')]
+    namesrv: Option<Vec<String>>,
+    /// Address clients connect to; port 0 picks a free port. [default: 127.0.0.1:10911]
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory. [default: data/broker]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// When a send is acknowledged: `sync` (after fdatasync) or `async` (once buffered). [default: async]
+    #[arg(long)]
+    flush: Option<String>,
+    /// Background flush interval under async flush, in ms. [default: 500]
+    #[arg(long)]
+    flush_interval_ms: Option<u64>,
+    /// Longest a sync-flush send waits before answering FLUSH_DISK_TIMEOUT, in ms. [default: 5000]
+    #[arg(long)]
+    sync_flush_timeout_ms: Option<u64>,
+    /// CommitLog segment size in bytes (multiple of 4096). [default: 1073741824]
+    #[arg(long)]
+    segment_bytes: Option<u64>,
+    /// Cores of the storage shards, comma separated; one shard per entry. [default: 0]
+    #[arg(long, value_delimiter = ',')]
+    storage_cores: Option<Vec<usize>>,
+    /// Cores of the network shards, comma separated; one shard per entry. [default: 1, or 0 on one core]
+    #[arg(long, value_delimiter = ',')]
+    network_cores: Option<Vec<usize>>,
+    /// Cluster name reported to name servers. [default: DefaultCluster]
+    #[arg(long)]
+    cluster_name: Option<String>,
+    /// Broker name reported to name servers. [default: broker-a]
+    #[arg(long)]
+    broker_name: Option<String>,
+    /// Create unknown topics on first send (development only). [default: off]
+    #[arg(long)]
+    auto_create_topics: bool,
+    /// Hours a CommitLog segment is kept. [default: 72]
+    #[arg(long)]
+    file_reserved_hours: Option<u64>,
+    /// Register with name servers every this many ms. [default: 30000]
+    #[arg(long)]
+    register_interval_ms: Option<u64>,
+    /// Drop clients silent for this many ms. [default: 120000]
+    #[arg(long)]
+    client_timeout_ms: Option<u64>,
+    /// Persist consumer offsets every this many ms. [default: 5000]
+    #[arg(long)]
+    offsets_persist_interval_ms: Option<u64>,
+    /// Largest message body in bytes. [default: 4194304]
+    #[arg(long)]
+    max_message_bytes: Option<usize>,
+    /// Largest frame in bytes. [default: 16777216]
+    #[arg(long)]
+    max_frame_bytes: Option<usize>,
+    /// Log format: `text` or `json`. [default: text]
+    #[arg(long)]
+    log_format: Option<String>,
+}
+
+impl ServeArgs {
+    fn into_config(self) -> Result<BrokerConfig, String> {
+        let mut config = match &self.config {
+            Some(path) => BrokerConfig::from_file(path)?,
+            None => BrokerConfig::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(value) = self.$field { config.$field = value; } )* };
+        }
+        set!(
+            namesrv,
+            listen,
+            data_dir,
+            flush,
+            flush_interval_ms,
+            sync_flush_timeout_ms,
+            segment_bytes,
+            storage_cores,
+            network_cores,
+            cluster_name,
+            broker_name,
+            file_reserved_hours,
+            register_interval_ms,
+            client_timeout_ms,
+            offsets_persist_interval_ms,
+            max_message_bytes,
+            max_frame_bytes,
+            log_format
+        );
+        if self.auto_create_topics {
+            config.auto_create_topics = true;
+        }
+        Ok(config)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Verify { data_dir, json } => run_verify(&data_dir, json),
+        Some(Command::Verify { data_dir, json }) => run_verify(&data_dir, json),
+        None => serve(cli.serve),
+    }
+}
+
+fn init_logging(format: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let config = match args.into_config().and_then(|c| c.validate().map(|_| c)) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("shardmq-broker: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config.log_format);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let outcome = shardmq_broker::runtime::run(config, stopping, |addr| {
+        // Scripts and tests read this line to learn the address (port 0 picks one).
+        println!("shardmq-broker listening on {addr}");
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shardmq-broker: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -42,7 +194,7 @@ fn run_verify(data_dir: &std::path::Path, json: bool) -> ExitCode {
         }
     };
     if json {
-        println!("{}", shardmq_broker::store::verify::report_json(&report));
+        println!("{}", report_json(&report));
     } else {
         for shard in &report.shards {
             println!(

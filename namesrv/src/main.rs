@@ -1,1 +1,122 @@
-fn main() {}
+//! `shardmq-namesrv`: the name server process. Parses the command line, sets up logging (to
+//! stderr, so stdout carries only the `listening on` line scripts and tests read), runs the
+//! server on a single-threaded tokio runtime (its work is a few map look-ups per request), and
+//! shuts down gracefully on SIGINT or SIGTERM.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use shardmq_namesrv::{NamesrvServer, ServerConfig};
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+/// ShardMQ name server: brokers register their topics here; clients ask it for topic routes.
+#[derive(Parser, Debug)]
+#[command(name = "shardmq-namesrv", version)]
+struct Cli {
+    /// Address to listen on, `host:port`. Port 0 picks a free port; the chosen address is
+    /// printed on stdout as `shardmq-namesrv listening on ADDR`.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9876")]
+    listen: String,
+
+    /// Drop a broker that has not registered for this many milliseconds (brokers register
+    /// every 30 s).
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 120_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    broker_timeout_ms: u64,
+
+    /// How often, in milliseconds, to look for brokers past --broker-timeout-ms.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 5_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    scan_interval_ms: u64,
+
+    /// Format of the log lines written to stderr. The level comes from RUST_LOG (default
+    /// `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let config = ServerConfig {
+        listen: cli.listen,
+        broker_timeout: Duration::from_millis(cli.broker_timeout_ms),
+        scan_interval: Duration::from_millis(cli.scan_interval_ms),
+        ..ServerConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal()?;
+    let broker_timeout = config.broker_timeout;
+    let scan_interval = config.scan_interval;
+    let server = NamesrvServer::bind(config).await?;
+    let address = server
+        .local_addr()
+        .context("cannot read the listener's address")?;
+    info!(
+        broker_timeout_ms = shardmq_namesrv::server::millis(broker_timeout),
+        scan_interval_ms = shardmq_namesrv::server::millis(scan_interval),
+        "shardmq-namesrv {} listening on {address}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "shardmq-namesrv listening on {address}")
+        .and_then(|()| stdout.flush())
+        .context("cannot write to stdout")?;
+    drop(stdout);
+    server.run(shutdown).await;
+    info!("shardmq-namesrv stopped");
+    Ok(())
+}
+
+/// Completes on the first SIGINT or SIGTERM. Installed before the server starts so that a
+/// signal arriving at any point after the `listening` line is handled.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        info!("{name} received");
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -13,7 +13,8 @@ mod executor;
 mod report;
 mod store;
 
-use anyhow::Result;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -35,7 +36,7 @@ enum Scenario {
     Store(store::StoreArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
@@ -43,7 +44,14 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.scenario {
+    let result = match cli.scenario {
         Scenario::Store(args) => store::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("shardmq-perf: {error:#}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -275,6 +275,10 @@ impl AppendFile {
             return Ok(file.clone());
         }
         let file = Rc::new(open_read_write(&self.path).await?);
+        // The new name must survive a crash as well as the data written under it.
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         *self.file.borrow_mut() = Some(file.clone());
         Ok(file)
     }

@@ -169,14 +169,21 @@ impl ConsumeQueue {
     }
 
     /// Adds the entry for queue offset `offset`. Re-dispatch of an entry already present is
-    /// ignored; a gap is an error the caller answers with a rebuild.
-    pub fn put(&self, offset: u64, entry: ConsumeQueueEntry) -> Result<(), u64> {
+    /// ignored; a gap is an error the caller answers with a rebuild. An empty queue may start
+    /// past 0 (with holes before) only when `may_start_past_zero`: a full rebuild after
+    /// retention deleted the queue's first messages.
+    pub fn put(
+        &self,
+        offset: u64,
+        entry: ConsumeQueueEntry,
+        may_start_past_zero: bool,
+    ) -> Result<(), u64> {
         let max = self.max_offset.get();
         if offset < max {
             return Ok(());
         }
         let file_start = offset - offset % self.entries_per_file;
-        if self.files.borrow().is_empty() && offset > max {
+        if self.files.borrow().is_empty() && offset > max && may_start_past_zero {
             // A queue rebuilt after retention deleted its early messages starts past 0: holes
             // fill its first file up to the first surviving entry.
             let file = self.file_at(file_start);

@@ -323,6 +323,11 @@ impl MessageIndex {
         }
     }
 
+    /// The newest store timestamp indexed.
+    pub fn last_timestamp_ms(&self) -> i64 {
+        self.last_timestamp_ms.get()
+    }
+
     /// Entries in the newest file (for reports).
     pub fn active_entries(&self) -> u64 {
         self.active_entries.get()

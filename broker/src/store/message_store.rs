@@ -105,7 +105,7 @@ impl StoreConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), StoreError> {
+    pub fn validate(&self) -> Result<(), StoreError> {
         let fail = |why: String| Err(StoreError::Config(why));
         if !self.segment_bytes.is_multiple_of(DMA_ALIGNMENT_BYTES) || self.segment_bytes < 64 << 10
         {
@@ -302,6 +302,7 @@ impl MessageStore {
         let dir = config.shard_dir.clone();
         std::fs::create_dir_all(&dir).map_err(io_error(dir.display().to_string()))?;
         config.segment_bytes = settle_segment_bytes(&dir, config.segment_bytes)?;
+        config.validate()?;
         prime_direct_io_probe(&dir)
             .await
             .map_err(io_error("direct I/O probe"))?;
@@ -486,7 +487,9 @@ impl MessageStore {
                 scanned += 1;
                 let queue_offset = next;
                 next += 1;
-                if entry.commitlog_offset < commitlog_min || !filter.matches_hash(entry.tags_hash) {
+                let is_gone =
+                    entry == ConsumeQueueEntry::HOLE || entry.commitlog_offset < commitlog_min;
+                if is_gone || !filter.matches_hash(entry.tags_hash) {
                     continue;
                 }
                 let record = self
@@ -731,7 +734,14 @@ impl Inner {
                 }
                 let queue = get_or_create_queue(&queue_map, config, view.topic(), view.queue_id());
                 let info = dispatch_info(queue, physical_offset, view);
-                if info.queue.put(info.queue_offset, entry_of(&info)).is_err() {
+                // Only a full scan may find a queue starting past 0 (retention took its start);
+                // after a checkpoint that means its ConsumeQueue files were lost: rebuild.
+                let may_start_past_zero = keep_below == 0;
+                if info
+                    .queue
+                    .put(info.queue_offset, entry_of(&info), may_start_past_zero)
+                    .is_err()
+                {
                     has_gap = true;
                 }
                 pending.push(info);
@@ -772,7 +782,12 @@ impl Inner {
             );
             return Ok(None);
         }
-        let last_ts = pending.last().map(|i| i.store_timestamp_ms).unwrap_or(0);
+        // Store timestamps never go backwards, also across a restart (offset-by-time relies on it).
+        let last_ts = pending
+            .last()
+            .map(|i| i.store_timestamp_ms)
+            .unwrap_or(0)
+            .max(index.last_timestamp_ms());
         report.commitlog = scan;
         Ok(Some(Inner {
             config: config.clone(),
@@ -846,6 +861,10 @@ impl Inner {
                     needed: len,
                 })?;
             let view = RecordView::parse_unchecked(bytes)?;
+            // The topic becomes a directory name: only RocketMQ's name characters may pass.
+            if let Err(why) = crate::naming::check_topic_name(view.topic()) {
+                return Err(StoreError::InvalidRecord(RecordError::InvalidTopic(why)));
+            }
             if view.total_size() as usize != len {
                 return Err(RecordError::BadTotalSize {
                     total_size: view.total_size(),
@@ -872,7 +891,7 @@ impl Inner {
 
     fn dispatch(&self, info: &DispatchInfo) -> Result<(), String> {
         info.queue
-            .put(info.queue_offset, entry_of(info))
+            .put(info.queue_offset, entry_of(info), false)
             .map_err(|max| {
                 format!(
                 "queue offset {} dispatched while the queue's max is {max}: offsets out of order",

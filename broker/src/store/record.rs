@@ -1,5 +1,6 @@
 //! The stored message record: RocketMQ's CommitLog layout (version 1), field for field, plus a
-//! whole-record CRC carried in the `__CRC32#` property as RocketMQ 5 does.
+//! whole-record CRC carried in a `__CRC32#` property, in the manner of RocketMQ 5 (which names
+//! the same property; its digit order and coverage differ, see `docs/storage-format.md`).
 //!
 //! Owns: encoding a record from a message (done on network shards), patching the fields that only
 //! the storage shard knows (queue offset, physical offset, store timestamp) together with the
@@ -33,8 +34,9 @@ pub const SYS_FLAG_STORE_HOST_V6: u32 = 0x20;
 pub const NAME_VALUE_SEPARATOR: u8 = 0x01;
 pub const PROPERTY_SEPARATOR: u8 = 0x02;
 
-/// Property that carries the whole-record CRC (RocketMQ 5's `PROPERTY_CRC32`). It is always the
-/// last property; its value is exactly [`CRC_DIGITS`] decimal digits, zero padded.
+/// Property that carries the whole-record CRC (named like RocketMQ 5's `PROPERTY_CRC32`). It is
+/// always the last property; its value is exactly [`CRC_DIGITS`] decimal digits, zero padded,
+/// most significant first.
 pub const PROPERTY_CRC32: &str = "__CRC32#";
 pub const CRC_DIGITS: usize = 10;
 /// Bytes at the end of every record that the whole-record CRC does not cover: the ten digits
@@ -84,6 +86,8 @@ pub enum RecordError {
     MissingCrcProperty,
     #[error("topic is {0} bytes, over the version-1 limit of 127")]
     TopicTooLong(usize),
+    #[error("invalid topic: {0}")]
+    InvalidTopic(String),
     #[error("topic is empty")]
     EmptyTopic,
     #[error("properties are {0} bytes, over the 65535-byte field")]
@@ -92,7 +96,7 @@ pub enum RecordError {
     SeparatorInProperty,
     #[error("record says it is at physical offset {stored} but sits at {expected}")]
     WrongPhysicalOffset { stored: u64, expected: u64 },
-    #[error("body is {0} bytes, over the 32-bit length field")]
+    #[error("body is {0} bytes, over the largest a record holds (2^31 - 1)")]
     BodyTooLong(usize),
 }
 
@@ -639,7 +643,7 @@ pub fn tags_hash(tag: &str) -> u64 {
     i64::from(hash) as u64
 }
 
-/// Writes a blank filler of `len` bytes into `out` (the rest is left as zeros).
+/// Writes a blank filler header covering all of `out` (the rest is left as zeros).
 pub fn encode_blank(out: &mut [u8]) {
     debug_assert!(out.len() >= BLANK_MIN_BYTES);
     let total_size = out.len() as u32;

@@ -321,6 +321,91 @@ impl<'a> ::flatbuffers::Verifiable for Compression {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for Compression {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_MESSAGE_MODEL: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_MESSAGE_MODEL: u8 = 1;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_MESSAGE_MODEL: [MessageModel; 2] = [
+  MessageModel::CLUSTERING,
+  MessageModel::BROADCASTING,
+];
+
+/// How a consumer group consumes (RocketMQ's MessageModel).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct MessageModel(pub u8);
+#[allow(non_upper_case_globals)]
+impl MessageModel {
+  pub const CLUSTERING: Self = Self(0);
+  pub const BROADCASTING: Self = Self(1);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 1;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::CLUSTERING,
+    Self::BROADCASTING,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::CLUSTERING => Some("CLUSTERING"),
+      Self::BROADCASTING => Some("BROADCASTING"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for MessageModel {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for MessageModel {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for MessageModel {
+    type Output = MessageModel;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for MessageModel {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for MessageModel {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for MessageModel {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_FRAME_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_FRAME_KIND: u8 = 2;
@@ -416,10 +501,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 13;
+pub const ENUM_MAX_BODY: u8 = 33;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 14] = [
+pub const ENUM_VALUES_BODY: [Body; 34] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -434,6 +519,26 @@ pub const ENUM_VALUES_BODY: [Body; 14] = [
   Body::RouteResponse,
   Body::TopicListRequest,
   Body::TopicListResponse,
+  Body::QueryConsumerOffsetRequest,
+  Body::CommitConsumerOffsetRequest,
+  Body::QueueOffsetsRequest,
+  Body::QueueOffsetsResponse,
+  Body::OffsetByTimeRequest,
+  Body::OffsetResponse,
+  Body::HeartbeatRequest,
+  Body::UnregisterClientRequest,
+  Body::ConsumerListRequest,
+  Body::ConsumerListResponse,
+  Body::UpsertTopicRequest,
+  Body::DeleteTopicRequest,
+  Body::BrokerTopicsRequest,
+  Body::BrokerTopicsResponse,
+  Body::TopicStatsRequest,
+  Body::TopicStatsResponse,
+  Body::QueryByKeyRequest,
+  Body::QueryByIdRequest,
+  Body::QueryResponse,
+  Body::ConsumerIdsChangedNotice,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -458,9 +563,29 @@ impl Body {
   pub const RouteResponse: Self = Self(11);
   pub const TopicListRequest: Self = Self(12);
   pub const TopicListResponse: Self = Self(13);
+  pub const QueryConsumerOffsetRequest: Self = Self(14);
+  pub const CommitConsumerOffsetRequest: Self = Self(15);
+  pub const QueueOffsetsRequest: Self = Self(16);
+  pub const QueueOffsetsResponse: Self = Self(17);
+  pub const OffsetByTimeRequest: Self = Self(18);
+  pub const OffsetResponse: Self = Self(19);
+  pub const HeartbeatRequest: Self = Self(20);
+  pub const UnregisterClientRequest: Self = Self(21);
+  pub const ConsumerListRequest: Self = Self(22);
+  pub const ConsumerListResponse: Self = Self(23);
+  pub const UpsertTopicRequest: Self = Self(24);
+  pub const DeleteTopicRequest: Self = Self(25);
+  pub const BrokerTopicsRequest: Self = Self(26);
+  pub const BrokerTopicsResponse: Self = Self(27);
+  pub const TopicStatsRequest: Self = Self(28);
+  pub const TopicStatsResponse: Self = Self(29);
+  pub const QueryByKeyRequest: Self = Self(30);
+  pub const QueryByIdRequest: Self = Self(31);
+  pub const QueryResponse: Self = Self(32);
+  pub const ConsumerIdsChangedNotice: Self = Self(33);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 13;
+  pub const ENUM_MAX: u8 = 33;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -476,6 +601,26 @@ impl Body {
     Self::RouteResponse,
     Self::TopicListRequest,
     Self::TopicListResponse,
+    Self::QueryConsumerOffsetRequest,
+    Self::CommitConsumerOffsetRequest,
+    Self::QueueOffsetsRequest,
+    Self::QueueOffsetsResponse,
+    Self::OffsetByTimeRequest,
+    Self::OffsetResponse,
+    Self::HeartbeatRequest,
+    Self::UnregisterClientRequest,
+    Self::ConsumerListRequest,
+    Self::ConsumerListResponse,
+    Self::UpsertTopicRequest,
+    Self::DeleteTopicRequest,
+    Self::BrokerTopicsRequest,
+    Self::BrokerTopicsResponse,
+    Self::TopicStatsRequest,
+    Self::TopicStatsResponse,
+    Self::QueryByKeyRequest,
+    Self::QueryByIdRequest,
+    Self::QueryResponse,
+    Self::ConsumerIdsChangedNotice,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -494,6 +639,26 @@ impl Body {
       Self::RouteResponse => Some("RouteResponse"),
       Self::TopicListRequest => Some("TopicListRequest"),
       Self::TopicListResponse => Some("TopicListResponse"),
+      Self::QueryConsumerOffsetRequest => Some("QueryConsumerOffsetRequest"),
+      Self::CommitConsumerOffsetRequest => Some("CommitConsumerOffsetRequest"),
+      Self::QueueOffsetsRequest => Some("QueueOffsetsRequest"),
+      Self::QueueOffsetsResponse => Some("QueueOffsetsResponse"),
+      Self::OffsetByTimeRequest => Some("OffsetByTimeRequest"),
+      Self::OffsetResponse => Some("OffsetResponse"),
+      Self::HeartbeatRequest => Some("HeartbeatRequest"),
+      Self::UnregisterClientRequest => Some("UnregisterClientRequest"),
+      Self::ConsumerListRequest => Some("ConsumerListRequest"),
+      Self::ConsumerListResponse => Some("ConsumerListResponse"),
+      Self::UpsertTopicRequest => Some("UpsertTopicRequest"),
+      Self::DeleteTopicRequest => Some("DeleteTopicRequest"),
+      Self::BrokerTopicsRequest => Some("BrokerTopicsRequest"),
+      Self::BrokerTopicsResponse => Some("BrokerTopicsResponse"),
+      Self::TopicStatsRequest => Some("TopicStatsRequest"),
+      Self::TopicStatsResponse => Some("TopicStatsResponse"),
+      Self::QueryByKeyRequest => Some("QueryByKeyRequest"),
+      Self::QueryByIdRequest => Some("QueryByIdRequest"),
+      Self::QueryResponse => Some("QueryResponse"),
+      Self::ConsumerIdsChangedNotice => Some("ConsumerIdsChangedNotice"),
       _ => None,
     }
   }
@@ -568,6 +733,26 @@ pub enum BodyT {
   RouteResponse(alloc::boxed::Box<RouteResponseT>),
   TopicListRequest(alloc::boxed::Box<TopicListRequestT>),
   TopicListResponse(alloc::boxed::Box<TopicListResponseT>),
+  QueryConsumerOffsetRequest(alloc::boxed::Box<QueryConsumerOffsetRequestT>),
+  CommitConsumerOffsetRequest(alloc::boxed::Box<CommitConsumerOffsetRequestT>),
+  QueueOffsetsRequest(alloc::boxed::Box<QueueOffsetsRequestT>),
+  QueueOffsetsResponse(alloc::boxed::Box<QueueOffsetsResponseT>),
+  OffsetByTimeRequest(alloc::boxed::Box<OffsetByTimeRequestT>),
+  OffsetResponse(alloc::boxed::Box<OffsetResponseT>),
+  HeartbeatRequest(alloc::boxed::Box<HeartbeatRequestT>),
+  UnregisterClientRequest(alloc::boxed::Box<UnregisterClientRequestT>),
+  ConsumerListRequest(alloc::boxed::Box<ConsumerListRequestT>),
+  ConsumerListResponse(alloc::boxed::Box<ConsumerListResponseT>),
+  UpsertTopicRequest(alloc::boxed::Box<UpsertTopicRequestT>),
+  DeleteTopicRequest(alloc::boxed::Box<DeleteTopicRequestT>),
+  BrokerTopicsRequest(alloc::boxed::Box<BrokerTopicsRequestT>),
+  BrokerTopicsResponse(alloc::boxed::Box<BrokerTopicsResponseT>),
+  TopicStatsRequest(alloc::boxed::Box<TopicStatsRequestT>),
+  TopicStatsResponse(alloc::boxed::Box<TopicStatsResponseT>),
+  QueryByKeyRequest(alloc::boxed::Box<QueryByKeyRequestT>),
+  QueryByIdRequest(alloc::boxed::Box<QueryByIdRequestT>),
+  QueryResponse(alloc::boxed::Box<QueryResponseT>),
+  ConsumerIdsChangedNotice(alloc::boxed::Box<ConsumerIdsChangedNoticeT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -591,6 +776,26 @@ impl BodyT {
       Self::RouteResponse(_) => Body::RouteResponse,
       Self::TopicListRequest(_) => Body::TopicListRequest,
       Self::TopicListResponse(_) => Body::TopicListResponse,
+      Self::QueryConsumerOffsetRequest(_) => Body::QueryConsumerOffsetRequest,
+      Self::CommitConsumerOffsetRequest(_) => Body::CommitConsumerOffsetRequest,
+      Self::QueueOffsetsRequest(_) => Body::QueueOffsetsRequest,
+      Self::QueueOffsetsResponse(_) => Body::QueueOffsetsResponse,
+      Self::OffsetByTimeRequest(_) => Body::OffsetByTimeRequest,
+      Self::OffsetResponse(_) => Body::OffsetResponse,
+      Self::HeartbeatRequest(_) => Body::HeartbeatRequest,
+      Self::UnregisterClientRequest(_) => Body::UnregisterClientRequest,
+      Self::ConsumerListRequest(_) => Body::ConsumerListRequest,
+      Self::ConsumerListResponse(_) => Body::ConsumerListResponse,
+      Self::UpsertTopicRequest(_) => Body::UpsertTopicRequest,
+      Self::DeleteTopicRequest(_) => Body::DeleteTopicRequest,
+      Self::BrokerTopicsRequest(_) => Body::BrokerTopicsRequest,
+      Self::BrokerTopicsResponse(_) => Body::BrokerTopicsResponse,
+      Self::TopicStatsRequest(_) => Body::TopicStatsRequest,
+      Self::TopicStatsResponse(_) => Body::TopicStatsResponse,
+      Self::QueryByKeyRequest(_) => Body::QueryByKeyRequest,
+      Self::QueryByIdRequest(_) => Body::QueryByIdRequest,
+      Self::QueryResponse(_) => Body::QueryResponse,
+      Self::ConsumerIdsChangedNotice(_) => Body::ConsumerIdsChangedNotice,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -609,6 +814,26 @@ impl BodyT {
       Self::RouteResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::TopicListRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::TopicListResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueryConsumerOffsetRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::CommitConsumerOffsetRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueueOffsetsRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueueOffsetsResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::OffsetByTimeRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::OffsetResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::HeartbeatRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::UnregisterClientRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ConsumerListRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ConsumerListResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::UpsertTopicRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::DeleteTopicRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::BrokerTopicsRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::BrokerTopicsResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::TopicStatsRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::TopicStatsResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueryByKeyRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueryByIdRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::QueryResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ConsumerIdsChangedNotice(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -883,6 +1108,426 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the TopicListResponseT.
   pub fn as_topic_list_response_mut(&mut self) -> Option<&mut TopicListResponseT> {
     if let Self::TopicListResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueryConsumerOffsetRequestT, setting the union to NONE.
+  pub fn take_query_consumer_offset_request(&mut self) -> Option<alloc::boxed::Box<QueryConsumerOffsetRequestT>> {
+    if let Self::QueryConsumerOffsetRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueryConsumerOffsetRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueryConsumerOffsetRequestT.
+  pub fn as_query_consumer_offset_request(&self) -> Option<&QueryConsumerOffsetRequestT> {
+    if let Self::QueryConsumerOffsetRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueryConsumerOffsetRequestT.
+  pub fn as_query_consumer_offset_request_mut(&mut self) -> Option<&mut QueryConsumerOffsetRequestT> {
+    if let Self::QueryConsumerOffsetRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned CommitConsumerOffsetRequestT, setting the union to NONE.
+  pub fn take_commit_consumer_offset_request(&mut self) -> Option<alloc::boxed::Box<CommitConsumerOffsetRequestT>> {
+    if let Self::CommitConsumerOffsetRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::CommitConsumerOffsetRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the CommitConsumerOffsetRequestT.
+  pub fn as_commit_consumer_offset_request(&self) -> Option<&CommitConsumerOffsetRequestT> {
+    if let Self::CommitConsumerOffsetRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the CommitConsumerOffsetRequestT.
+  pub fn as_commit_consumer_offset_request_mut(&mut self) -> Option<&mut CommitConsumerOffsetRequestT> {
+    if let Self::CommitConsumerOffsetRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueueOffsetsRequestT, setting the union to NONE.
+  pub fn take_queue_offsets_request(&mut self) -> Option<alloc::boxed::Box<QueueOffsetsRequestT>> {
+    if let Self::QueueOffsetsRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueueOffsetsRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueueOffsetsRequestT.
+  pub fn as_queue_offsets_request(&self) -> Option<&QueueOffsetsRequestT> {
+    if let Self::QueueOffsetsRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueueOffsetsRequestT.
+  pub fn as_queue_offsets_request_mut(&mut self) -> Option<&mut QueueOffsetsRequestT> {
+    if let Self::QueueOffsetsRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueueOffsetsResponseT, setting the union to NONE.
+  pub fn take_queue_offsets_response(&mut self) -> Option<alloc::boxed::Box<QueueOffsetsResponseT>> {
+    if let Self::QueueOffsetsResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueueOffsetsResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueueOffsetsResponseT.
+  pub fn as_queue_offsets_response(&self) -> Option<&QueueOffsetsResponseT> {
+    if let Self::QueueOffsetsResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueueOffsetsResponseT.
+  pub fn as_queue_offsets_response_mut(&mut self) -> Option<&mut QueueOffsetsResponseT> {
+    if let Self::QueueOffsetsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned OffsetByTimeRequestT, setting the union to NONE.
+  pub fn take_offset_by_time_request(&mut self) -> Option<alloc::boxed::Box<OffsetByTimeRequestT>> {
+    if let Self::OffsetByTimeRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::OffsetByTimeRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the OffsetByTimeRequestT.
+  pub fn as_offset_by_time_request(&self) -> Option<&OffsetByTimeRequestT> {
+    if let Self::OffsetByTimeRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the OffsetByTimeRequestT.
+  pub fn as_offset_by_time_request_mut(&mut self) -> Option<&mut OffsetByTimeRequestT> {
+    if let Self::OffsetByTimeRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned OffsetResponseT, setting the union to NONE.
+  pub fn take_offset_response(&mut self) -> Option<alloc::boxed::Box<OffsetResponseT>> {
+    if let Self::OffsetResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::OffsetResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the OffsetResponseT.
+  pub fn as_offset_response(&self) -> Option<&OffsetResponseT> {
+    if let Self::OffsetResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the OffsetResponseT.
+  pub fn as_offset_response_mut(&mut self) -> Option<&mut OffsetResponseT> {
+    if let Self::OffsetResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned HeartbeatRequestT, setting the union to NONE.
+  pub fn take_heartbeat_request(&mut self) -> Option<alloc::boxed::Box<HeartbeatRequestT>> {
+    if let Self::HeartbeatRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::HeartbeatRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the HeartbeatRequestT.
+  pub fn as_heartbeat_request(&self) -> Option<&HeartbeatRequestT> {
+    if let Self::HeartbeatRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the HeartbeatRequestT.
+  pub fn as_heartbeat_request_mut(&mut self) -> Option<&mut HeartbeatRequestT> {
+    if let Self::HeartbeatRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned UnregisterClientRequestT, setting the union to NONE.
+  pub fn take_unregister_client_request(&mut self) -> Option<alloc::boxed::Box<UnregisterClientRequestT>> {
+    if let Self::UnregisterClientRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::UnregisterClientRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the UnregisterClientRequestT.
+  pub fn as_unregister_client_request(&self) -> Option<&UnregisterClientRequestT> {
+    if let Self::UnregisterClientRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the UnregisterClientRequestT.
+  pub fn as_unregister_client_request_mut(&mut self) -> Option<&mut UnregisterClientRequestT> {
+    if let Self::UnregisterClientRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ConsumerListRequestT, setting the union to NONE.
+  pub fn take_consumer_list_request(&mut self) -> Option<alloc::boxed::Box<ConsumerListRequestT>> {
+    if let Self::ConsumerListRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ConsumerListRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ConsumerListRequestT.
+  pub fn as_consumer_list_request(&self) -> Option<&ConsumerListRequestT> {
+    if let Self::ConsumerListRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ConsumerListRequestT.
+  pub fn as_consumer_list_request_mut(&mut self) -> Option<&mut ConsumerListRequestT> {
+    if let Self::ConsumerListRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ConsumerListResponseT, setting the union to NONE.
+  pub fn take_consumer_list_response(&mut self) -> Option<alloc::boxed::Box<ConsumerListResponseT>> {
+    if let Self::ConsumerListResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ConsumerListResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ConsumerListResponseT.
+  pub fn as_consumer_list_response(&self) -> Option<&ConsumerListResponseT> {
+    if let Self::ConsumerListResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ConsumerListResponseT.
+  pub fn as_consumer_list_response_mut(&mut self) -> Option<&mut ConsumerListResponseT> {
+    if let Self::ConsumerListResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned UpsertTopicRequestT, setting the union to NONE.
+  pub fn take_upsert_topic_request(&mut self) -> Option<alloc::boxed::Box<UpsertTopicRequestT>> {
+    if let Self::UpsertTopicRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::UpsertTopicRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the UpsertTopicRequestT.
+  pub fn as_upsert_topic_request(&self) -> Option<&UpsertTopicRequestT> {
+    if let Self::UpsertTopicRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the UpsertTopicRequestT.
+  pub fn as_upsert_topic_request_mut(&mut self) -> Option<&mut UpsertTopicRequestT> {
+    if let Self::UpsertTopicRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned DeleteTopicRequestT, setting the union to NONE.
+  pub fn take_delete_topic_request(&mut self) -> Option<alloc::boxed::Box<DeleteTopicRequestT>> {
+    if let Self::DeleteTopicRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::DeleteTopicRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the DeleteTopicRequestT.
+  pub fn as_delete_topic_request(&self) -> Option<&DeleteTopicRequestT> {
+    if let Self::DeleteTopicRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the DeleteTopicRequestT.
+  pub fn as_delete_topic_request_mut(&mut self) -> Option<&mut DeleteTopicRequestT> {
+    if let Self::DeleteTopicRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned BrokerTopicsRequestT, setting the union to NONE.
+  pub fn take_broker_topics_request(&mut self) -> Option<alloc::boxed::Box<BrokerTopicsRequestT>> {
+    if let Self::BrokerTopicsRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::BrokerTopicsRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the BrokerTopicsRequestT.
+  pub fn as_broker_topics_request(&self) -> Option<&BrokerTopicsRequestT> {
+    if let Self::BrokerTopicsRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the BrokerTopicsRequestT.
+  pub fn as_broker_topics_request_mut(&mut self) -> Option<&mut BrokerTopicsRequestT> {
+    if let Self::BrokerTopicsRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned BrokerTopicsResponseT, setting the union to NONE.
+  pub fn take_broker_topics_response(&mut self) -> Option<alloc::boxed::Box<BrokerTopicsResponseT>> {
+    if let Self::BrokerTopicsResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::BrokerTopicsResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the BrokerTopicsResponseT.
+  pub fn as_broker_topics_response(&self) -> Option<&BrokerTopicsResponseT> {
+    if let Self::BrokerTopicsResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the BrokerTopicsResponseT.
+  pub fn as_broker_topics_response_mut(&mut self) -> Option<&mut BrokerTopicsResponseT> {
+    if let Self::BrokerTopicsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned TopicStatsRequestT, setting the union to NONE.
+  pub fn take_topic_stats_request(&mut self) -> Option<alloc::boxed::Box<TopicStatsRequestT>> {
+    if let Self::TopicStatsRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::TopicStatsRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the TopicStatsRequestT.
+  pub fn as_topic_stats_request(&self) -> Option<&TopicStatsRequestT> {
+    if let Self::TopicStatsRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the TopicStatsRequestT.
+  pub fn as_topic_stats_request_mut(&mut self) -> Option<&mut TopicStatsRequestT> {
+    if let Self::TopicStatsRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned TopicStatsResponseT, setting the union to NONE.
+  pub fn take_topic_stats_response(&mut self) -> Option<alloc::boxed::Box<TopicStatsResponseT>> {
+    if let Self::TopicStatsResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::TopicStatsResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the TopicStatsResponseT.
+  pub fn as_topic_stats_response(&self) -> Option<&TopicStatsResponseT> {
+    if let Self::TopicStatsResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the TopicStatsResponseT.
+  pub fn as_topic_stats_response_mut(&mut self) -> Option<&mut TopicStatsResponseT> {
+    if let Self::TopicStatsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueryByKeyRequestT, setting the union to NONE.
+  pub fn take_query_by_key_request(&mut self) -> Option<alloc::boxed::Box<QueryByKeyRequestT>> {
+    if let Self::QueryByKeyRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueryByKeyRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueryByKeyRequestT.
+  pub fn as_query_by_key_request(&self) -> Option<&QueryByKeyRequestT> {
+    if let Self::QueryByKeyRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueryByKeyRequestT.
+  pub fn as_query_by_key_request_mut(&mut self) -> Option<&mut QueryByKeyRequestT> {
+    if let Self::QueryByKeyRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueryByIdRequestT, setting the union to NONE.
+  pub fn take_query_by_id_request(&mut self) -> Option<alloc::boxed::Box<QueryByIdRequestT>> {
+    if let Self::QueryByIdRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueryByIdRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueryByIdRequestT.
+  pub fn as_query_by_id_request(&self) -> Option<&QueryByIdRequestT> {
+    if let Self::QueryByIdRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueryByIdRequestT.
+  pub fn as_query_by_id_request_mut(&mut self) -> Option<&mut QueryByIdRequestT> {
+    if let Self::QueryByIdRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned QueryResponseT, setting the union to NONE.
+  pub fn take_query_response(&mut self) -> Option<alloc::boxed::Box<QueryResponseT>> {
+    if let Self::QueryResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::QueryResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the QueryResponseT.
+  pub fn as_query_response(&self) -> Option<&QueryResponseT> {
+    if let Self::QueryResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the QueryResponseT.
+  pub fn as_query_response_mut(&mut self) -> Option<&mut QueryResponseT> {
+    if let Self::QueryResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ConsumerIdsChangedNoticeT, setting the union to NONE.
+  pub fn take_consumer_ids_changed_notice(&mut self) -> Option<alloc::boxed::Box<ConsumerIdsChangedNoticeT>> {
+    if let Self::ConsumerIdsChangedNotice(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ConsumerIdsChangedNotice(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ConsumerIdsChangedNoticeT.
+  pub fn as_consumer_ids_changed_notice(&self) -> Option<&ConsumerIdsChangedNoticeT> {
+    if let Self::ConsumerIdsChangedNotice(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ConsumerIdsChangedNoticeT.
+  pub fn as_consumer_ids_changed_notice_mut(&mut self) -> Option<&mut ConsumerIdsChangedNoticeT> {
+    if let Self::ConsumerIdsChangedNotice(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 pub enum KeyValueOffset {}
@@ -5220,6 +5865,3712 @@ impl TopicListResponseT {
     })
   }
 }
+pub enum QueryConsumerOffsetRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Read a consumer group's committed offset for one queue.
+pub struct QueryConsumerOffsetRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueryConsumerOffsetRequest<'a> {
+  type Inner = QueryConsumerOffsetRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueryConsumerOffsetRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueryConsumerOffsetRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueryConsumerOffsetRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueryConsumerOffsetRequest<'bldr>> {
+    let mut builder = QueryConsumerOffsetRequestBuilder::new(_fbb);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueryConsumerOffsetRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    QueryConsumerOffsetRequestT {
+      consumer_group,
+      topic,
+      queue_id,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryConsumerOffsetRequest::VT_CONSUMER_GROUP, None)}
+  }
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryConsumerOffsetRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(QueryConsumerOffsetRequest::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueryConsumerOffsetRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueryConsumerOffsetRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+}
+impl<'a> Default for QueryConsumerOffsetRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueryConsumerOffsetRequestArgs {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+
+pub struct QueryConsumerOffsetRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueryConsumerOffsetRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryConsumerOffsetRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryConsumerOffsetRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(QueryConsumerOffsetRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueryConsumerOffsetRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueryConsumerOffsetRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueryConsumerOffsetRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueryConsumerOffsetRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueryConsumerOffsetRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryConsumerOffsetRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+}
+impl Default for QueryConsumerOffsetRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+impl QueryConsumerOffsetRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueryConsumerOffsetRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    QueryConsumerOffsetRequest::create(_fbb, &QueryConsumerOffsetRequestArgs{
+      consumer_group,
+      topic,
+      queue_id,
+    })
+  }
+}
+pub enum CommitConsumerOffsetRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Commit a consumer group's offset for one queue (the next offset the group will consume).
+/// Answered with status OK and no body.
+pub struct CommitConsumerOffsetRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CommitConsumerOffsetRequest<'a> {
+  type Inner = CommitConsumerOffsetRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CommitConsumerOffsetRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CommitConsumerOffsetRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CommitConsumerOffsetRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CommitConsumerOffsetRequest<'bldr>> {
+    let mut builder = CommitConsumerOffsetRequestBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> CommitConsumerOffsetRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let offset = self.offset();
+    CommitConsumerOffsetRequestT {
+      consumer_group,
+      topic,
+      queue_id,
+      offset,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CommitConsumerOffsetRequest::VT_CONSUMER_GROUP, None)}
+  }
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CommitConsumerOffsetRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(CommitConsumerOffsetRequest::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(CommitConsumerOffsetRequest::VT_OFFSET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CommitConsumerOffsetRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<i64>("offset", Self::VT_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CommitConsumerOffsetRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+    pub offset: i64,
+}
+impl<'a> Default for CommitConsumerOffsetRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CommitConsumerOffsetRequestArgs {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+      offset: 0,
+    }
+  }
+}
+
+pub struct CommitConsumerOffsetRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CommitConsumerOffsetRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CommitConsumerOffsetRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CommitConsumerOffsetRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(CommitConsumerOffsetRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: i64) {
+    self.fbb_.push_slot::<i64>(CommitConsumerOffsetRequest::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CommitConsumerOffsetRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CommitConsumerOffsetRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CommitConsumerOffsetRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CommitConsumerOffsetRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CommitConsumerOffsetRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("offset", &self.offset());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommitConsumerOffsetRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+  pub offset: i64,
+}
+impl Default for CommitConsumerOffsetRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+      offset: 0,
+    }
+  }
+}
+impl CommitConsumerOffsetRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<CommitConsumerOffsetRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let offset = self.offset;
+    CommitConsumerOffsetRequest::create(_fbb, &CommitConsumerOffsetRequestArgs{
+      consumer_group,
+      topic,
+      queue_id,
+      offset,
+    })
+  }
+}
+pub enum QueueOffsetsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Smallest and largest offsets of one queue.
+pub struct QueueOffsetsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueueOffsetsRequest<'a> {
+  type Inner = QueueOffsetsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueueOffsetsRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueueOffsetsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueueOffsetsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueueOffsetsRequest<'bldr>> {
+    let mut builder = QueueOffsetsRequestBuilder::new(_fbb);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueueOffsetsRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    QueueOffsetsRequestT {
+      topic,
+      queue_id,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueueOffsetsRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(QueueOffsetsRequest::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueueOffsetsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueueOffsetsRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+}
+impl<'a> Default for QueueOffsetsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueueOffsetsRequestArgs {
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+
+pub struct QueueOffsetsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueOffsetsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueueOffsetsRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(QueueOffsetsRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueOffsetsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueueOffsetsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueueOffsetsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueueOffsetsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueueOffsetsRequest");
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueOffsetsRequestT {
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+}
+impl Default for QueueOffsetsRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+impl QueueOffsetsRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueueOffsetsRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    QueueOffsetsRequest::create(_fbb, &QueueOffsetsRequestArgs{
+      topic,
+      queue_id,
+    })
+  }
+}
+pub enum QueueOffsetsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to QueueOffsetsRequest.
+pub struct QueueOffsetsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueueOffsetsResponse<'a> {
+  type Inner = QueueOffsetsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueueOffsetsResponse<'a> {
+  pub const VT_MIN_OFFSET: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MAX_OFFSET: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueueOffsetsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueueOffsetsResponseArgs
+  ) -> ::flatbuffers::WIPOffset<QueueOffsetsResponse<'bldr>> {
+    let mut builder = QueueOffsetsResponseBuilder::new(_fbb);
+    builder.add_max_offset(args.max_offset);
+    builder.add_min_offset(args.min_offset);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueueOffsetsResponseT {
+    let min_offset = self.min_offset();
+    let max_offset = self.max_offset();
+    QueueOffsetsResponseT {
+      min_offset,
+      max_offset,
+    }
+  }
+
+  /// Smallest offset still stored.
+  #[inline]
+  pub fn min_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueueOffsetsResponse::VT_MIN_OFFSET, Some(0)).unwrap()}
+  }
+  /// One past the largest visible offset.
+  #[inline]
+  pub fn max_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueueOffsetsResponse::VT_MAX_OFFSET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueueOffsetsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i64>("min_offset", Self::VT_MIN_OFFSET, false)?
+     .visit_field::<i64>("max_offset", Self::VT_MAX_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueueOffsetsResponseArgs {
+    pub min_offset: i64,
+    pub max_offset: i64,
+}
+impl<'a> Default for QueueOffsetsResponseArgs {
+  #[inline]
+  fn default() -> Self {
+    QueueOffsetsResponseArgs {
+      min_offset: 0,
+      max_offset: 0,
+    }
+  }
+}
+
+pub struct QueueOffsetsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueOffsetsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_min_offset(&mut self, min_offset: i64) {
+    self.fbb_.push_slot::<i64>(QueueOffsetsResponse::VT_MIN_OFFSET, min_offset, 0);
+  }
+  #[inline]
+  pub fn add_max_offset(&mut self, max_offset: i64) {
+    self.fbb_.push_slot::<i64>(QueueOffsetsResponse::VT_MAX_OFFSET, max_offset, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueOffsetsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueueOffsetsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueueOffsetsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueueOffsetsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueueOffsetsResponse");
+      ds.field("min_offset", &self.min_offset());
+      ds.field("max_offset", &self.max_offset());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueOffsetsResponseT {
+  pub min_offset: i64,
+  pub max_offset: i64,
+}
+impl Default for QueueOffsetsResponseT {
+  fn default() -> Self {
+    Self {
+      min_offset: 0,
+      max_offset: 0,
+    }
+  }
+}
+impl QueueOffsetsResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueueOffsetsResponse<'b>> {
+    let min_offset = self.min_offset;
+    let max_offset = self.max_offset;
+    QueueOffsetsResponse::create(_fbb, &QueueOffsetsResponseArgs{
+      min_offset,
+      max_offset,
+    })
+  }
+}
+pub enum OffsetByTimeRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The first offset of a queue whose message was stored at or after a time (offset reset by
+/// time).
+pub struct OffsetByTimeRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetByTimeRequest<'a> {
+  type Inner = OffsetByTimeRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetByTimeRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_TIMESTAMP_MS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetByTimeRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetByTimeRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetByTimeRequest<'bldr>> {
+    let mut builder = OffsetByTimeRequestBuilder::new(_fbb);
+    builder.add_timestamp_ms(args.timestamp_ms);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> OffsetByTimeRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let timestamp_ms = self.timestamp_ms();
+    OffsetByTimeRequestT {
+      topic,
+      queue_id,
+      timestamp_ms,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetByTimeRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(OffsetByTimeRequest::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn timestamp_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(OffsetByTimeRequest::VT_TIMESTAMP_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetByTimeRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<i64>("timestamp_ms", Self::VT_TIMESTAMP_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetByTimeRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+    pub timestamp_ms: i64,
+}
+impl<'a> Default for OffsetByTimeRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetByTimeRequestArgs {
+      topic: None,
+      queue_id: 0,
+      timestamp_ms: 0,
+    }
+  }
+}
+
+pub struct OffsetByTimeRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetByTimeRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetByTimeRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(OffsetByTimeRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn add_timestamp_ms(&mut self, timestamp_ms: i64) {
+    self.fbb_.push_slot::<i64>(OffsetByTimeRequest::VT_TIMESTAMP_MS, timestamp_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetByTimeRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetByTimeRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetByTimeRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetByTimeRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetByTimeRequest");
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("timestamp_ms", &self.timestamp_ms());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffsetByTimeRequestT {
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+  pub timestamp_ms: i64,
+}
+impl Default for OffsetByTimeRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queue_id: 0,
+      timestamp_ms: 0,
+    }
+  }
+}
+impl OffsetByTimeRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<OffsetByTimeRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let timestamp_ms = self.timestamp_ms;
+    OffsetByTimeRequest::create(_fbb, &OffsetByTimeRequestArgs{
+      topic,
+      queue_id,
+      timestamp_ms,
+    })
+  }
+}
+pub enum OffsetResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to QueryConsumerOffsetRequest (status CONSUMER_GROUP_NOT_FOUND when the group has
+/// never committed for the queue) and OffsetByTimeRequest.
+pub struct OffsetResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetResponse<'a> {
+  type Inner = OffsetResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetResponse<'a> {
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetResponseArgs
+  ) -> ::flatbuffers::WIPOffset<OffsetResponse<'bldr>> {
+    let mut builder = OffsetResponseBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> OffsetResponseT {
+    let offset = self.offset();
+    OffsetResponseT {
+      offset,
+    }
+  }
+
+  #[inline]
+  pub fn offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(OffsetResponse::VT_OFFSET, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i64>("offset", Self::VT_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetResponseArgs {
+    pub offset: i64,
+}
+impl<'a> Default for OffsetResponseArgs {
+  #[inline]
+  fn default() -> Self {
+    OffsetResponseArgs {
+      offset: -1,
+    }
+  }
+}
+
+pub struct OffsetResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_offset(&mut self, offset: i64) {
+    self.fbb_.push_slot::<i64>(OffsetResponse::VT_OFFSET, offset, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetResponse");
+      ds.field("offset", &self.offset());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffsetResponseT {
+  pub offset: i64,
+}
+impl Default for OffsetResponseT {
+  fn default() -> Self {
+    Self {
+      offset: -1,
+    }
+  }
+}
+impl OffsetResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<OffsetResponse<'b>> {
+    let offset = self.offset;
+    OffsetResponse::create(_fbb, &OffsetResponseArgs{
+      offset,
+    })
+  }
+}
+pub enum SubscriptionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A consumer's subscription to a topic.
+pub struct Subscription<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Subscription<'a> {
+  type Inner = Subscription<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Subscription<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_EXPRESSION: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Subscription { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SubscriptionArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Subscription<'bldr>> {
+    let mut builder = SubscriptionBuilder::new(_fbb);
+    if let Some(x) = args.expression { builder.add_expression(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> SubscriptionT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let expression = self.expression().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    SubscriptionT {
+      topic,
+      expression,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscription::VT_TOPIC, None)}
+  }
+  /// `*` or `TagA || TagB`.
+  #[inline]
+  pub fn expression(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscription::VT_EXPRESSION, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Subscription<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("expression", Self::VT_EXPRESSION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SubscriptionArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub expression: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for SubscriptionArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SubscriptionArgs {
+      topic: None,
+      expression: None,
+    }
+  }
+}
+
+pub struct SubscriptionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubscriptionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscription::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_expression(&mut self, expression: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscription::VT_EXPRESSION, expression);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubscriptionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SubscriptionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Subscription<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Subscription<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Subscription");
+      ds.field("topic", &self.topic());
+      ds.field("expression", &self.expression());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionT {
+  pub topic: Option<alloc::string::String>,
+  pub expression: Option<alloc::string::String>,
+}
+impl Default for SubscriptionT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      expression: None,
+    }
+  }
+}
+impl SubscriptionT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<Subscription<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let expression = self.expression.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    Subscription::create(_fbb, &SubscriptionArgs{
+      topic,
+      expression,
+    })
+  }
+}
+pub enum ConsumerGroupInfoOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One consumer group a client belongs to, with its subscriptions.
+pub struct ConsumerGroupInfo<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerGroupInfo<'a> {
+  type Inner = ConsumerGroupInfo<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerGroupInfo<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MESSAGE_MODEL: ::flatbuffers::VOffsetT = 6;
+  pub const VT_IS_ORDERLY: ::flatbuffers::VOffsetT = 8;
+  pub const VT_SUBSCRIPTIONS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerGroupInfo { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerGroupInfoArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerGroupInfo<'bldr>> {
+    let mut builder = ConsumerGroupInfoBuilder::new(_fbb);
+    if let Some(x) = args.subscriptions { builder.add_subscriptions(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.add_is_orderly(args.is_orderly);
+    builder.add_message_model(args.message_model);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerGroupInfoT {
+    let group = self.group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let message_model = self.message_model();
+    let is_orderly = self.is_orderly();
+    let subscriptions = self.subscriptions().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    ConsumerGroupInfoT {
+      group,
+      message_model,
+      is_orderly,
+      subscriptions,
+    }
+  }
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerGroupInfo::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn message_model(&self) -> MessageModel {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<MessageModel>(ConsumerGroupInfo::VT_MESSAGE_MODEL, Some(MessageModel::CLUSTERING)).unwrap()}
+  }
+  /// Whether the group consumes orderly (queue locks).
+  #[inline]
+  pub fn is_orderly(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ConsumerGroupInfo::VT_IS_ORDERLY, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn subscriptions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Subscription<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Subscription>>>>(ConsumerGroupInfo::VT_SUBSCRIPTIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerGroupInfo<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<MessageModel>("message_model", Self::VT_MESSAGE_MODEL, false)?
+     .visit_field::<bool>("is_orderly", Self::VT_IS_ORDERLY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Subscription>>>>("subscriptions", Self::VT_SUBSCRIPTIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerGroupInfoArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub message_model: MessageModel,
+    pub is_orderly: bool,
+    pub subscriptions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Subscription<'a>>>>>,
+}
+impl<'a> Default for ConsumerGroupInfoArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerGroupInfoArgs {
+      group: None,
+      message_model: MessageModel::CLUSTERING,
+      is_orderly: false,
+      subscriptions: None,
+    }
+  }
+}
+
+pub struct ConsumerGroupInfoBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerGroupInfoBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerGroupInfo::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_message_model(&mut self, message_model: MessageModel) {
+    self.fbb_.push_slot::<MessageModel>(ConsumerGroupInfo::VT_MESSAGE_MODEL, message_model, MessageModel::CLUSTERING);
+  }
+  #[inline]
+  pub fn add_is_orderly(&mut self, is_orderly: bool) {
+    self.fbb_.push_slot::<bool>(ConsumerGroupInfo::VT_IS_ORDERLY, is_orderly, false);
+  }
+  #[inline]
+  pub fn add_subscriptions(&mut self, subscriptions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<Subscription<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerGroupInfo::VT_SUBSCRIPTIONS, subscriptions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerGroupInfoBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerGroupInfoBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerGroupInfo<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerGroupInfo<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerGroupInfo");
+      ds.field("group", &self.group());
+      ds.field("message_model", &self.message_model());
+      ds.field("is_orderly", &self.is_orderly());
+      ds.field("subscriptions", &self.subscriptions());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerGroupInfoT {
+  pub group: Option<alloc::string::String>,
+  pub message_model: MessageModel,
+  pub is_orderly: bool,
+  pub subscriptions: Option<alloc::vec::Vec<SubscriptionT>>,
+}
+impl Default for ConsumerGroupInfoT {
+  fn default() -> Self {
+    Self {
+      group: None,
+      message_model: MessageModel::CLUSTERING,
+      is_orderly: false,
+      subscriptions: None,
+    }
+  }
+}
+impl ConsumerGroupInfoT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerGroupInfo<'b>> {
+    let group = self.group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let message_model = self.message_model;
+    let is_orderly = self.is_orderly;
+    let subscriptions = self.subscriptions.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    ConsumerGroupInfo::create(_fbb, &ConsumerGroupInfoArgs{
+      group,
+      message_model,
+      is_orderly,
+      subscriptions,
+    })
+  }
+}
+pub enum HeartbeatRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A client's heartbeat, every 30 s: its identity and the groups it belongs to. Answered with
+/// status OK and no body. A client silent for the broker's client timeout (120 s) or whose
+/// connection closes leaves its groups.
+pub struct HeartbeatRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeartbeatRequest<'a> {
+  type Inner = HeartbeatRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeartbeatRequest<'a> {
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PRODUCER_GROUPS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CONSUMER_GROUPS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeartbeatRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeartbeatRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'bldr>> {
+    let mut builder = HeartbeatRequestBuilder::new(_fbb);
+    if let Some(x) = args.consumer_groups { builder.add_consumer_groups(x); }
+    if let Some(x) = args.producer_groups { builder.add_producer_groups(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> HeartbeatRequestT {
+    let client_id = self.client_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let producer_groups = self.producer_groups().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    let consumer_groups = self.consumer_groups().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    HeartbeatRequestT {
+      client_id,
+      producer_groups,
+      consumer_groups,
+    }
+  }
+
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_CLIENT_ID, None)}
+  }
+  #[inline]
+  pub fn producer_groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(HeartbeatRequest::VT_PRODUCER_GROUPS, None)}
+  }
+  #[inline]
+  pub fn consumer_groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerGroupInfo<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerGroupInfo>>>>(HeartbeatRequest::VT_CONSUMER_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeartbeatRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("producer_groups", Self::VT_PRODUCER_GROUPS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ConsumerGroupInfo>>>>("consumer_groups", Self::VT_CONSUMER_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeartbeatRequestArgs<'a> {
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub producer_groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub consumer_groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerGroupInfo<'a>>>>>,
+}
+impl<'a> Default for HeartbeatRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeartbeatRequestArgs {
+      client_id: None,
+      producer_groups: None,
+      consumer_groups: None,
+    }
+  }
+}
+
+pub struct HeartbeatRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_producer_groups(&mut self, producer_groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_PRODUCER_GROUPS, producer_groups);
+  }
+  #[inline]
+  pub fn add_consumer_groups(&mut self, consumer_groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ConsumerGroupInfo<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_CONSUMER_GROUPS, consumer_groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeartbeatRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeartbeatRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeartbeatRequest");
+      ds.field("client_id", &self.client_id());
+      ds.field("producer_groups", &self.producer_groups());
+      ds.field("consumer_groups", &self.consumer_groups());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatRequestT {
+  pub client_id: Option<alloc::string::String>,
+  pub producer_groups: Option<alloc::vec::Vec<alloc::string::String>>,
+  pub consumer_groups: Option<alloc::vec::Vec<ConsumerGroupInfoT>>,
+}
+impl Default for HeartbeatRequestT {
+  fn default() -> Self {
+    Self {
+      client_id: None,
+      producer_groups: None,
+      consumer_groups: None,
+    }
+  }
+}
+impl HeartbeatRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'b>> {
+    let client_id = self.client_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let producer_groups = self.producer_groups.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    let consumer_groups = self.consumer_groups.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    HeartbeatRequest::create(_fbb, &HeartbeatRequestArgs{
+      client_id,
+      producer_groups,
+      consumer_groups,
+    })
+  }
+}
+pub enum UnregisterClientRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A client leaves a group cleanly (shutdown). Answered with status OK and no body.
+pub struct UnregisterClientRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for UnregisterClientRequest<'a> {
+  type Inner = UnregisterClientRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> UnregisterClientRequest<'a> {
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PRODUCER_GROUP: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    UnregisterClientRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UnregisterClientRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<UnregisterClientRequest<'bldr>> {
+    let mut builder = UnregisterClientRequestBuilder::new(_fbb);
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    if let Some(x) = args.producer_group { builder.add_producer_group(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> UnregisterClientRequestT {
+    let client_id = self.client_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let producer_group = self.producer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    UnregisterClientRequestT {
+      client_id,
+      producer_group,
+      consumer_group,
+    }
+  }
+
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UnregisterClientRequest::VT_CLIENT_ID, None)}
+  }
+  #[inline]
+  pub fn producer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UnregisterClientRequest::VT_PRODUCER_GROUP, None)}
+  }
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UnregisterClientRequest::VT_CONSUMER_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for UnregisterClientRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_group", Self::VT_PRODUCER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnregisterClientRequestArgs<'a> {
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub producer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for UnregisterClientRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UnregisterClientRequestArgs {
+      client_id: None,
+      producer_group: None,
+      consumer_group: None,
+    }
+  }
+}
+
+pub struct UnregisterClientRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UnregisterClientRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnregisterClientRequest::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_producer_group(&mut self, producer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnregisterClientRequest::VT_PRODUCER_GROUP, producer_group);
+  }
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnregisterClientRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UnregisterClientRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UnregisterClientRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<UnregisterClientRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for UnregisterClientRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("UnregisterClientRequest");
+      ds.field("client_id", &self.client_id());
+      ds.field("producer_group", &self.producer_group());
+      ds.field("consumer_group", &self.consumer_group());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnregisterClientRequestT {
+  pub client_id: Option<alloc::string::String>,
+  pub producer_group: Option<alloc::string::String>,
+  pub consumer_group: Option<alloc::string::String>,
+}
+impl Default for UnregisterClientRequestT {
+  fn default() -> Self {
+    Self {
+      client_id: None,
+      producer_group: None,
+      consumer_group: None,
+    }
+  }
+}
+impl UnregisterClientRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<UnregisterClientRequest<'b>> {
+    let client_id = self.client_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let producer_group = self.producer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    UnregisterClientRequest::create(_fbb, &UnregisterClientRequestArgs{
+      client_id,
+      producer_group,
+      consumer_group,
+    })
+  }
+}
+pub enum ConsumerListRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The live members of a consumer group.
+pub struct ConsumerListRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerListRequest<'a> {
+  type Inner = ConsumerListRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerListRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerListRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerListRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerListRequest<'bldr>> {
+    let mut builder = ConsumerListRequestBuilder::new(_fbb);
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerListRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    ConsumerListRequestT {
+      consumer_group,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerListRequest::VT_CONSUMER_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerListRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerListRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ConsumerListRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerListRequestArgs {
+      consumer_group: None,
+    }
+  }
+}
+
+pub struct ConsumerListRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerListRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerListRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerListRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerListRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerListRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerListRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerListRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerListRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+}
+impl Default for ConsumerListRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+    }
+  }
+}
+impl ConsumerListRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerListRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    ConsumerListRequest::create(_fbb, &ConsumerListRequestArgs{
+      consumer_group,
+    })
+  }
+}
+pub enum ConsumerListResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to ConsumerListRequest: client ids, sorted.
+pub struct ConsumerListResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerListResponse<'a> {
+  type Inner = ConsumerListResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerListResponse<'a> {
+  pub const VT_CLIENT_IDS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerListResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerListResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerListResponse<'bldr>> {
+    let mut builder = ConsumerListResponseBuilder::new(_fbb);
+    if let Some(x) = args.client_ids { builder.add_client_ids(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerListResponseT {
+    let client_ids = self.client_ids().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    ConsumerListResponseT {
+      client_ids,
+    }
+  }
+
+  #[inline]
+  pub fn client_ids(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ConsumerListResponse::VT_CLIENT_IDS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerListResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("client_ids", Self::VT_CLIENT_IDS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerListResponseArgs<'a> {
+    pub client_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for ConsumerListResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerListResponseArgs {
+      client_ids: None,
+    }
+  }
+}
+
+pub struct ConsumerListResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerListResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_client_ids(&mut self, client_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerListResponse::VT_CLIENT_IDS, client_ids);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerListResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerListResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerListResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerListResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerListResponse");
+      ds.field("client_ids", &self.client_ids());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerListResponseT {
+  pub client_ids: Option<alloc::vec::Vec<alloc::string::String>>,
+}
+impl Default for ConsumerListResponseT {
+  fn default() -> Self {
+    Self {
+      client_ids: None,
+    }
+  }
+}
+impl ConsumerListResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerListResponse<'b>> {
+    let client_ids = self.client_ids.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    ConsumerListResponse::create(_fbb, &ConsumerListResponseArgs{
+      client_ids,
+    })
+  }
+}
+pub enum UpsertTopicRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Create a topic, or update its queue counts and permission. Answered with status OK and no
+/// body (TOPIC_ALREADY_EXISTS when `create_only` and it exists).
+pub struct UpsertTopicRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for UpsertTopicRequest<'a> {
+  type Inner = UpsertTopicRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> UpsertTopicRequest<'a> {
+  pub const VT_CONFIG: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CREATE_ONLY: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    UpsertTopicRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UpsertTopicRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<UpsertTopicRequest<'bldr>> {
+    let mut builder = UpsertTopicRequestBuilder::new(_fbb);
+    if let Some(x) = args.config { builder.add_config(x); }
+    builder.add_create_only(args.create_only);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> UpsertTopicRequestT {
+    let config = self.config().map(|x| {
+      alloc::boxed::Box::new(x.unpack())
+    });
+    let create_only = self.create_only();
+    UpsertTopicRequestT {
+      config,
+      create_only,
+    }
+  }
+
+  #[inline]
+  pub fn config(&self) -> Option<TopicConfig<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<TopicConfig>>(UpsertTopicRequest::VT_CONFIG, None)}
+  }
+  #[inline]
+  pub fn create_only(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(UpsertTopicRequest::VT_CREATE_ONLY, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for UpsertTopicRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<TopicConfig>>("config", Self::VT_CONFIG, false)?
+     .visit_field::<bool>("create_only", Self::VT_CREATE_ONLY, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UpsertTopicRequestArgs<'a> {
+    pub config: Option<::flatbuffers::WIPOffset<TopicConfig<'a>>>,
+    pub create_only: bool,
+}
+impl<'a> Default for UpsertTopicRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UpsertTopicRequestArgs {
+      config: None,
+      create_only: false,
+    }
+  }
+}
+
+pub struct UpsertTopicRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UpsertTopicRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_config(&mut self, config: ::flatbuffers::WIPOffset<TopicConfig<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<TopicConfig>>(UpsertTopicRequest::VT_CONFIG, config);
+  }
+  #[inline]
+  pub fn add_create_only(&mut self, create_only: bool) {
+    self.fbb_.push_slot::<bool>(UpsertTopicRequest::VT_CREATE_ONLY, create_only, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UpsertTopicRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UpsertTopicRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<UpsertTopicRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for UpsertTopicRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("UpsertTopicRequest");
+      ds.field("config", &self.config());
+      ds.field("create_only", &self.create_only());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpsertTopicRequestT {
+  pub config: Option<alloc::boxed::Box<TopicConfigT>>,
+  pub create_only: bool,
+}
+impl Default for UpsertTopicRequestT {
+  fn default() -> Self {
+    Self {
+      config: None,
+      create_only: false,
+    }
+  }
+}
+impl UpsertTopicRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<UpsertTopicRequest<'b>> {
+    let config = self.config.as_ref().map(|x|{
+      x.pack(_fbb)
+    });
+    let create_only = self.create_only;
+    UpsertTopicRequest::create(_fbb, &UpsertTopicRequestArgs{
+      config,
+      create_only,
+    })
+  }
+}
+pub enum DeleteTopicRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Delete a topic: it stops being served and routed; its stored messages age out with
+/// retention. Answered with status OK and no body.
+pub struct DeleteTopicRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteTopicRequest<'a> {
+  type Inner = DeleteTopicRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteTopicRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteTopicRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteTopicRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteTopicRequest<'bldr>> {
+    let mut builder = DeleteTopicRequestBuilder::new(_fbb);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> DeleteTopicRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    DeleteTopicRequestT {
+      topic,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DeleteTopicRequest::VT_TOPIC, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteTopicRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteTopicRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for DeleteTopicRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteTopicRequestArgs {
+      topic: None,
+    }
+  }
+}
+
+pub struct DeleteTopicRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteTopicRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteTopicRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteTopicRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteTopicRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteTopicRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteTopicRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteTopicRequest");
+      ds.field("topic", &self.topic());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeleteTopicRequestT {
+  pub topic: Option<alloc::string::String>,
+}
+impl Default for DeleteTopicRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+    }
+  }
+}
+impl DeleteTopicRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<DeleteTopicRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    DeleteTopicRequest::create(_fbb, &DeleteTopicRequestArgs{
+      topic,
+    })
+  }
+}
+pub enum BrokerTopicsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The topics this broker hosts, with their configs (TopicListRequest to a broker is answered
+/// with names; this one with configs).
+pub struct BrokerTopicsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BrokerTopicsRequest<'a> {
+  type Inner = BrokerTopicsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BrokerTopicsRequest<'a> {
+  pub const VT_INCLUDE_SYSTEM: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BrokerTopicsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BrokerTopicsRequestArgs
+  ) -> ::flatbuffers::WIPOffset<BrokerTopicsRequest<'bldr>> {
+    let mut builder = BrokerTopicsRequestBuilder::new(_fbb);
+    builder.add_include_system(args.include_system);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> BrokerTopicsRequestT {
+    let include_system = self.include_system();
+    BrokerTopicsRequestT {
+      include_system,
+    }
+  }
+
+  /// Include system topics (retry, DLQ, schedule, transaction).
+  #[inline]
+  pub fn include_system(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(BrokerTopicsRequest::VT_INCLUDE_SYSTEM, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BrokerTopicsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("include_system", Self::VT_INCLUDE_SYSTEM, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BrokerTopicsRequestArgs {
+    pub include_system: bool,
+}
+impl<'a> Default for BrokerTopicsRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    BrokerTopicsRequestArgs {
+      include_system: false,
+    }
+  }
+}
+
+pub struct BrokerTopicsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerTopicsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_include_system(&mut self, include_system: bool) {
+    self.fbb_.push_slot::<bool>(BrokerTopicsRequest::VT_INCLUDE_SYSTEM, include_system, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerTopicsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BrokerTopicsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BrokerTopicsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BrokerTopicsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BrokerTopicsRequest");
+      ds.field("include_system", &self.include_system());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerTopicsRequestT {
+  pub include_system: bool,
+}
+impl Default for BrokerTopicsRequestT {
+  fn default() -> Self {
+    Self {
+      include_system: false,
+    }
+  }
+}
+impl BrokerTopicsRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<BrokerTopicsRequest<'b>> {
+    let include_system = self.include_system;
+    BrokerTopicsRequest::create(_fbb, &BrokerTopicsRequestArgs{
+      include_system,
+    })
+  }
+}
+pub enum BrokerTopicsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to BrokerTopicsRequest.
+pub struct BrokerTopicsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BrokerTopicsResponse<'a> {
+  type Inner = BrokerTopicsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BrokerTopicsResponse<'a> {
+  pub const VT_TOPICS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BrokerTopicsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BrokerTopicsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BrokerTopicsResponse<'bldr>> {
+    let mut builder = BrokerTopicsResponseBuilder::new(_fbb);
+    if let Some(x) = args.topics { builder.add_topics(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> BrokerTopicsResponseT {
+    let topics = self.topics().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    BrokerTopicsResponseT {
+      topics,
+    }
+  }
+
+  #[inline]
+  pub fn topics(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TopicConfig<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TopicConfig>>>>(BrokerTopicsResponse::VT_TOPICS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BrokerTopicsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<TopicConfig>>>>("topics", Self::VT_TOPICS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BrokerTopicsResponseArgs<'a> {
+    pub topics: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TopicConfig<'a>>>>>,
+}
+impl<'a> Default for BrokerTopicsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BrokerTopicsResponseArgs {
+      topics: None,
+    }
+  }
+}
+
+pub struct BrokerTopicsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerTopicsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topics(&mut self, topics: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<TopicConfig<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerTopicsResponse::VT_TOPICS, topics);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerTopicsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BrokerTopicsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BrokerTopicsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BrokerTopicsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BrokerTopicsResponse");
+      ds.field("topics", &self.topics());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerTopicsResponseT {
+  pub topics: Option<alloc::vec::Vec<TopicConfigT>>,
+}
+impl Default for BrokerTopicsResponseT {
+  fn default() -> Self {
+    Self {
+      topics: None,
+    }
+  }
+}
+impl BrokerTopicsResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<BrokerTopicsResponse<'b>> {
+    let topics = self.topics.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    BrokerTopicsResponse::create(_fbb, &BrokerTopicsResponseArgs{
+      topics,
+    })
+  }
+}
+pub enum TopicStatsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Per-queue statistics of one topic.
+pub struct TopicStatsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for TopicStatsRequest<'a> {
+  type Inner = TopicStatsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> TopicStatsRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TopicStatsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TopicStatsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TopicStatsRequest<'bldr>> {
+    let mut builder = TopicStatsRequestBuilder::new(_fbb);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> TopicStatsRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    TopicStatsRequestT {
+      topic,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStatsRequest::VT_TOPIC, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for TopicStatsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TopicStatsRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for TopicStatsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TopicStatsRequestArgs {
+      topic: None,
+    }
+  }
+}
+
+pub struct TopicStatsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TopicStatsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStatsRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TopicStatsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TopicStatsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TopicStatsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for TopicStatsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TopicStatsRequest");
+      ds.field("topic", &self.topic());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicStatsRequestT {
+  pub topic: Option<alloc::string::String>,
+}
+impl Default for TopicStatsRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+    }
+  }
+}
+impl TopicStatsRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<TopicStatsRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    TopicStatsRequest::create(_fbb, &TopicStatsRequestArgs{
+      topic,
+    })
+  }
+}
+pub enum QueueStatsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One queue's offsets and last store time.
+pub struct QueueStats<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueueStats<'a> {
+  type Inner = QueueStats<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueueStats<'a> {
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MIN_OFFSET: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MAX_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LAST_UPDATE_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueueStats { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueueStatsArgs
+  ) -> ::flatbuffers::WIPOffset<QueueStats<'bldr>> {
+    let mut builder = QueueStatsBuilder::new(_fbb);
+    builder.add_last_update_ms(args.last_update_ms);
+    builder.add_max_offset(args.max_offset);
+    builder.add_min_offset(args.min_offset);
+    builder.add_queue_id(args.queue_id);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueueStatsT {
+    let queue_id = self.queue_id();
+    let min_offset = self.min_offset();
+    let max_offset = self.max_offset();
+    let last_update_ms = self.last_update_ms();
+    QueueStatsT {
+      queue_id,
+      min_offset,
+      max_offset,
+      last_update_ms,
+    }
+  }
+
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(QueueStats::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn min_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueueStats::VT_MIN_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueueStats::VT_MAX_OFFSET, Some(0)).unwrap()}
+  }
+  /// Store time of the newest message, ms since the epoch; 0 when the queue is empty.
+  #[inline]
+  pub fn last_update_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueueStats::VT_LAST_UPDATE_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueueStats<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<i64>("min_offset", Self::VT_MIN_OFFSET, false)?
+     .visit_field::<i64>("max_offset", Self::VT_MAX_OFFSET, false)?
+     .visit_field::<i64>("last_update_ms", Self::VT_LAST_UPDATE_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueueStatsArgs {
+    pub queue_id: i32,
+    pub min_offset: i64,
+    pub max_offset: i64,
+    pub last_update_ms: i64,
+}
+impl<'a> Default for QueueStatsArgs {
+  #[inline]
+  fn default() -> Self {
+    QueueStatsArgs {
+      queue_id: 0,
+      min_offset: 0,
+      max_offset: 0,
+      last_update_ms: 0,
+    }
+  }
+}
+
+pub struct QueueStatsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueStatsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(QueueStats::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn add_min_offset(&mut self, min_offset: i64) {
+    self.fbb_.push_slot::<i64>(QueueStats::VT_MIN_OFFSET, min_offset, 0);
+  }
+  #[inline]
+  pub fn add_max_offset(&mut self, max_offset: i64) {
+    self.fbb_.push_slot::<i64>(QueueStats::VT_MAX_OFFSET, max_offset, 0);
+  }
+  #[inline]
+  pub fn add_last_update_ms(&mut self, last_update_ms: i64) {
+    self.fbb_.push_slot::<i64>(QueueStats::VT_LAST_UPDATE_MS, last_update_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueStatsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueueStatsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueueStats<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueueStats<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueueStats");
+      ds.field("queue_id", &self.queue_id());
+      ds.field("min_offset", &self.min_offset());
+      ds.field("max_offset", &self.max_offset());
+      ds.field("last_update_ms", &self.last_update_ms());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueStatsT {
+  pub queue_id: i32,
+  pub min_offset: i64,
+  pub max_offset: i64,
+  pub last_update_ms: i64,
+}
+impl Default for QueueStatsT {
+  fn default() -> Self {
+    Self {
+      queue_id: 0,
+      min_offset: 0,
+      max_offset: 0,
+      last_update_ms: 0,
+    }
+  }
+}
+impl QueueStatsT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueueStats<'b>> {
+    let queue_id = self.queue_id;
+    let min_offset = self.min_offset;
+    let max_offset = self.max_offset;
+    let last_update_ms = self.last_update_ms;
+    QueueStats::create(_fbb, &QueueStatsArgs{
+      queue_id,
+      min_offset,
+      max_offset,
+      last_update_ms,
+    })
+  }
+}
+pub enum TopicStatsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to TopicStatsRequest.
+pub struct TopicStatsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for TopicStatsResponse<'a> {
+  type Inner = TopicStatsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> TopicStatsResponse<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TopicStatsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TopicStatsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TopicStatsResponse<'bldr>> {
+    let mut builder = TopicStatsResponseBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> TopicStatsResponseT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queues = self.queues().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    TopicStatsResponseT {
+      topic,
+      queues,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TopicStatsResponse::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueStats<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueStats>>>>(TopicStatsResponse::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for TopicStatsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueStats>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TopicStatsResponseArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueStats<'a>>>>>,
+}
+impl<'a> Default for TopicStatsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TopicStatsResponseArgs {
+      topic: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct TopicStatsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TopicStatsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStatsResponse::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueStats<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TopicStatsResponse::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TopicStatsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TopicStatsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TopicStatsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for TopicStatsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TopicStatsResponse");
+      ds.field("topic", &self.topic());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicStatsResponseT {
+  pub topic: Option<alloc::string::String>,
+  pub queues: Option<alloc::vec::Vec<QueueStatsT>>,
+}
+impl Default for TopicStatsResponseT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queues: None,
+    }
+  }
+}
+impl TopicStatsResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<TopicStatsResponse<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queues = self.queues.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    TopicStatsResponse::create(_fbb, &TopicStatsResponseArgs{
+      topic,
+      queues,
+    })
+  }
+}
+pub enum QueryByKeyRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Find messages of a topic by key, stored within a time range.
+pub struct QueryByKeyRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueryByKeyRequest<'a> {
+  type Inner = QueryByKeyRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueryByKeyRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_KEY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BEGIN_MS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_END_MS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_MAX_RESULTS: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueryByKeyRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueryByKeyRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueryByKeyRequest<'bldr>> {
+    let mut builder = QueryByKeyRequestBuilder::new(_fbb);
+    builder.add_end_ms(args.end_ms);
+    builder.add_begin_ms(args.begin_ms);
+    builder.add_max_results(args.max_results);
+    if let Some(x) = args.key { builder.add_key(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueryByKeyRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let key = self.key().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let begin_ms = self.begin_ms();
+    let end_ms = self.end_ms();
+    let max_results = self.max_results();
+    QueryByKeyRequestT {
+      topic,
+      key,
+      begin_ms,
+      end_ms,
+      max_results,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryByKeyRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryByKeyRequest::VT_KEY, None)}
+  }
+  #[inline]
+  pub fn begin_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueryByKeyRequest::VT_BEGIN_MS, Some(0)).unwrap()}
+  }
+  /// 0 means now.
+  #[inline]
+  pub fn end_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueryByKeyRequest::VT_END_MS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_results(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(QueryByKeyRequest::VT_MAX_RESULTS, Some(32)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueryByKeyRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key", Self::VT_KEY, false)?
+     .visit_field::<i64>("begin_ms", Self::VT_BEGIN_MS, false)?
+     .visit_field::<i64>("end_ms", Self::VT_END_MS, false)?
+     .visit_field::<u32>("max_results", Self::VT_MAX_RESULTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueryByKeyRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+    pub max_results: u32,
+}
+impl<'a> Default for QueryByKeyRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueryByKeyRequestArgs {
+      topic: None,
+      key: None,
+      begin_ms: 0,
+      end_ms: 0,
+      max_results: 32,
+    }
+  }
+}
+
+pub struct QueryByKeyRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueryByKeyRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryByKeyRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryByKeyRequest::VT_KEY, key);
+  }
+  #[inline]
+  pub fn add_begin_ms(&mut self, begin_ms: i64) {
+    self.fbb_.push_slot::<i64>(QueryByKeyRequest::VT_BEGIN_MS, begin_ms, 0);
+  }
+  #[inline]
+  pub fn add_end_ms(&mut self, end_ms: i64) {
+    self.fbb_.push_slot::<i64>(QueryByKeyRequest::VT_END_MS, end_ms, 0);
+  }
+  #[inline]
+  pub fn add_max_results(&mut self, max_results: u32) {
+    self.fbb_.push_slot::<u32>(QueryByKeyRequest::VT_MAX_RESULTS, max_results, 32);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueryByKeyRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueryByKeyRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueryByKeyRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueryByKeyRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueryByKeyRequest");
+      ds.field("topic", &self.topic());
+      ds.field("key", &self.key());
+      ds.field("begin_ms", &self.begin_ms());
+      ds.field("end_ms", &self.end_ms());
+      ds.field("max_results", &self.max_results());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryByKeyRequestT {
+  pub topic: Option<alloc::string::String>,
+  pub key: Option<alloc::string::String>,
+  pub begin_ms: i64,
+  pub end_ms: i64,
+  pub max_results: u32,
+}
+impl Default for QueryByKeyRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      key: None,
+      begin_ms: 0,
+      end_ms: 0,
+      max_results: 32,
+    }
+  }
+}
+impl QueryByKeyRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueryByKeyRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let key = self.key.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let begin_ms = self.begin_ms;
+    let end_ms = self.end_ms;
+    let max_results = self.max_results;
+    QueryByKeyRequest::create(_fbb, &QueryByKeyRequestArgs{
+      topic,
+      key,
+      begin_ms,
+      end_ms,
+      max_results,
+    })
+  }
+}
+pub enum QueryByIdRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Find a message by its client-generated unique id (within a time range), or by the broker's
+/// offset id.
+pub struct QueryByIdRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueryByIdRequest<'a> {
+  type Inner = QueryByIdRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueryByIdRequest<'a> {
+  pub const VT_UNIQUE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OFFSET_MSG_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BEGIN_MS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_END_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueryByIdRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueryByIdRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueryByIdRequest<'bldr>> {
+    let mut builder = QueryByIdRequestBuilder::new(_fbb);
+    builder.add_end_ms(args.end_ms);
+    builder.add_begin_ms(args.begin_ms);
+    if let Some(x) = args.offset_msg_id { builder.add_offset_msg_id(x); }
+    if let Some(x) = args.unique_id { builder.add_unique_id(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueryByIdRequestT {
+    let unique_id = self.unique_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let offset_msg_id = self.offset_msg_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let begin_ms = self.begin_ms();
+    let end_ms = self.end_ms();
+    QueryByIdRequestT {
+      unique_id,
+      offset_msg_id,
+      begin_ms,
+      end_ms,
+    }
+  }
+
+  /// The UNIQ_KEY id; or absent when offset_msg_id is given.
+  #[inline]
+  pub fn unique_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryByIdRequest::VT_UNIQUE_ID, None)}
+  }
+  /// The broker's offset id (32 hex characters for IPv4), as in SendResult.
+  #[inline]
+  pub fn offset_msg_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueryByIdRequest::VT_OFFSET_MSG_ID, None)}
+  }
+  #[inline]
+  pub fn begin_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueryByIdRequest::VT_BEGIN_MS, Some(0)).unwrap()}
+  }
+  /// 0 means now.
+  #[inline]
+  pub fn end_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(QueryByIdRequest::VT_END_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueryByIdRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("unique_id", Self::VT_UNIQUE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("offset_msg_id", Self::VT_OFFSET_MSG_ID, false)?
+     .visit_field::<i64>("begin_ms", Self::VT_BEGIN_MS, false)?
+     .visit_field::<i64>("end_ms", Self::VT_END_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueryByIdRequestArgs<'a> {
+    pub unique_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub offset_msg_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub begin_ms: i64,
+    pub end_ms: i64,
+}
+impl<'a> Default for QueryByIdRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueryByIdRequestArgs {
+      unique_id: None,
+      offset_msg_id: None,
+      begin_ms: 0,
+      end_ms: 0,
+    }
+  }
+}
+
+pub struct QueryByIdRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueryByIdRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_unique_id(&mut self, unique_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryByIdRequest::VT_UNIQUE_ID, unique_id);
+  }
+  #[inline]
+  pub fn add_offset_msg_id(&mut self, offset_msg_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryByIdRequest::VT_OFFSET_MSG_ID, offset_msg_id);
+  }
+  #[inline]
+  pub fn add_begin_ms(&mut self, begin_ms: i64) {
+    self.fbb_.push_slot::<i64>(QueryByIdRequest::VT_BEGIN_MS, begin_ms, 0);
+  }
+  #[inline]
+  pub fn add_end_ms(&mut self, end_ms: i64) {
+    self.fbb_.push_slot::<i64>(QueryByIdRequest::VT_END_MS, end_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueryByIdRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueryByIdRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueryByIdRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueryByIdRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueryByIdRequest");
+      ds.field("unique_id", &self.unique_id());
+      ds.field("offset_msg_id", &self.offset_msg_id());
+      ds.field("begin_ms", &self.begin_ms());
+      ds.field("end_ms", &self.end_ms());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryByIdRequestT {
+  pub unique_id: Option<alloc::string::String>,
+  pub offset_msg_id: Option<alloc::string::String>,
+  pub begin_ms: i64,
+  pub end_ms: i64,
+}
+impl Default for QueryByIdRequestT {
+  fn default() -> Self {
+    Self {
+      unique_id: None,
+      offset_msg_id: None,
+      begin_ms: 0,
+      end_ms: 0,
+    }
+  }
+}
+impl QueryByIdRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueryByIdRequest<'b>> {
+    let unique_id = self.unique_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let offset_msg_id = self.offset_msg_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let begin_ms = self.begin_ms;
+    let end_ms = self.end_ms;
+    QueryByIdRequest::create(_fbb, &QueryByIdRequestArgs{
+      unique_id,
+      offset_msg_id,
+      begin_ms,
+      end_ms,
+    })
+  }
+}
+pub enum QueryResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to QueryByKeyRequest and QueryByIdRequest: matching stored records, concatenated as
+/// in PullResponse.records. Status QUERY_NOT_FOUND when none.
+pub struct QueryResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueryResponse<'a> {
+  type Inner = QueryResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueryResponse<'a> {
+  pub const VT_RECORDS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueryResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueryResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueryResponse<'bldr>> {
+    let mut builder = QueryResponseBuilder::new(_fbb);
+    if let Some(x) = args.records { builder.add_records(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueryResponseT {
+    let records = self.records().map(|x| {
+      x.into_iter().collect()
+    });
+    QueryResponseT {
+      records,
+    }
+  }
+
+  #[inline]
+  pub fn records(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(QueryResponse::VT_RECORDS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueryResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("records", Self::VT_RECORDS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueryResponseArgs<'a> {
+    pub records: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for QueryResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueryResponseArgs {
+      records: None,
+    }
+  }
+}
+
+pub struct QueryResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueryResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_records(&mut self, records: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueryResponse::VT_RECORDS, records);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueryResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueryResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueryResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueryResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueryResponse");
+      ds.field("records", &self.records());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryResponseT {
+  pub records: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for QueryResponseT {
+  fn default() -> Self {
+    Self {
+      records: None,
+    }
+  }
+}
+impl QueryResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueryResponse<'b>> {
+    let records = self.records.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    QueryResponse::create(_fbb, &QueryResponseArgs{
+      records,
+    })
+  }
+}
+pub enum ConsumerIdsChangedNoticeOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Broker to client, ONE_WAY: the membership of a consumer group the client belongs to changed;
+/// rebalance now rather than at the next 20 s tick.
+pub struct ConsumerIdsChangedNotice<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerIdsChangedNotice<'a> {
+  type Inner = ConsumerIdsChangedNotice<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerIdsChangedNotice<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerIdsChangedNotice { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerIdsChangedNoticeArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerIdsChangedNotice<'bldr>> {
+    let mut builder = ConsumerIdsChangedNoticeBuilder::new(_fbb);
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerIdsChangedNoticeT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    ConsumerIdsChangedNoticeT {
+      consumer_group,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerIdsChangedNotice::VT_CONSUMER_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerIdsChangedNotice<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerIdsChangedNoticeArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ConsumerIdsChangedNoticeArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerIdsChangedNoticeArgs {
+      consumer_group: None,
+    }
+  }
+}
+
+pub struct ConsumerIdsChangedNoticeBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerIdsChangedNoticeBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerIdsChangedNotice::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerIdsChangedNoticeBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerIdsChangedNoticeBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerIdsChangedNotice<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerIdsChangedNotice<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerIdsChangedNotice");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerIdsChangedNoticeT {
+  pub consumer_group: Option<alloc::string::String>,
+}
+impl Default for ConsumerIdsChangedNoticeT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+    }
+  }
+}
+impl ConsumerIdsChangedNoticeT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerIdsChangedNotice<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    ConsumerIdsChangedNotice::create(_fbb, &ConsumerIdsChangedNoticeArgs{
+      consumer_group,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -5336,6 +9687,106 @@ impl<'a> Frame<'a> {
       Body::TopicListResponse => BodyT::TopicListResponse(alloc::boxed::Box::new(
         self.body_as_topic_list_response()
             .expect("Invalid union table, expected `Body::TopicListResponse`.")
+            .unpack()
+      )),
+      Body::QueryConsumerOffsetRequest => BodyT::QueryConsumerOffsetRequest(alloc::boxed::Box::new(
+        self.body_as_query_consumer_offset_request()
+            .expect("Invalid union table, expected `Body::QueryConsumerOffsetRequest`.")
+            .unpack()
+      )),
+      Body::CommitConsumerOffsetRequest => BodyT::CommitConsumerOffsetRequest(alloc::boxed::Box::new(
+        self.body_as_commit_consumer_offset_request()
+            .expect("Invalid union table, expected `Body::CommitConsumerOffsetRequest`.")
+            .unpack()
+      )),
+      Body::QueueOffsetsRequest => BodyT::QueueOffsetsRequest(alloc::boxed::Box::new(
+        self.body_as_queue_offsets_request()
+            .expect("Invalid union table, expected `Body::QueueOffsetsRequest`.")
+            .unpack()
+      )),
+      Body::QueueOffsetsResponse => BodyT::QueueOffsetsResponse(alloc::boxed::Box::new(
+        self.body_as_queue_offsets_response()
+            .expect("Invalid union table, expected `Body::QueueOffsetsResponse`.")
+            .unpack()
+      )),
+      Body::OffsetByTimeRequest => BodyT::OffsetByTimeRequest(alloc::boxed::Box::new(
+        self.body_as_offset_by_time_request()
+            .expect("Invalid union table, expected `Body::OffsetByTimeRequest`.")
+            .unpack()
+      )),
+      Body::OffsetResponse => BodyT::OffsetResponse(alloc::boxed::Box::new(
+        self.body_as_offset_response()
+            .expect("Invalid union table, expected `Body::OffsetResponse`.")
+            .unpack()
+      )),
+      Body::HeartbeatRequest => BodyT::HeartbeatRequest(alloc::boxed::Box::new(
+        self.body_as_heartbeat_request()
+            .expect("Invalid union table, expected `Body::HeartbeatRequest`.")
+            .unpack()
+      )),
+      Body::UnregisterClientRequest => BodyT::UnregisterClientRequest(alloc::boxed::Box::new(
+        self.body_as_unregister_client_request()
+            .expect("Invalid union table, expected `Body::UnregisterClientRequest`.")
+            .unpack()
+      )),
+      Body::ConsumerListRequest => BodyT::ConsumerListRequest(alloc::boxed::Box::new(
+        self.body_as_consumer_list_request()
+            .expect("Invalid union table, expected `Body::ConsumerListRequest`.")
+            .unpack()
+      )),
+      Body::ConsumerListResponse => BodyT::ConsumerListResponse(alloc::boxed::Box::new(
+        self.body_as_consumer_list_response()
+            .expect("Invalid union table, expected `Body::ConsumerListResponse`.")
+            .unpack()
+      )),
+      Body::UpsertTopicRequest => BodyT::UpsertTopicRequest(alloc::boxed::Box::new(
+        self.body_as_upsert_topic_request()
+            .expect("Invalid union table, expected `Body::UpsertTopicRequest`.")
+            .unpack()
+      )),
+      Body::DeleteTopicRequest => BodyT::DeleteTopicRequest(alloc::boxed::Box::new(
+        self.body_as_delete_topic_request()
+            .expect("Invalid union table, expected `Body::DeleteTopicRequest`.")
+            .unpack()
+      )),
+      Body::BrokerTopicsRequest => BodyT::BrokerTopicsRequest(alloc::boxed::Box::new(
+        self.body_as_broker_topics_request()
+            .expect("Invalid union table, expected `Body::BrokerTopicsRequest`.")
+            .unpack()
+      )),
+      Body::BrokerTopicsResponse => BodyT::BrokerTopicsResponse(alloc::boxed::Box::new(
+        self.body_as_broker_topics_response()
+            .expect("Invalid union table, expected `Body::BrokerTopicsResponse`.")
+            .unpack()
+      )),
+      Body::TopicStatsRequest => BodyT::TopicStatsRequest(alloc::boxed::Box::new(
+        self.body_as_topic_stats_request()
+            .expect("Invalid union table, expected `Body::TopicStatsRequest`.")
+            .unpack()
+      )),
+      Body::TopicStatsResponse => BodyT::TopicStatsResponse(alloc::boxed::Box::new(
+        self.body_as_topic_stats_response()
+            .expect("Invalid union table, expected `Body::TopicStatsResponse`.")
+            .unpack()
+      )),
+      Body::QueryByKeyRequest => BodyT::QueryByKeyRequest(alloc::boxed::Box::new(
+        self.body_as_query_by_key_request()
+            .expect("Invalid union table, expected `Body::QueryByKeyRequest`.")
+            .unpack()
+      )),
+      Body::QueryByIdRequest => BodyT::QueryByIdRequest(alloc::boxed::Box::new(
+        self.body_as_query_by_id_request()
+            .expect("Invalid union table, expected `Body::QueryByIdRequest`.")
+            .unpack()
+      )),
+      Body::QueryResponse => BodyT::QueryResponse(alloc::boxed::Box::new(
+        self.body_as_query_response()
+            .expect("Invalid union table, expected `Body::QueryResponse`.")
+            .unpack()
+      )),
+      Body::ConsumerIdsChangedNotice => BodyT::ConsumerIdsChangedNotice(alloc::boxed::Box::new(
+        self.body_as_consumer_ids_changed_notice()
+            .expect("Invalid union table, expected `Body::ConsumerIdsChangedNotice`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -5591,6 +10042,306 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_query_consumer_offset_request(&self) -> Option<QueryConsumerOffsetRequest<'a>> {
+    if self.body_type() == Body::QueryConsumerOffsetRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueryConsumerOffsetRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_commit_consumer_offset_request(&self) -> Option<CommitConsumerOffsetRequest<'a>> {
+    if self.body_type() == Body::CommitConsumerOffsetRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { CommitConsumerOffsetRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_queue_offsets_request(&self) -> Option<QueueOffsetsRequest<'a>> {
+    if self.body_type() == Body::QueueOffsetsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueueOffsetsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_queue_offsets_response(&self) -> Option<QueueOffsetsResponse<'a>> {
+    if self.body_type() == Body::QueueOffsetsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueueOffsetsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_by_time_request(&self) -> Option<OffsetByTimeRequest<'a>> {
+    if self.body_type() == Body::OffsetByTimeRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetByTimeRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_response(&self) -> Option<OffsetResponse<'a>> {
+    if self.body_type() == Body::OffsetResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_heartbeat_request(&self) -> Option<HeartbeatRequest<'a>> {
+    if self.body_type() == Body::HeartbeatRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { HeartbeatRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_unregister_client_request(&self) -> Option<UnregisterClientRequest<'a>> {
+    if self.body_type() == Body::UnregisterClientRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { UnregisterClientRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_consumer_list_request(&self) -> Option<ConsumerListRequest<'a>> {
+    if self.body_type() == Body::ConsumerListRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerListRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_consumer_list_response(&self) -> Option<ConsumerListResponse<'a>> {
+    if self.body_type() == Body::ConsumerListResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerListResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_upsert_topic_request(&self) -> Option<UpsertTopicRequest<'a>> {
+    if self.body_type() == Body::UpsertTopicRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { UpsertTopicRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_delete_topic_request(&self) -> Option<DeleteTopicRequest<'a>> {
+    if self.body_type() == Body::DeleteTopicRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DeleteTopicRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_broker_topics_request(&self) -> Option<BrokerTopicsRequest<'a>> {
+    if self.body_type() == Body::BrokerTopicsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { BrokerTopicsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_broker_topics_response(&self) -> Option<BrokerTopicsResponse<'a>> {
+    if self.body_type() == Body::BrokerTopicsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { BrokerTopicsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_topic_stats_request(&self) -> Option<TopicStatsRequest<'a>> {
+    if self.body_type() == Body::TopicStatsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { TopicStatsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_topic_stats_response(&self) -> Option<TopicStatsResponse<'a>> {
+    if self.body_type() == Body::TopicStatsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { TopicStatsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_query_by_key_request(&self) -> Option<QueryByKeyRequest<'a>> {
+    if self.body_type() == Body::QueryByKeyRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueryByKeyRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_query_by_id_request(&self) -> Option<QueryByIdRequest<'a>> {
+    if self.body_type() == Body::QueryByIdRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueryByIdRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_query_response(&self) -> Option<QueryResponse<'a>> {
+    if self.body_type() == Body::QueryResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { QueryResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_consumer_ids_changed_notice(&self) -> Option<ConsumerIdsChangedNotice<'a>> {
+    if self.body_type() == Body::ConsumerIdsChangedNotice {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerIdsChangedNotice::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -5618,6 +10369,26 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::RouteResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<RouteResponse>>("Body::RouteResponse", pos),
           Body::TopicListRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicListRequest>>("Body::TopicListRequest", pos),
           Body::TopicListResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicListResponse>>("Body::TopicListResponse", pos),
+          Body::QueryConsumerOffsetRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryConsumerOffsetRequest>>("Body::QueryConsumerOffsetRequest", pos),
+          Body::CommitConsumerOffsetRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<CommitConsumerOffsetRequest>>("Body::CommitConsumerOffsetRequest", pos),
+          Body::QueueOffsetsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueueOffsetsRequest>>("Body::QueueOffsetsRequest", pos),
+          Body::QueueOffsetsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueueOffsetsResponse>>("Body::QueueOffsetsResponse", pos),
+          Body::OffsetByTimeRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetByTimeRequest>>("Body::OffsetByTimeRequest", pos),
+          Body::OffsetResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetResponse>>("Body::OffsetResponse", pos),
+          Body::HeartbeatRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<HeartbeatRequest>>("Body::HeartbeatRequest", pos),
+          Body::UnregisterClientRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<UnregisterClientRequest>>("Body::UnregisterClientRequest", pos),
+          Body::ConsumerListRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerListRequest>>("Body::ConsumerListRequest", pos),
+          Body::ConsumerListResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerListResponse>>("Body::ConsumerListResponse", pos),
+          Body::UpsertTopicRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<UpsertTopicRequest>>("Body::UpsertTopicRequest", pos),
+          Body::DeleteTopicRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteTopicRequest>>("Body::DeleteTopicRequest", pos),
+          Body::BrokerTopicsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<BrokerTopicsRequest>>("Body::BrokerTopicsRequest", pos),
+          Body::BrokerTopicsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<BrokerTopicsResponse>>("Body::BrokerTopicsResponse", pos),
+          Body::TopicStatsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStatsRequest>>("Body::TopicStatsRequest", pos),
+          Body::TopicStatsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<TopicStatsResponse>>("Body::TopicStatsResponse", pos),
+          Body::QueryByKeyRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryByKeyRequest>>("Body::QueryByKeyRequest", pos),
+          Body::QueryByIdRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryByIdRequest>>("Body::QueryByIdRequest", pos),
+          Body::QueryResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryResponse>>("Body::QueryResponse", pos),
+          Body::ConsumerIdsChangedNotice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerIdsChangedNotice>>("Body::ConsumerIdsChangedNotice", pos),
           _ => Ok(()),
         }
      })?
@@ -5786,6 +10557,146 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::TopicListResponse => {
           if let Some(x) = self.body_as_topic_list_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueryConsumerOffsetRequest => {
+          if let Some(x) = self.body_as_query_consumer_offset_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::CommitConsumerOffsetRequest => {
+          if let Some(x) = self.body_as_commit_consumer_offset_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueueOffsetsRequest => {
+          if let Some(x) = self.body_as_queue_offsets_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueueOffsetsResponse => {
+          if let Some(x) = self.body_as_queue_offsets_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::OffsetByTimeRequest => {
+          if let Some(x) = self.body_as_offset_by_time_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::OffsetResponse => {
+          if let Some(x) = self.body_as_offset_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::HeartbeatRequest => {
+          if let Some(x) = self.body_as_heartbeat_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::UnregisterClientRequest => {
+          if let Some(x) = self.body_as_unregister_client_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ConsumerListRequest => {
+          if let Some(x) = self.body_as_consumer_list_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ConsumerListResponse => {
+          if let Some(x) = self.body_as_consumer_list_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::UpsertTopicRequest => {
+          if let Some(x) = self.body_as_upsert_topic_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::DeleteTopicRequest => {
+          if let Some(x) = self.body_as_delete_topic_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::BrokerTopicsRequest => {
+          if let Some(x) = self.body_as_broker_topics_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::BrokerTopicsResponse => {
+          if let Some(x) = self.body_as_broker_topics_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::TopicStatsRequest => {
+          if let Some(x) = self.body_as_topic_stats_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::TopicStatsResponse => {
+          if let Some(x) = self.body_as_topic_stats_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueryByKeyRequest => {
+          if let Some(x) = self.body_as_query_by_key_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueryByIdRequest => {
+          if let Some(x) = self.body_as_query_by_id_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::QueryResponse => {
+          if let Some(x) = self.body_as_query_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ConsumerIdsChangedNotice => {
+          if let Some(x) = self.body_as_consumer_ids_changed_notice() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

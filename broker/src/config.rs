@@ -1,0 +1,198 @@
+//! Broker configuration: a TOML file (`--config broker.toml`) whose every key may be overridden
+//! by a command-line flag of the same name (`segment_bytes` ↔ `--segment-bytes`).
+//!
+//! Owns the defaults (RocketMQ's, see the reference) and the validation of the whole
+//! configuration before anything starts. It never opens files other than the config file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::store::{FlushMode, StoreConfig};
+
+/// Everything a broker can be told. Field names are the TOML keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    pub cluster_name: String,
+    pub broker_name: String,
+    pub broker_id: i64,
+    /// Address clients connect to (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// Name servers to register with.
+    pub namesrv: Vec<String>,
+    pub data_dir: PathBuf,
+    /// `sync` or `async`.
+    pub flush: String,
+    pub flush_interval_ms: u64,
+    pub sync_flush_timeout_ms: u64,
+    pub segment_bytes: u64,
+    pub consume_queue_entries_per_file: u64,
+    pub file_reserved_hours: u64,
+    pub disk_max_used_ratio: f64,
+    pub disk_refuse_ratio: f64,
+    /// Cores of the storage shards, one shard each.
+    pub storage_cores: Vec<usize>,
+    /// Cores of the network shards, one shard each.
+    pub network_cores: Vec<usize>,
+    /// Create unknown topics on first send (development only).
+    pub auto_create_topics: bool,
+    /// Read and write queues of an auto-created topic.
+    pub default_topic_queues: u32,
+    pub max_frame_bytes: usize,
+    pub max_message_bytes: usize,
+    pub max_batch_messages: usize,
+    pub max_inflight_per_connection: usize,
+    pub max_connections: usize,
+    pub max_parked_pulls: usize,
+    /// Longest a pull may be held, whatever the client asks.
+    pub max_suspend_timeout_ms: u64,
+    /// Most messages and bytes one pull returns.
+    pub max_pull_messages: u32,
+    pub max_pull_bytes: u64,
+    /// Requests a storage shard may have queued from one network shard before SYSTEM_BUSY.
+    pub storage_queue_depth: usize,
+    pub register_interval_ms: u64,
+    pub client_timeout_ms: u64,
+    pub offsets_persist_interval_ms: u64,
+    /// `text` or `json`.
+    pub log_format: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let (storage_cores, network_cores) = if cores >= 2 {
+            (vec![0], vec![1])
+        } else {
+            (vec![0], vec![0])
+        };
+        BrokerConfig {
+            cluster_name: "DefaultCluster".into(),
+            broker_name: "broker-a".into(),
+            broker_id: 0,
+            listen: "127.0.0.1:10911".into(),
+            namesrv: Vec::new(),
+            data_dir: PathBuf::from("data/broker"),
+            flush: "async".into(),
+            flush_interval_ms: 500,
+            sync_flush_timeout_ms: 5_000,
+            segment_bytes: 1 << 30,
+            consume_queue_entries_per_file: 300_000,
+            file_reserved_hours: 72,
+            disk_max_used_ratio: 0.75,
+            disk_refuse_ratio: 0.95,
+            storage_cores,
+            network_cores,
+            auto_create_topics: false,
+            default_topic_queues: 8,
+            max_frame_bytes: 16 << 20,
+            max_message_bytes: 4 << 20,
+            max_batch_messages: 1024,
+            max_inflight_per_connection: 256,
+            max_connections: 10_000,
+            max_parked_pulls: 10_000,
+            max_suspend_timeout_ms: 30_000,
+            max_pull_messages: 1024,
+            max_pull_bytes: 8 << 20,
+            storage_queue_depth: 4096,
+            register_interval_ms: 30_000,
+            client_timeout_ms: 120_000,
+            offsets_persist_interval_ms: 5_000,
+            log_format: "text".into(),
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Reads a TOML file; unknown keys are errors (a typo must not be silently ignored).
+    pub fn from_file(path: &Path) -> Result<BrokerConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn flush_mode(&self) -> FlushMode {
+        self.flush.parse().unwrap_or(FlushMode::Async)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, String> {
+        self.listen
+            .parse()
+            .map_err(|e| format!("listen address `{}` is not host:port: {e}", self.listen))
+    }
+
+    /// Checks every value and their combinations; the message names the key and the limit.
+    pub fn validate(&self) -> Result<(), String> {
+        self.flush.parse::<FlushMode>()?;
+        self.listen_addr()?;
+        for addr in &self.namesrv {
+            addr.parse::<SocketAddr>()
+                .map_err(|e| format!("namesrv address `{addr}` is not host:port: {e}"))?;
+        }
+        if self.storage_cores.is_empty() || self.network_cores.is_empty() {
+            return Err("storage_cores and network_cores must each name at least one core".into());
+        }
+        if self.storage_cores.len() > 64 || self.network_cores.len() > 64 {
+            return Err("at most 64 storage and 64 network shards".into());
+        }
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        if let Some(core) = self
+            .storage_cores
+            .iter()
+            .chain(&self.network_cores)
+            .find(|&&c| c >= cores)
+        {
+            return Err(format!(
+                "core {core} does not exist (this machine has {cores})"
+            ));
+        }
+        if !crate::naming::is_valid_name(&self.broker_name, 127)
+            || !crate::naming::is_valid_name(&self.cluster_name, 127)
+        {
+            return Err("broker_name and cluster_name must match ^[%|a-zA-Z0-9_-]+$".into());
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes + (64 << 10) > self.max_frame_bytes
+        {
+            return Err(format!(
+                "max_message_bytes ({}) must be positive and at least 64 KiB under max_frame_bytes ({})",
+                self.max_message_bytes, self.max_frame_bytes
+            ));
+        }
+        if (self.max_message_bytes as u64) + (64 << 10) > self.segment_bytes {
+            return Err(format!(
+                "segment_bytes ({}) must exceed max_message_bytes ({}) by at least 64 KiB",
+                self.segment_bytes, self.max_message_bytes
+            ));
+        }
+        if self.default_topic_queues == 0 || self.default_topic_queues > 1024 {
+            return Err("default_topic_queues must be 1..=1024".into());
+        }
+        if self.log_format != "text" && self.log_format != "json" {
+            return Err(format!(
+                "log_format must be `text` or `json`, not `{}`",
+                self.log_format
+            ));
+        }
+        self.store_config(0).validate().map_err(|e| e.to_string())
+    }
+
+    /// The storage engine configuration of storage shard `shard`.
+    pub fn store_config(&self, shard: usize) -> StoreConfig {
+        let mut config = StoreConfig::new(self.data_dir.join(format!("shard-{shard}")));
+        config.flush_mode = self.flush_mode();
+        config.flush_interval_ms = self.flush_interval_ms;
+        config.sync_flush_timeout_ms = self.sync_flush_timeout_ms;
+        config.segment_bytes = self.segment_bytes;
+        config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
+        config.file_reserved_hours = self.file_reserved_hours;
+        config.disk_max_used_ratio = self.disk_max_used_ratio;
+        config.disk_refuse_ratio = self.disk_refuse_ratio;
+        config
+    }
+}

@@ -1,0 +1,142 @@
+//! The messages shards exchange over glommio channels (the channel mesh).
+//!
+//! Network shard → storage shard: `StorageRequest`, each carrying a one-shot reply sender.
+//! Storage shard → network shard: `NetworkEvent` (readiness, topic table snapshots, message
+//! arrivals that wake parked pulls, group membership changes). Every channel is bounded: a
+//! full request channel is answered with SYSTEM_BUSY by the sender, never queued without bound.
+//! Everything here is `Send`, since it crosses threads; nothing here does I/O.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+
+use crate::groups::ConsumerMembership;
+use crate::store::{AppendOutcome, EncodedBatch, GetResult, StoreError, TagFilter};
+use crate::topics::{TopicConfig, TopicTable, UpsertError};
+
+pub type Reply<T> = oneshot::Sender<T>;
+
+/// A read of one queue.
+#[derive(Debug, Clone)]
+pub struct PullQuery {
+    pub topic: String,
+    pub queue_id: u32,
+    pub offset: u64,
+    pub max_messages: u32,
+    pub max_bytes: u64,
+    pub filter: TagFilter,
+}
+
+/// One queue's offsets and the store time of its newest message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStat {
+    pub queue_id: u32,
+    pub min_offset: u64,
+    pub max_offset: u64,
+    pub last_update_ms: i64,
+}
+
+pub enum StorageRequest {
+    Append {
+        batch: EncodedBatch,
+        reply: Reply<Result<AppendOutcome, StoreError>>,
+    },
+    /// With `watch_for`, an empty answer also registers that network shard to be told when the
+    /// queue gets a message (long polling); registering in the same step as the read means no
+    /// arrival can slip between them.
+    Pull {
+        query: PullQuery,
+        watch_for: Option<usize>,
+        reply: Reply<Result<GetResult, StoreError>>,
+    },
+    QueueOffsets {
+        topic: String,
+        queue_id: u32,
+        reply: Reply<Option<(u64, u64)>>,
+    },
+    QueueStats {
+        topic: String,
+        queue_ids: Vec<u32>,
+        reply: Reply<Vec<QueueStat>>,
+    },
+    OffsetByTime {
+        topic: String,
+        queue_id: u32,
+        timestamp_ms: i64,
+        reply: Reply<Result<u64, StoreError>>,
+    },
+    QueryConsumerOffset {
+        group: String,
+        topic: String,
+        queue_id: u32,
+        reply: Reply<Option<u64>>,
+    },
+    CommitConsumerOffset {
+        group: String,
+        topic: String,
+        queue_id: u32,
+        offset: u64,
+        reply: Reply<()>,
+    },
+    QueryByKey {
+        topic: String,
+        key: String,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+        reply: Reply<Result<Vec<Bytes>, StoreError>>,
+    },
+    QueryByUniqueId {
+        unique_id: String,
+        begin_ms: i64,
+        end_ms: i64,
+        reply: Reply<Result<Vec<Bytes>, StoreError>>,
+    },
+    ReadAt {
+        physical_offset: u64,
+        reply: Reply<Result<Bytes, StoreError>>,
+    },
+    // Control requests, served by storage shard 0 only.
+    UpsertTopic {
+        config: TopicConfig,
+        is_create_only: bool,
+        reply: Reply<Result<(), UpsertError>>,
+    },
+    DeleteTopic {
+        topic: String,
+        reply: Reply<bool>,
+    },
+    Heartbeat {
+        client_id: String,
+        producer_groups: Vec<String>,
+        consumer_groups: BTreeMap<String, ConsumerMembership>,
+        reply: Reply<()>,
+    },
+    UnregisterClient {
+        client_id: String,
+        producer_group: Option<String>,
+        consumer_group: Option<String>,
+        reply: Reply<()>,
+    },
+    /// A client's connection closed.
+    ClientGone {
+        client_id: String,
+    },
+    ConsumerList {
+        group: String,
+        reply: Reply<Vec<String>>,
+    },
+}
+
+pub enum NetworkEvent {
+    /// The storage shard has recovered its store and serves requests.
+    StorageReady { shard: usize },
+    /// The topic table changed (from storage shard 0).
+    Topics(Arc<TopicTable>),
+    /// A watched queue has a new message.
+    Arrival { topic: String, queue_id: u32 },
+    /// A consumer group's members changed (from storage shard 0).
+    ConsumerIdsChanged { group: String },
+}

@@ -1,0 +1,1161 @@
+//! One function per request kind: validate, ask the owning storage shard, encode the answer.
+//!
+//! Owns the mapping from storage outcomes and errors to wire statuses, and the per-byte work
+//! of the send path (turning wire messages into stored records, body CRC included), so storage
+//! cores only assign offsets and write. Every error answer names the thing and the limit.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use flatbuffers::FlatBufferBuilder;
+use futures_lite::future;
+use shardmq_schema::{
+    build_frame, negotiate_protocol_version, wire, FrameEncoder, FrameError, FrameHeader,
+    VerifiedFrame,
+};
+use shardmq_schema::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+
+use super::connection::Connection;
+use super::{AskError, NetworkShard, Outbound};
+use crate::groups::ConsumerMembership;
+use crate::mesh::{PullQuery, StorageRequest};
+use crate::naming::{check_group_name, check_topic_name, is_system_topic};
+use crate::store::record::{RecordInput, SYS_FLAG_COMPRESSED};
+use crate::store::{AppendStatus, EncodedBatch, GetResult, GetStatus, StoreError, TagFilter};
+use crate::topics::{TopicConfig, UpsertError};
+
+/// Property names the broker sets itself; user properties may not use them.
+const RESERVED_PROPERTIES: [&str; 6] = ["TAGS", "KEYS", "UNIQ_KEY", "__CRC32#", "DELAY", "WAIT"];
+
+/// A request's failure: a status and a message naming the thing and the limit.
+struct Refusal {
+    status: wire::Status,
+    message: String,
+}
+
+fn refuse(status: wire::Status, message: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        message: message.into(),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    refuse(wire::Status::INVALID_ARGUMENT, message)
+}
+
+impl From<AskError> for Refusal {
+    fn from(error: AskError) -> Self {
+        match error {
+            AskError::Busy => refuse(
+                wire::Status::SYSTEM_BUSY,
+                "storage shard is busy: its request queue is full; retry later",
+            ),
+            AskError::Gone => refuse(
+                wire::Status::SERVICE_NOT_AVAILABLE,
+                "storage shard is not serving (broker stopping)",
+            ),
+        }
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Self {
+        let status = match &error {
+            StoreError::Busy { .. } => wire::Status::SYSTEM_BUSY,
+            StoreError::DiskFull { .. } => wire::Status::DISK_FULL,
+            StoreError::FlushFailing(why) if why.contains("No space") => wire::Status::DISK_FULL,
+            StoreError::RecordTooLarge { .. } => wire::Status::MESSAGE_TOO_LARGE,
+            StoreError::InvalidRecord(_) => wire::Status::INVALID_ARGUMENT,
+            StoreError::Closed => wire::Status::SERVICE_NOT_AVAILABLE,
+            _ => wire::Status::SYSTEM_ERROR,
+        };
+        refuse(status, error.to_string())
+    }
+}
+
+type Answer = Result<Outbound, Refusal>;
+
+/// Handles one request frame; `None` for one-way frames that need no answer.
+pub async fn handle(
+    shard: &NetworkShard,
+    connection: &Connection,
+    frame: VerifiedFrame,
+) -> Option<Outbound> {
+    let request = frame.frame();
+    let request_id = request.request_id();
+    let is_one_way = request.kind() == wire::FrameKind::ONE_WAY;
+    let answer = dispatch(shard, connection, &frame).await;
+    if is_one_way {
+        return None;
+    }
+    Some(match answer {
+        Ok(frames) => frames,
+        Err(refusal) => match shard
+            .with_encoder(|e| e.encode_error_response(request_id, refusal.status, &refusal.message))
+        {
+            Ok(frame) => vec![frame],
+            Err(_) => Vec::new(),
+        },
+    })
+}
+
+async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &VerifiedFrame) -> Answer {
+    let request = frame.frame();
+    let id = request.request_id();
+    if let Some(handshake) = request.body_as_handshake_request() {
+        return handshake_answer(shard, connection, id, handshake);
+    }
+    if !connection.is_handshaken.get() {
+        return Err(refuse(
+            wire::Status::HANDSHAKE_REQUIRED,
+            "the first request on a connection must be a HandshakeRequest",
+        ));
+    }
+    if let Some(send) = request.body_as_send_request() {
+        return handle_send(shard, connection, id, send).await;
+    }
+    if let Some(pull) = request.body_as_pull_request() {
+        return handle_pull(shard, id, pull).await;
+    }
+    if let Some(r) = request.body_as_query_consumer_offset_request() {
+        let (group, topic, queue_id) =
+            group_queue(shard, r.consumer_group(), r.topic(), r.queue_id())?;
+        let shard_id = shard.shard_of(&topic, queue_id);
+        let offset = shard
+            .ask(shard_id, |reply| StorageRequest::QueryConsumerOffset {
+                group,
+                topic,
+                queue_id,
+                reply,
+            })
+            .await?;
+        return match offset {
+            Some(offset) => encode_ok(shard, id, |b| {
+                let body = wire::OffsetResponse::create(
+                    b,
+                    &wire::OffsetResponseArgs {
+                        offset: offset as i64,
+                    },
+                );
+                (wire::Body::OffsetResponse, body.as_union_value())
+            }),
+            None => Err(refuse(
+                wire::Status::CONSUMER_GROUP_NOT_FOUND,
+                "the group has no committed offset for this queue",
+            )),
+        };
+    }
+    if let Some(r) = request.body_as_commit_consumer_offset_request() {
+        let (group, topic, queue_id) =
+            group_queue(shard, r.consumer_group(), r.topic(), r.queue_id())?;
+        let offset =
+            u64::try_from(r.offset()).map_err(|_| invalid("offset must not be negative"))?;
+        let shard_id = shard.shard_of(&topic, queue_id);
+        shard
+            .ask(shard_id, |reply| StorageRequest::CommitConsumerOffset {
+                group,
+                topic,
+                queue_id,
+                offset,
+                reply,
+            })
+            .await?;
+        return encode_status(shard, id, wire::Status::OK, "");
+    }
+    if let Some(r) = request.body_as_queue_offsets_request() {
+        let (topic, queue_id) = readable_queue(shard, r.topic(), r.queue_id())?;
+        let shard_id = shard.shard_of(&topic, queue_id);
+        let offsets = shard
+            .ask(shard_id, |reply| StorageRequest::QueueOffsets {
+                topic,
+                queue_id,
+                reply,
+            })
+            .await?
+            .unwrap_or((0, 0));
+        return encode_ok(shard, id, |b| {
+            let body = wire::QueueOffsetsResponse::create(
+                b,
+                &wire::QueueOffsetsResponseArgs {
+                    min_offset: offsets.0 as i64,
+                    max_offset: offsets.1 as i64,
+                },
+            );
+            (wire::Body::QueueOffsetsResponse, body.as_union_value())
+        });
+    }
+    if let Some(r) = request.body_as_offset_by_time_request() {
+        let (topic, queue_id) = readable_queue(shard, r.topic(), r.queue_id())?;
+        let timestamp_ms = r.timestamp_ms();
+        let shard_id = shard.shard_of(&topic, queue_id);
+        let offset = shard
+            .ask(shard_id, |reply| StorageRequest::OffsetByTime {
+                topic,
+                queue_id,
+                timestamp_ms,
+                reply,
+            })
+            .await??;
+        return encode_ok(shard, id, |b| {
+            let body = wire::OffsetResponse::create(
+                b,
+                &wire::OffsetResponseArgs {
+                    offset: offset as i64,
+                },
+            );
+            (wire::Body::OffsetResponse, body.as_union_value())
+        });
+    }
+    if let Some(r) = request.body_as_heartbeat_request() {
+        return handle_heartbeat(shard, connection, id, r).await;
+    }
+    if let Some(r) = request.body_as_unregister_client_request() {
+        let client_id = r.client_id().unwrap_or_default().to_owned();
+        let producer_group = r
+            .producer_group()
+            .filter(|g| !g.is_empty())
+            .map(str::to_owned);
+        let consumer_group = r
+            .consumer_group()
+            .filter(|g| !g.is_empty())
+            .map(str::to_owned);
+        shard
+            .ask(0, |reply| StorageRequest::UnregisterClient {
+                client_id,
+                producer_group,
+                consumer_group,
+                reply,
+            })
+            .await?;
+        return encode_status(shard, id, wire::Status::OK, "");
+    }
+    if let Some(r) = request.body_as_consumer_list_request() {
+        let group = r.consumer_group().unwrap_or_default().to_owned();
+        check_group_name(&group).map_err(invalid)?;
+        let members = shard
+            .ask(0, |reply| StorageRequest::ConsumerList { group, reply })
+            .await?;
+        return encode_ok(shard, id, |b| {
+            let ids: Vec<_> = members.iter().map(|m| b.create_string(m)).collect();
+            let ids = b.create_vector(&ids);
+            let body = wire::ConsumerListResponse::create(
+                b,
+                &wire::ConsumerListResponseArgs {
+                    client_ids: Some(ids),
+                },
+            );
+            (wire::Body::ConsumerListResponse, body.as_union_value())
+        });
+    }
+    if let Some(r) = request.body_as_upsert_topic_request() {
+        let config = r.config().ok_or_else(|| invalid("config is missing"))?;
+        let config = TopicConfig {
+            name: config.name().unwrap_or_default().to_owned(),
+            read_queues: config.read_queues(),
+            write_queues: config.write_queues(),
+            perm: config.perm(),
+            is_ordered: config.is_ordered(),
+        };
+        let is_create_only = r.create_only();
+        let outcome = shard
+            .ask(0, |reply| StorageRequest::UpsertTopic {
+                config,
+                is_create_only,
+                reply,
+            })
+            .await?;
+        return match outcome {
+            Ok(()) => encode_status(shard, id, wire::Status::OK, ""),
+            Err(UpsertError::Exists) => Err(refuse(
+                wire::Status::TOPIC_ALREADY_EXISTS,
+                "the topic already exists",
+            )),
+            Err(UpsertError::Invalid(why)) => Err(invalid(why)),
+        };
+    }
+    if let Some(r) = request.body_as_delete_topic_request() {
+        let topic = r.topic().unwrap_or_default().to_owned();
+        check_topic_name(&topic).map_err(invalid)?;
+        let removed = shard
+            .ask(0, |reply| StorageRequest::DeleteTopic { topic, reply })
+            .await?;
+        return if removed {
+            encode_status(shard, id, wire::Status::OK, "")
+        } else {
+            Err(refuse(wire::Status::TOPIC_NOT_FOUND, "no such topic"))
+        };
+    }
+    if let Some(r) = request.body_as_broker_topics_request() {
+        let include_system = r.include_system();
+        let table = shard.topics();
+        return encode_ok(shard, id, |b| {
+            let configs: Vec<_> = table
+                .topics
+                .values()
+                .filter(|t| include_system || !is_system_topic(&t.name))
+                .map(|t| {
+                    let name = b.create_string(&t.name);
+                    wire::TopicConfig::create(
+                        b,
+                        &wire::TopicConfigArgs {
+                            name: Some(name),
+                            read_queues: t.read_queues,
+                            write_queues: t.write_queues,
+                            perm: t.perm,
+                            is_ordered: t.is_ordered,
+                        },
+                    )
+                })
+                .collect();
+            let topics = b.create_vector(&configs);
+            let body = wire::BrokerTopicsResponse::create(
+                b,
+                &wire::BrokerTopicsResponseArgs {
+                    topics: Some(topics),
+                },
+            );
+            (wire::Body::BrokerTopicsResponse, body.as_union_value())
+        });
+    }
+    if request.body_as_topic_list_request().is_some() {
+        let table = shard.topics();
+        return encode_ok(shard, id, |b| {
+            let names: Vec<_> = table
+                .topics
+                .keys()
+                .filter(|t| !is_system_topic(t))
+                .map(|t| b.create_string(t))
+                .collect();
+            let names = b.create_vector(&names);
+            let body = wire::TopicListResponse::create(
+                b,
+                &wire::TopicListResponseArgs {
+                    topics: Some(names),
+                },
+            );
+            (wire::Body::TopicListResponse, body.as_union_value())
+        });
+    }
+    if let Some(r) = request.body_as_topic_stats_request() {
+        return handle_topic_stats(shard, id, r.topic().unwrap_or_default()).await;
+    }
+    if let Some(r) = request.body_as_query_by_key_request() {
+        let topic = r.topic().unwrap_or_default().to_owned();
+        check_topic_name(&topic).map_err(invalid)?;
+        let key = r
+            .key()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| invalid("key is missing"))?
+            .to_owned();
+        let (begin_ms, end_ms) = time_range(r.begin_ms(), r.end_ms());
+        let max_results = r.max_results().clamp(1, 64) as usize;
+        let mut found: Vec<Bytes> = Vec::new();
+        for storage in 0..shard.storage_shards() {
+            let (topic, key) = (topic.clone(), key.clone());
+            let records = shard
+                .ask(storage, |reply| StorageRequest::QueryByKey {
+                    topic,
+                    key,
+                    begin_ms,
+                    end_ms,
+                    max_results,
+                    reply,
+                })
+                .await??;
+            found.extend(records);
+        }
+        found.truncate(max_results);
+        return encode_query(shard, id, found);
+    }
+    if let Some(r) = request.body_as_query_by_id_request() {
+        return handle_query_by_id(shard, id, r).await;
+    }
+    Err(refuse(
+        wire::Status::UNKNOWN_REQUEST,
+        format!(
+            "request kind {:?} is not served by this broker",
+            request.body_type()
+        ),
+    ))
+}
+
+fn handshake_answer(
+    shard: &NetworkShard,
+    connection: &Connection,
+    id: u64,
+    r: wire::HandshakeRequest<'_>,
+) -> Answer {
+    let Some(version) = negotiate_protocol_version(r.protocol_version(), r.min_protocol_version())
+    else {
+        return Err(refuse(
+            wire::Status::UNSUPPORTED_VERSION,
+            format!(
+                "client speaks protocol versions {}..={}, this broker {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}",
+                r.min_protocol_version(),
+                r.protocol_version()
+            ),
+        ));
+    };
+    if let Some(client_id) = r.client_id().filter(|c| !c.is_empty()) {
+        *connection.client_id.borrow_mut() = Some(client_id.to_owned());
+        shard.set_client(connection.id, client_id.to_owned());
+    }
+    connection.is_handshaken.set(true);
+    let config = &shard.config;
+    encode_ok(shard, id, |b| {
+        let name = b.create_string("shardmq-broker");
+        let version_text = b.create_string(env!("CARGO_PKG_VERSION"));
+        let cluster = b.create_string(&config.cluster_name);
+        let broker = b.create_string(&config.broker_name);
+        let server = wire::ServerInfo::create(
+            b,
+            &wire::ServerInfoArgs {
+                name: Some(name),
+                version: Some(version_text),
+                cluster_name: Some(cluster),
+                broker_name: Some(broker),
+                broker_id: config.broker_id,
+            },
+        );
+        let body = wire::HandshakeResponse::create(
+            b,
+            &wire::HandshakeResponseArgs {
+                protocol_version: version,
+                min_protocol_version: MIN_PROTOCOL_VERSION,
+                max_protocol_version: PROTOCOL_VERSION,
+                server: Some(server),
+                max_frame_bytes: config.max_frame_bytes as u32,
+                max_message_bytes: config.max_message_bytes as u32,
+            },
+        );
+        (wire::Body::HandshakeResponse, body.as_union_value())
+    })
+}
+
+/// The topic's config if the topic may be written by users.
+fn writable_topic(shard: &NetworkShard, topic: &str) -> Result<Option<TopicConfig>, Refusal> {
+    check_topic_name(topic).map_err(invalid)?;
+    if is_system_topic(topic) {
+        return Err(refuse(
+            wire::Status::NO_PERMISSION,
+            format!("{topic} is a system topic; producers may not write to it directly"),
+        ));
+    }
+    let table = shard.topics();
+    match table.get(topic) {
+        Some(config) if !config.is_writable() => Err(refuse(
+            wire::Status::NO_PERMISSION,
+            format!("topic {topic} is not writable (perm {})", config.perm),
+        )),
+        Some(config) => Ok(Some(config.clone())),
+        None => Ok(None),
+    }
+}
+
+async fn handle_send(
+    shard: &NetworkShard,
+    connection: &Connection,
+    id: u64,
+    r: wire::SendRequest<'_>,
+) -> Answer {
+    let topic = r.topic().unwrap_or_default();
+    let config = match writable_topic(shard, topic)? {
+        Some(config) => config,
+        None if shard.config.auto_create_topics => {
+            let config = TopicConfig::new(topic, shard.config.default_topic_queues);
+            let created = config.clone();
+            let outcome = shard
+                .ask(0, |reply| StorageRequest::UpsertTopic {
+                    config,
+                    is_create_only: true,
+                    reply,
+                })
+                .await?;
+            match outcome {
+                Ok(()) | Err(UpsertError::Exists) => created,
+                Err(UpsertError::Invalid(why)) => return Err(invalid(why)),
+            }
+        }
+        None => {
+            return Err(refuse(
+                wire::Status::TOPIC_NOT_FOUND,
+                format!(
+                "topic {topic} does not exist on this broker (create it first; auto-create is off)"
+            ),
+            ))
+        }
+    };
+    if let Some(group) = r.producer_group().filter(|g| !g.is_empty()) {
+        check_group_name(group).map_err(invalid)?;
+    }
+    let messages = r
+        .messages()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| invalid("messages is empty"))?;
+    if messages.len() > shard.config.max_batch_messages {
+        return Err(invalid(format!(
+            "batch has {} messages, over max_batch_messages ({})",
+            messages.len(),
+            shard.config.max_batch_messages
+        )));
+    }
+    let queue_id = match r.queue_id() {
+        -1 => shard.next_queue(config.write_queues),
+        q if q >= 0 && (q as u32) < config.write_queues => q as u32,
+        q => {
+            return Err(invalid(format!(
+                "queue_id {q} is outside topic {topic}'s write queues 0..{}",
+                config.write_queues
+            )))
+        }
+    };
+    let store_host = shard.store_host.get();
+    let batch = encode_batch(
+        shard,
+        connection.peer,
+        store_host,
+        topic,
+        queue_id,
+        messages,
+    )?;
+    let unique_ids: Vec<String> = messages
+        .iter()
+        .map(|m| m.unique_id().unwrap_or_default().to_owned())
+        .collect();
+    let storage = shard.shard_of(topic, queue_id);
+    let outcome = shard
+        .ask(storage, |reply| StorageRequest::Append { batch, reply })
+        .await??;
+    let status = match outcome.status {
+        AppendStatus::Ok => wire::Status::OK,
+        AppendStatus::FlushDiskTimeout => wire::Status::FLUSH_DISK_TIMEOUT,
+    };
+    let message = if status == wire::Status::OK {
+        ""
+    } else {
+        "stored, but the sync flush did not complete within sync_flush_timeout_ms"
+    };
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode(|b| {
+                let results: Vec<_> = outcome
+                    .records
+                    .iter()
+                    .zip(&unique_ids)
+                    .map(|(record, unique_id)| {
+                        let offset_id =
+                            offset_message_id(store_host, storage, record.physical_offset);
+                        let unique = if unique_id.is_empty() {
+                            &offset_id
+                        } else {
+                            unique_id
+                        };
+                        let unique = b.create_string(unique);
+                        let offset_id = b.create_string(&offset_id);
+                        wire::SendResult::create(
+                            b,
+                            &wire::SendResultArgs {
+                                unique_id: Some(unique),
+                                offset_msg_id: Some(offset_id),
+                                queue_offset: record.queue_offset as i64,
+                                commit_log_offset: record.physical_offset as i64,
+                            },
+                        )
+                    })
+                    .collect();
+                let results = b.create_vector(&results);
+                let body = wire::SendResponse::create(
+                    b,
+                    &wire::SendResponseArgs {
+                        queue_id: queue_id as i32,
+                        results: Some(results),
+                    },
+                );
+                let header = FrameHeader::response(id, status).with_message(message);
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::SendResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map(|frame| vec![frame])
+        .map_err(frame_error)
+}
+
+/// Turns wire messages into stored records (the per-byte work of the send path).
+fn encode_batch(
+    shard: &NetworkShard,
+    born_host: SocketAddr,
+    store_host: SocketAddr,
+    topic: &str,
+    queue_id: u32,
+    messages: flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<wire::Message<'_>>>,
+) -> Result<EncodedBatch, Refusal> {
+    let mut batch = EncodedBatch::new();
+    for (index, message) in messages.iter().enumerate() {
+        let body = message.body().map(|b| b.bytes()).unwrap_or_default();
+        if body.len() > shard.config.max_message_bytes {
+            return Err(refuse(
+                wire::Status::MESSAGE_TOO_LARGE,
+                format!(
+                    "message {index}: body is {} bytes, over max_message_bytes ({})",
+                    body.len(),
+                    shard.config.max_message_bytes
+                ),
+            ));
+        }
+        if message.delay_level() != 0 || message.deliver_at_ms() != 0 {
+            return Err(invalid(format!(
+                "message {index}: delayed and timed delivery are not supported by this broker version"
+            )));
+        }
+        let mut keys_joined = String::new();
+        if let Some(keys) = message.keys() {
+            for key in keys.iter() {
+                if key.is_empty() || key.contains(' ') {
+                    return Err(invalid(format!(
+                        "message {index}: key `{key}` is empty or contains a space"
+                    )));
+                }
+                if !keys_joined.is_empty() {
+                    keys_joined.push(' ');
+                }
+                keys_joined.push_str(key);
+            }
+        }
+        let mut properties: Vec<(&str, &str)> = Vec::with_capacity(4);
+        if let Some(tags) = message.tags().filter(|t| !t.is_empty()) {
+            properties.push(("TAGS", tags));
+        }
+        if !keys_joined.is_empty() {
+            properties.push(("KEYS", &keys_joined));
+        }
+        if let Some(unique_id) = message.unique_id().filter(|u| !u.is_empty()) {
+            properties.push(("UNIQ_KEY", unique_id));
+        }
+        if let Some(user) = message.properties() {
+            for pair in user.iter() {
+                let key = pair.key().unwrap_or_default();
+                if key.is_empty() || RESERVED_PROPERTIES.contains(&key) {
+                    return Err(invalid(format!(
+                        "message {index}: property name `{key}` is empty or reserved"
+                    )));
+                }
+                properties.push((key, pair.value().unwrap_or_default()));
+            }
+        }
+        let sys_flag = if message.compression() == wire::Compression::NONE {
+            0
+        } else {
+            SYS_FLAG_COMPRESSED
+        };
+        let input = RecordInput {
+            topic,
+            queue_id,
+            flag: message.flag(),
+            body,
+            properties: &properties,
+            sys_flag,
+            born_timestamp_ms: message.born_timestamp_ms(),
+            born_host,
+            store_host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+        };
+        batch
+            .push(&input)
+            .map_err(|e| invalid(format!("message {index}: {e}")))?;
+    }
+    Ok(batch)
+}
+
+async fn handle_pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>) -> Answer {
+    let (topic, queue_id) = readable_queue(shard, r.topic(), r.queue_id())?;
+    if let Some(group) = r.consumer_group().filter(|g| !g.is_empty()) {
+        check_group_name(group).map_err(invalid)?;
+        if r.commit_offset() >= 0 {
+            let (group, topic, offset) =
+                (group.to_owned(), topic.clone(), r.commit_offset() as u64);
+            shard
+                .ask(shard.shard_of(&topic, queue_id), |reply| {
+                    StorageRequest::CommitConsumerOffset {
+                        group,
+                        topic,
+                        queue_id,
+                        offset,
+                        reply,
+                    }
+                })
+                .await?;
+        }
+    }
+    let offset = u64::try_from(r.queue_offset())
+        .map_err(|_| invalid("queue_offset must not be negative"))?;
+    let expression = r.tag_expression().unwrap_or("*");
+    if expression.contains('\u{1}') || expression.contains('\u{2}') {
+        return Err(refuse(
+            wire::Status::INVALID_TAG_EXPRESSION,
+            "tag expression contains control characters",
+        ));
+    }
+    let query = PullQuery {
+        topic,
+        queue_id,
+        offset,
+        max_messages: r.max_messages().clamp(1, shard.config.max_pull_messages),
+        max_bytes: match u64::from(r.max_bytes()) {
+            0 => shard.config.max_pull_bytes,
+            n => n.min(shard.config.max_pull_bytes),
+        },
+        filter: TagFilter::parse(expression),
+    };
+    let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
+    let storage = shard.shard_of(&query.topic, queue_id);
+    let slot = if suspend_ms > 0 {
+        shard
+            .parking
+            .park(&query.topic, queue_id, shard.config.max_parked_pulls)
+    } else {
+        None
+    };
+    // Listen before asking, so an arrival between the answer and the wait is not missed.
+    let arrival = slot.as_ref().map(|s| s.notify.notified());
+    let watch_for = slot.as_ref().map(|_| shard.id);
+    let first_query = query.clone();
+    let result = shard
+        .ask(storage, |reply| StorageRequest::Pull {
+            query: first_query,
+            watch_for,
+            reply,
+        })
+        .await??;
+    let is_empty = matches!(result.status, GetStatus::NoNewMessage)
+        || (result.status == GetStatus::NoMatchedQueue && offset == 0);
+    let result = match (is_empty, arrival) {
+        (true, Some(arrival)) => {
+            let timeout = glommio::timer::sleep(Duration::from_millis(suspend_ms));
+            let woke = future::or(
+                async {
+                    arrival.await;
+                    true
+                },
+                async {
+                    timeout.await;
+                    false
+                },
+            )
+            .await;
+            drop(slot);
+            if woke {
+                shard
+                    .ask(storage, |reply| StorageRequest::Pull {
+                        query,
+                        watch_for: None,
+                        reply,
+                    })
+                    .await??
+            } else {
+                result
+            }
+        }
+        _ => result,
+    };
+    encode_pull(shard, id, result, offset)
+}
+
+fn encode_pull(shard: &NetworkShard, id: u64, result: GetResult, requested: u64) -> Answer {
+    let status = match result.status {
+        GetStatus::Found => wire::Status::OK,
+        GetStatus::NoMatchedMessage => wire::Status::PULL_RETRY_IMMEDIATELY,
+        GetStatus::NoNewMessage => wire::Status::PULL_NOT_FOUND,
+        GetStatus::NoMatchedQueue if requested == 0 => wire::Status::PULL_NOT_FOUND,
+        GetStatus::NoMatchedQueue | GetStatus::OffsetTooSmall | GetStatus::OffsetOverflow => {
+            wire::Status::PULL_OFFSET_MOVED
+        }
+    };
+    let total: usize = result.records.iter().map(Bytes::len).sum();
+    let mut head = BytesMut::new();
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode_head_with_trailing_bytes(&mut head, total, |b, records| {
+                let body = wire::PullResponse::create(
+                    b,
+                    &wire::PullResponseArgs {
+                        next_begin_offset: result.next_offset as i64,
+                        min_offset: result.min_offset as i64,
+                        max_offset: result.max_offset as i64,
+                        records: Some(records),
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, status),
+                    wire::Body::PullResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map_err(frame_error)?;
+    let mut frames = Vec::with_capacity(result.records.len() + 1);
+    frames.push(head.freeze());
+    frames.extend(result.records);
+    Ok(frames)
+}
+
+async fn handle_heartbeat(
+    shard: &NetworkShard,
+    connection: &Connection,
+    id: u64,
+    r: wire::HeartbeatRequest<'_>,
+) -> Answer {
+    let client_id = r
+        .client_id()
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .or_else(|| connection.client_id.borrow().clone())
+        .ok_or_else(|| invalid("client_id is missing"))?;
+    let mut producer_groups = Vec::new();
+    for group in r.producer_groups().iter().flat_map(|v| v.iter()) {
+        check_group_name(group).map_err(invalid)?;
+        producer_groups.push(group.to_owned());
+    }
+    let mut consumer_groups = BTreeMap::new();
+    for info in r.consumer_groups().iter().flat_map(|v| v.iter()) {
+        let group = info.group().unwrap_or_default();
+        check_group_name(group).map_err(invalid)?;
+        let mut subscriptions = Vec::new();
+        for sub in info.subscriptions().iter().flat_map(|v| v.iter()) {
+            let topic = sub.topic().unwrap_or_default();
+            check_topic_name(topic).map_err(invalid)?;
+            subscriptions.push((topic.to_owned(), sub.expression().unwrap_or("*").to_owned()));
+        }
+        consumer_groups.insert(
+            group.to_owned(),
+            ConsumerMembership {
+                is_broadcasting: info.message_model() == wire::MessageModel::BROADCASTING,
+                is_orderly: info.is_orderly(),
+                subscriptions,
+            },
+        );
+    }
+    shard.set_client(connection.id, client_id.clone());
+    *connection.client_id.borrow_mut() = Some(client_id.clone());
+    shard.set_consumer_groups(connection.id, consumer_groups.keys().cloned().collect());
+    shard
+        .ask(0, |reply| StorageRequest::Heartbeat {
+            client_id,
+            producer_groups,
+            consumer_groups,
+            reply,
+        })
+        .await?;
+    encode_status(shard, id, wire::Status::OK, "")
+}
+
+async fn handle_topic_stats(shard: &NetworkShard, id: u64, topic: &str) -> Answer {
+    check_topic_name(topic).map_err(invalid)?;
+    let table = shard.topics();
+    let config = table.get(topic).ok_or_else(|| {
+        refuse(
+            wire::Status::TOPIC_NOT_FOUND,
+            format!("topic {topic} does not exist"),
+        )
+    })?;
+    let queues = config.read_queues.max(config.write_queues);
+    let mut by_shard: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    for queue_id in 0..queues {
+        by_shard
+            .entry(shard.shard_of(topic, queue_id))
+            .or_default()
+            .push(queue_id);
+    }
+    let mut stats = Vec::new();
+    for (storage, queue_ids) in by_shard {
+        let topic = topic.to_owned();
+        stats.extend(
+            shard
+                .ask(storage, |reply| StorageRequest::QueueStats {
+                    topic,
+                    queue_ids,
+                    reply,
+                })
+                .await?,
+        );
+    }
+    stats.sort_by_key(|s| s.queue_id);
+    encode_ok(shard, id, |b| {
+        let name = b.create_string(topic);
+        let queues: Vec<_> = stats
+            .iter()
+            .map(|s| {
+                wire::QueueStats::create(
+                    b,
+                    &wire::QueueStatsArgs {
+                        queue_id: s.queue_id as i32,
+                        min_offset: s.min_offset as i64,
+                        max_offset: s.max_offset as i64,
+                        last_update_ms: s.last_update_ms,
+                    },
+                )
+            })
+            .collect();
+        let queues = b.create_vector(&queues);
+        let body = wire::TopicStatsResponse::create(
+            b,
+            &wire::TopicStatsResponseArgs {
+                topic: Some(name),
+                queues: Some(queues),
+            },
+        );
+        (wire::Body::TopicStatsResponse, body.as_union_value())
+    })
+}
+
+async fn handle_query_by_id(
+    shard: &NetworkShard,
+    id: u64,
+    r: wire::QueryByIdRequest<'_>,
+) -> Answer {
+    let (begin_ms, end_ms) = time_range(r.begin_ms(), r.end_ms());
+    if let Some(offset_id) = r.offset_msg_id().filter(|o| !o.is_empty()) {
+        let (_, storage, physical_offset) =
+            parse_offset_message_id(offset_id).ok_or_else(|| {
+                invalid(format!(
+                    "offset_msg_id `{offset_id}` is not 32 hex characters"
+                ))
+            })?;
+        if storage >= shard.storage_shards() {
+            return Err(refuse(
+                wire::Status::QUERY_NOT_FOUND,
+                "the offset id names a storage shard this broker lacks",
+            ));
+        }
+        let record = shard
+            .ask(storage, |reply| StorageRequest::ReadAt {
+                physical_offset,
+                reply,
+            })
+            .await?;
+        return match record {
+            Ok(record) => encode_query(shard, id, vec![record]),
+            Err(_) => Err(refuse(
+                wire::Status::QUERY_NOT_FOUND,
+                "no message at that offset id",
+            )),
+        };
+    }
+    let unique_id = r
+        .unique_id()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| invalid("either unique_id or offset_msg_id is required"))?
+        .to_owned();
+    let mut found = Vec::new();
+    for storage in 0..shard.storage_shards() {
+        let unique_id = unique_id.clone();
+        found.extend(
+            shard
+                .ask(storage, |reply| StorageRequest::QueryByUniqueId {
+                    unique_id,
+                    begin_ms,
+                    end_ms,
+                    reply,
+                })
+                .await??,
+        );
+    }
+    encode_query(shard, id, found)
+}
+
+fn encode_query(shard: &NetworkShard, id: u64, records: Vec<Bytes>) -> Answer {
+    if records.is_empty() {
+        return Err(refuse(wire::Status::QUERY_NOT_FOUND, "no message matched"));
+    }
+    let total: usize = records.iter().map(Bytes::len).sum();
+    let mut head = BytesMut::new();
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode_head_with_trailing_bytes(&mut head, total, |b, vector| {
+                let body = wire::QueryResponse::create(
+                    b,
+                    &wire::QueryResponseArgs {
+                        records: Some(vector),
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::QueryResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map_err(frame_error)?;
+    let mut frames = vec![head.freeze()];
+    frames.extend(records);
+    Ok(frames)
+}
+
+fn time_range(begin_ms: i64, end_ms: i64) -> (i64, i64) {
+    (begin_ms.max(0), if end_ms <= 0 { i64::MAX } else { end_ms })
+}
+
+/// (topic, queue) of a request on a topic that exists and is readable.
+fn readable_queue(
+    shard: &NetworkShard,
+    topic: Option<&str>,
+    queue_id: i32,
+) -> Result<(String, u32), Refusal> {
+    let topic = topic.unwrap_or_default();
+    check_topic_name(topic).map_err(invalid)?;
+    let table = shard.topics();
+    let config = table.get(topic).ok_or_else(|| {
+        refuse(
+            wire::Status::TOPIC_NOT_FOUND,
+            format!("topic {topic} does not exist on this broker"),
+        )
+    })?;
+    if !config.is_readable() {
+        return Err(refuse(
+            wire::Status::NO_PERMISSION,
+            format!("topic {topic} is not readable (perm {})", config.perm),
+        ));
+    }
+    let queues = config.read_queues.max(config.write_queues);
+    if queue_id < 0 || queue_id as u32 >= queues {
+        return Err(invalid(format!(
+            "queue_id {queue_id} is outside topic {topic}'s queues 0..{queues}"
+        )));
+    }
+    Ok((topic.to_owned(), queue_id as u32))
+}
+
+fn group_queue(
+    shard: &NetworkShard,
+    group: Option<&str>,
+    topic: Option<&str>,
+    queue_id: i32,
+) -> Result<(String, String, u32), Refusal> {
+    let group = group.unwrap_or_default();
+    check_group_name(group).map_err(invalid)?;
+    let (topic, queue_id) = readable_queue(shard, topic, queue_id)?;
+    Ok((group.to_owned(), topic, queue_id))
+}
+
+/// RocketMQ's offset message id: store host address and port, then the physical offset, as
+/// 32 upper-case hex characters for IPv4. With several storage shards, physical offsets repeat
+/// across shards, so the shard index is kept in the offset's top byte.
+pub fn offset_message_id(
+    store_host: SocketAddr,
+    storage_shard: usize,
+    physical_offset: u64,
+) -> String {
+    let mut bytes = Vec::with_capacity(28);
+    match store_host.ip() {
+        IpAddr::V4(ip) => bytes.extend_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => bytes.extend_from_slice(&ip.octets()),
+    }
+    bytes.extend_from_slice(&u32::from(store_host.port()).to_be_bytes());
+    bytes.extend_from_slice(&(((storage_shard as u64) << 56) | physical_offset).to_be_bytes());
+    bytes.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+/// Inverse of [`offset_message_id`] for IPv4 ids: (host, storage shard, physical offset).
+pub fn parse_offset_message_id(id: &str) -> Option<(SocketAddr, usize, u64)> {
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let bytes: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&id[i * 2..i * 2 + 2], 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let ip = std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]);
+    let port = u32::from_be_bytes(bytes[4..8].try_into().ok()?) as u16;
+    let raw = u64::from_be_bytes(bytes[8..16].try_into().ok()?);
+    Some((
+        SocketAddr::new(IpAddr::V4(ip), port),
+        (raw >> 56) as usize,
+        raw & ((1 << 56) - 1),
+    ))
+}
+
+fn frame_error(error: FrameError) -> Refusal {
+    refuse(
+        wire::Status::SYSTEM_ERROR,
+        format!("answer could not be encoded: {error}"),
+    )
+}
+
+fn encode_status(shard: &NetworkShard, id: u64, status: wire::Status, message: &str) -> Answer {
+    shard
+        .with_encoder(|e| e.encode_error_response(id, status, message))
+        .map(|frame| vec![frame])
+        .map_err(frame_error)
+}
+
+fn encode_ok(
+    shard: &NetworkShard,
+    id: u64,
+    body: impl FnOnce(
+        &mut FlatBufferBuilder<'static>,
+    ) -> (
+        wire::Body,
+        flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
+    ),
+) -> Answer {
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode(|b| {
+                let (kind, value) = body(b);
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    kind,
+                    Some(value),
+                )
+            })
+        })
+        .map(|frame| vec![frame])
+        .map_err(frame_error)
+}
+
+/// The ONE_WAY notice that a consumer group's members changed.
+pub fn encode_consumer_ids_changed(
+    encoder: &mut FrameEncoder,
+    group: &str,
+) -> Result<Bytes, FrameError> {
+    encoder.encode(|b| {
+        let group = b.create_string(group);
+        let body = wire::ConsumerIdsChangedNotice::create(
+            b,
+            &wire::ConsumerIdsChangedNoticeArgs {
+                consumer_group: Some(group),
+            },
+        );
+        build_frame(
+            b,
+            &FrameHeader::one_way(),
+            wire::Body::ConsumerIdsChangedNotice,
+            Some(body.as_union_value()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offset_message_id_round_trips_with_shard() {
+        let host: SocketAddr = "10.1.2.3:10911".parse().unwrap();
+        let id = offset_message_id(host, 1, 123_456);
+        assert_eq!(id.len(), 32);
+        assert_eq!(&id[..8], "0A010203");
+        assert_eq!(parse_offset_message_id(&id), Some((host, 1, 123_456)));
+        assert_eq!(parse_offset_message_id("xyz"), None);
+    }
+}

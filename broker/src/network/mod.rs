@@ -1,0 +1,388 @@
+//! A network shard: one listener (SO_REUSEPORT, shared by all network shards) and the
+//! connections it accepts, decoding requests, validating them, routing each to the storage
+//! shard that owns its queue, parking long-poll pulls, and writing answers.
+//!
+//! It knows nothing of file layout: everything stored is reached through `StorageRequest`s.
+//! It keeps a read-only snapshot of the topic table (sent by storage shard 0) to validate
+//! requests without a round trip. Module map: `connection` (framing, pipelining, writing),
+//! `handlers` (one function per request kind), `parking` (long-poll waiters).
+
+pub mod connection;
+pub mod handlers;
+pub mod parking;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures_channel::oneshot;
+use futures_lite::future;
+use glommio::channels::local_channel::LocalSender;
+use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
+use glommio::net::TcpListener;
+use shardmq_schema::FrameEncoder;
+use tracing::{info, warn};
+
+use crate::config::BrokerConfig;
+use crate::mesh::{NetworkEvent, Reply, StorageRequest};
+use crate::meta::storage_shard_of;
+use crate::store::notify::LocalNotify;
+use crate::topics::TopicTable;
+use parking::Parking;
+
+/// Why a storage shard could not be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskError {
+    /// Its request channel is full: answer SYSTEM_BUSY.
+    Busy,
+    /// It has stopped: answer SERVICE_NOT_AVAILABLE.
+    Gone,
+}
+
+/// Frames pushed to a connection by the shard (not answers to its requests).
+pub type Outbound = Vec<bytes::Bytes>;
+
+pub struct NetworkShard {
+    pub id: usize,
+    pub config: Rc<BrokerConfig>,
+    storage: Vec<ConnectedSender<StorageRequest>>,
+    topics: RefCell<Arc<TopicTable>>,
+    pub parking: Parking,
+    /// Connection id → (client id, consumer groups seen in its heartbeats, push channel).
+    connections: RefCell<HashMap<u64, ConnectionEntry>>,
+    next_connection_id: Cell<u64>,
+    round_robin: Cell<u32>,
+    /// The address clients reach (also the record's store host).
+    pub store_host: Cell<SocketAddr>,
+    pub stopping: Arc<AtomicBool>,
+    storage_ready: Cell<usize>,
+    /// Signalled on readiness and topic table changes.
+    pub changed: LocalNotify,
+    encoders: RefCell<Vec<FrameEncoder>>,
+    inflight_requests: Cell<usize>,
+    pub idle: LocalNotify,
+}
+
+pub struct ConnectionEntry {
+    pub client_id: Option<String>,
+    pub consumer_groups: Vec<String>,
+    pub push: Rc<LocalSender<Outbound>>,
+}
+
+impl NetworkShard {
+    pub fn topics(&self) -> Arc<TopicTable> {
+        self.topics.borrow().clone()
+    }
+
+    pub fn storage_shards(&self) -> usize {
+        self.storage.len()
+    }
+
+    pub fn shard_of(&self, topic: &str, queue_id: u32) -> usize {
+        storage_shard_of(topic, queue_id, self.storage.len())
+    }
+
+    /// Sends a request to storage shard `shard` and waits for its answer.
+    pub async fn ask<T>(
+        &self,
+        shard: usize,
+        make: impl FnOnce(Reply<T>) -> StorageRequest,
+    ) -> Result<T, AskError> {
+        let (reply, answer) = oneshot::channel();
+        self.storage[shard]
+            .try_send(make(reply))
+            .map_err(|e| match e {
+                glommio::GlommioError::Closed(_) => AskError::Gone,
+                _ => AskError::Busy,
+            })?;
+        answer.await.map_err(|_| AskError::Gone)
+    }
+
+    /// Sends a request that has no answer (best effort).
+    pub fn tell(&self, shard: usize, request: StorageRequest) {
+        let _ = self.storage[shard].try_send(request);
+    }
+
+    pub fn next_queue(&self, write_queues: u32) -> u32 {
+        let n = self.round_robin.get();
+        self.round_robin.set(n.wrapping_add(1));
+        n % write_queues.max(1)
+    }
+
+    /// Borrows a frame encoder from the shard's pool (one builder reused across requests).
+    pub fn with_encoder<R>(&self, f: impl FnOnce(&mut FrameEncoder) -> R) -> R {
+        let mut encoder = self
+            .encoders
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| FrameEncoder::with_max_frame_bytes(self.config.max_frame_bytes));
+        let result = f(&mut encoder);
+        self.encoders.borrow_mut().push(encoder);
+        result
+    }
+
+    pub fn register_connection(&self, push: Rc<LocalSender<Outbound>>) -> u64 {
+        let id = self.next_connection_id.get();
+        self.next_connection_id.set(id + 1);
+        self.connections.borrow_mut().insert(
+            id,
+            ConnectionEntry {
+                client_id: None,
+                consumer_groups: Vec::new(),
+                push,
+            },
+        );
+        id
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.borrow().len()
+    }
+
+    pub fn set_client(&self, connection: u64, client_id: String) {
+        if let Some(entry) = self.connections.borrow_mut().get_mut(&connection) {
+            entry.client_id = Some(client_id);
+        }
+    }
+
+    pub fn set_consumer_groups(&self, connection: u64, groups: Vec<String>) {
+        if let Some(entry) = self.connections.borrow_mut().get_mut(&connection) {
+            entry.consumer_groups = groups;
+        }
+    }
+
+    /// Forgets a closed connection; its client leaves its groups.
+    pub fn unregister_connection(&self, connection: u64) {
+        let entry = self.connections.borrow_mut().remove(&connection);
+        if let Some(ConnectionEntry {
+            client_id: Some(client_id),
+            ..
+        }) = entry
+        {
+            self.tell(0, StorageRequest::ClientGone { client_id });
+        }
+    }
+
+    pub fn request_started(&self) {
+        self.inflight_requests.set(self.inflight_requests.get() + 1);
+    }
+
+    pub fn request_finished(&self) {
+        self.inflight_requests.set(self.inflight_requests.get() - 1);
+        if self.inflight_requests.get() == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    fn on_event(&self, event: NetworkEvent) {
+        match event {
+            NetworkEvent::StorageReady { shard } => {
+                info!(
+                    network_shard = self.id,
+                    storage_shard = shard,
+                    "storage shard ready"
+                );
+                self.storage_ready.set(self.storage_ready.get() + 1);
+                self.changed.notify_all();
+            }
+            NetworkEvent::Topics(table) => {
+                *self.topics.borrow_mut() = table;
+                self.changed.notify_all();
+            }
+            NetworkEvent::Arrival { topic, queue_id } => self.parking.wake(&topic, queue_id),
+            NetworkEvent::ConsumerIdsChanged { group } => self.push_consumer_ids_changed(&group),
+        }
+    }
+
+    fn push_consumer_ids_changed(&self, group: &str) {
+        let frame =
+            self.with_encoder(|encoder| handlers::encode_consumer_ids_changed(encoder, group));
+        let Ok(frame) = frame else { return };
+        for entry in self.connections.borrow().values() {
+            if entry.consumer_groups.iter().any(|g| g == group) {
+                // A full push channel means the client is not reading: it will rebalance on its
+                // own timer.
+                let _ = entry.push.try_send(vec![frame.clone()]);
+            }
+        }
+    }
+
+    /// Tells every storage shard this network shard sends nothing more (they stop when all
+    /// network shards have said so).
+    fn close_storage_channels(&self) {
+        for sender in &self.storage {
+            sender.close();
+        }
+    }
+
+    /// Every storage shard has recovered. Storage shard 0 sends its topic table before its
+    /// readiness event on the same channel, so the table is here by then.
+    fn is_ready(&self) -> bool {
+        self.storage_ready.get() == self.storage.len()
+    }
+}
+
+/// Where a network shard listens: shard 0 binds the configured address and publishes the
+/// actual one (port 0 picks a free port); the others bind that same address.
+pub struct ListenPlan {
+    pub configured: SocketAddr,
+    pub actual: Arc<OnceLock<SocketAddr>>,
+}
+
+/// Runs network shard `id` until the broker stops. `on_listening` is called once the shard
+/// accepts connections.
+pub async fn run(
+    id: usize,
+    config: Rc<BrokerConfig>,
+    requests: Vec<SharedSender<StorageRequest>>,
+    events: Vec<SharedReceiver<NetworkEvent>>,
+    listen: ListenPlan,
+    stopping: Arc<AtomicBool>,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    // Connect every channel end at once: a peer may connect its ends in any order.
+    let request_tasks: Vec<_> = requests
+        .into_iter()
+        .map(|s| glommio::spawn_local(s.connect()))
+        .collect();
+    let event_tasks: Vec<_> = events
+        .into_iter()
+        .map(|r| glommio::spawn_local(r.connect()))
+        .collect();
+    let mut storage = Vec::with_capacity(request_tasks.len());
+    for task in request_tasks {
+        storage.push(task.await);
+    }
+    let mut event_receivers = Vec::with_capacity(event_tasks.len());
+    for task in event_tasks {
+        event_receivers.push(task.await);
+    }
+    let shard = Rc::new(NetworkShard {
+        id,
+        config: config.clone(),
+        storage,
+        topics: RefCell::new(Arc::new(TopicTable::default())),
+        parking: Parking::default(),
+        connections: RefCell::new(HashMap::new()),
+        next_connection_id: Cell::new(0),
+        round_robin: Cell::new(id as u32),
+        store_host: Cell::new(listen.configured),
+        stopping: stopping.clone(),
+        storage_ready: Cell::new(0),
+        changed: LocalNotify::default(),
+        encoders: RefCell::new(Vec::new()),
+        inflight_requests: Cell::new(0),
+        idle: LocalNotify::default(),
+    });
+    let mut event_tasks = Vec::new();
+    for receiver in event_receivers {
+        let shard = shard.clone();
+        event_tasks.push(
+            glommio::spawn_local(async move {
+                while let Some(event) = receiver.recv().await {
+                    shard.on_event(event);
+                }
+            })
+            .detach(),
+        );
+    }
+    // Serve nothing until every storage shard has recovered.
+    while !shard.is_ready() {
+        if stopping.load(Ordering::Relaxed) {
+            shard.close_storage_channels();
+            return Ok(());
+        }
+        future::or(
+            shard.changed.notified(),
+            glommio::timer::sleep(Duration::from_millis(50)),
+        )
+        .await;
+    }
+
+    let bind_addr = if id == 0 {
+        listen.configured
+    } else {
+        loop {
+            if let Some(addr) = listen.actual.get() {
+                break *addr;
+            }
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let listener = match TcpListener::bind(bind_addr) {
+        Ok(listener) => listener,
+        Err(e) => {
+            shard.close_storage_channels();
+            return Err(format!("cannot listen on {bind_addr}: {e}"));
+        }
+    };
+    let actual = listener.local_addr().map_err(|e| e.to_string())?;
+    if id == 0 {
+        let _ = listen.actual.set(actual);
+    }
+    shard.store_host.set(actual);
+    on_listening(actual);
+
+    let registration = (id == 0 && !config.namesrv.is_empty())
+        .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
+
+    accept_loop(&shard, &listener).await;
+
+    // Stopping: no new connections; let in-flight requests finish (bounded), then leave.
+    drop(listener);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while shard.inflight_requests.get() > 0 && std::time::Instant::now() < deadline {
+        future::or(
+            shard.idle.notified(),
+            glommio::timer::sleep(Duration::from_millis(20)),
+        )
+        .await;
+    }
+    if let Some(task) = registration {
+        // The registration task unregisters from the namesrvs when it sees `stopping`.
+        task.await;
+    }
+    shard.close_storage_channels();
+    for task in event_tasks {
+        task.cancel();
+    }
+    info!(network_shard = id, "network shard stopped");
+    Ok(())
+}
+
+async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {
+    loop {
+        if shard.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let accepted = future::or(async { Some(listener.accept().await) }, async {
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            None
+        })
+        .await;
+        let Some(accepted) = accepted else { continue };
+        match accepted {
+            Ok(stream) => {
+                if shard.connection_count() >= shard.config.max_connections {
+                    warn!(
+                        limit = shard.config.max_connections,
+                        "refusing a connection: max_connections reached"
+                    );
+                    drop(stream);
+                    continue;
+                }
+                let shard = shard.clone();
+                glommio::spawn_local(async move { connection::serve(shard, stream).await })
+                    .detach();
+            }
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}

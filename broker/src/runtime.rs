@@ -1,0 +1,232 @@
+//! Placing and running the shards: one glommio executor per core named in `storage_cores` or
+//! `network_cores`, pinned to it, hosting every shard assigned to that core (so a single core
+//! runs both roles on one executor), joined by a full mesh of bounded channels.
+//!
+//! Owns startup (config validation, the data directory's meta, the mesh), the placement log
+//! line, signal handling (SIGINT/SIGTERM start a graceful stop) and the exit status.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
+
+use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
+use glommio::{LocalExecutorBuilder, Placement};
+use tracing::{error, info};
+
+use crate::config::BrokerConfig;
+use crate::mesh::{NetworkEvent, StorageRequest};
+use crate::network::{self, ListenPlan};
+use crate::{meta, storage_shard};
+
+/// Capacity of each storage → network event channel.
+const EVENT_QUEUE_DEPTH: usize = 8192;
+
+/// A storage shard's ends of the mesh: its id, request receivers and event senders.
+type StorageEnds = (
+    usize,
+    Vec<SharedReceiver<StorageRequest>>,
+    Vec<SharedSender<NetworkEvent>>,
+);
+/// A network shard's ends of the mesh: its id, request senders and event receivers.
+type NetworkEnds = (
+    usize,
+    Vec<SharedSender<StorageRequest>>,
+    Vec<SharedReceiver<NetworkEvent>>,
+);
+
+/// What one core's executor hosts.
+#[derive(Default)]
+struct CoreRoles {
+    storage: Vec<StorageEnds>,
+    network: Vec<NetworkEnds>,
+}
+
+/// Runs the broker until SIGINT/SIGTERM (or until `stopping` is set), then stops gracefully.
+/// `on_listening` receives the address clients connect to, once the broker serves.
+pub fn run(
+    config: BrokerConfig,
+    stopping: Arc<AtomicBool>,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    config.validate()?;
+    let storage_count = config.storage_cores.len();
+    let network_count = config.network_cores.len();
+    meta::open_or_create(
+        &config.data_dir,
+        storage_count,
+        &config.cluster_name,
+        &config.broker_name,
+    )?;
+
+    // The mesh: requests[n][s] from network shard n to storage shard s; events[s][n] back.
+    let mut per_core: BTreeMap<usize, CoreRoles> = BTreeMap::new();
+    let mut request_receivers: Vec<Vec<SharedReceiver<StorageRequest>>> =
+        (0..storage_count).map(|_| Vec::new()).collect();
+    let mut event_senders: Vec<Vec<SharedSender<NetworkEvent>>> =
+        (0..storage_count).map(|_| Vec::new()).collect();
+    let mut network_sides = Vec::new();
+    for _ in 0..network_count {
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        for storage in 0..storage_count {
+            let (tx, rx) = shared_channel::new_bounded(config.storage_queue_depth);
+            senders.push(tx);
+            request_receivers[storage].push(rx);
+            let (event_tx, event_rx) = shared_channel::new_bounded(EVENT_QUEUE_DEPTH);
+            event_senders[storage].push(event_tx);
+            receivers.push(event_rx);
+        }
+        network_sides.push((senders, receivers));
+    }
+    for (storage, (receivers, senders)) in
+        request_receivers.into_iter().zip(event_senders).enumerate()
+    {
+        per_core
+            .entry(config.storage_cores[storage])
+            .or_default()
+            .storage
+            .push((storage, receivers, senders));
+    }
+    for (network, (senders, receivers)) in network_sides.into_iter().enumerate() {
+        per_core
+            .entry(config.network_cores[network])
+            .or_default()
+            .network
+            .push((network, senders, receivers));
+    }
+    let placement: Vec<String> = per_core
+        .iter()
+        .map(|(core, roles)| {
+            let storage: Vec<String> = roles
+                .storage
+                .iter()
+                .map(|(id, _, _)| format!("storage-{id}"))
+                .collect();
+            let network: Vec<String> = roles
+                .network
+                .iter()
+                .map(|(id, _, _)| format!("network-{id}"))
+                .collect();
+            format!("core {core}: {}", [storage, network].concat().join(" + "))
+        })
+        .collect();
+    info!(
+        placement = %placement.join("; "),
+        storage_shards = storage_count,
+        network_shards = network_count,
+        data_dir = %config.data_dir.display(),
+        flush = %config.flush,
+        "starting shardmq-broker"
+    );
+
+    let listen = Arc::new(OnceLock::new());
+    let configured_listen = config.listen_addr()?;
+    let (listening_tx, listening_rx) = mpsc::channel::<SocketAddr>();
+    let (done_tx, done_rx) = mpsc::channel::<(usize, Result<(), String>)>();
+    let shared_config = Arc::new(config);
+    let mut handles = Vec::new();
+    for (core, roles) in per_core {
+        let config = shared_config.clone();
+        let stopping = stopping.clone();
+        let listen = listen.clone();
+        let listening_tx = listening_tx.clone();
+        let done_tx = done_tx.clone();
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
+            .name(&format!("shardmq-core-{core}"))
+            .spawn(move || async move {
+                let config = Rc::new((*config).clone());
+                let mut tasks = Vec::new();
+                for (id, receivers, senders) in roles.storage {
+                    let config = config.clone();
+                    tasks.push(
+                        glommio::spawn_local(storage_shard::run(id, config, receivers, senders))
+                            .detach(),
+                    );
+                }
+                for (id, senders, receivers) in roles.network {
+                    let plan = ListenPlan {
+                        configured: configured_listen,
+                        actual: listen.clone(),
+                    };
+                    let listening_tx = listening_tx.clone();
+                    let on_listening = move |addr: SocketAddr| {
+                        if id == 0 {
+                            let _ = listening_tx.send(addr);
+                        }
+                    };
+                    tasks.push(
+                        glommio::spawn_local(network::run(
+                            id,
+                            config.clone(),
+                            senders,
+                            receivers,
+                            plan,
+                            stopping.clone(),
+                            on_listening,
+                        ))
+                        .detach(),
+                    );
+                }
+                let mut outcome = Ok(());
+                for task in tasks {
+                    if let Some(Err(e)) = task.await {
+                        error!(core, error = %e, "shard failed");
+                        stopping.store(true, Ordering::Relaxed);
+                        outcome = Err(e);
+                    }
+                }
+                let _ = done_tx.send((core, outcome));
+            })
+            .map_err(|e| format!("cannot start an executor on core {core}: {e}"))?;
+        handles.push(handle);
+    }
+    drop(listening_tx);
+    drop(done_tx);
+
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stopping.clone())
+            .map_err(|e| format!("cannot install a signal handler: {e}"))?;
+    }
+    let mut announced = false;
+    let mut on_listening = Some(on_listening);
+    let mut failure = None;
+    let mut finished = 0;
+    while finished < handles.len() {
+        if !announced {
+            if let Ok(addr) = listening_rx.try_recv() {
+                announced = true;
+                info!(%addr, "serving");
+                if let Some(callback) = on_listening.take() {
+                    callback(addr);
+                }
+            }
+        }
+        match done_rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((_, Err(e))) => {
+                failure.get_or_insert(e);
+                finished += 1;
+                stopping.store(true, Ordering::Relaxed);
+            }
+            Ok((_, Ok(()))) => finished += 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if stopping.load(Ordering::Relaxed) && !announced {
+            // Stopped before serving (a failed start): the executors end on their own.
+            announced = true;
+        }
+    }
+    for handle in handles {
+        let _ = handle.join();
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => {
+            info!("shardmq-broker stopped");
+            Ok(())
+        }
+    }
+}

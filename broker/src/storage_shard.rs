@@ -1,0 +1,536 @@
+//! A storage shard: the executor task set that owns one `MessageStore`, the consumer offsets of
+//! its queues, the long-poll watches on them, and (shard 0 only) the topic table and client
+//! membership.
+//!
+//! Requests arrive from every network shard over bounded glommio channels; each is served on
+//! its own local task, so a sync append waiting for its flush never holds up a pull. It opens
+//! no sockets; it answers through the one-shot reply in each request and pushes events
+//! (arrivals, topic snapshots, membership changes) back to the network shards.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glommio::channels::shared_channel::{
+    ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
+};
+use tracing::{error, info, warn};
+
+use crate::config::BrokerConfig;
+use crate::groups::ClientRegistry;
+use crate::mesh::{NetworkEvent, QueueStat, StorageRequest};
+use crate::offsets::{ConsumerOffsets, LoadOutcome, OFFSETS_FILE};
+use crate::store::atomic_file::write_atomically_async;
+use crate::store::record::RecordView;
+use crate::store::{GetStatus, MessageStore, TagFilter};
+use crate::topics::{TopicTable, TOPICS_FILE};
+
+/// State only storage shard 0 has.
+struct Control {
+    data_dir: PathBuf,
+    topics: RefCell<TopicTable>,
+    clients: RefCell<ClientRegistry>,
+}
+
+struct StorageShard {
+    id: usize,
+    config: Rc<BrokerConfig>,
+    store: MessageStore,
+    offsets: RefCell<ConsumerOffsets>,
+    /// topic → queue → bitmask of network shards waiting for an arrival.
+    watches: RefCell<HashMap<String, HashMap<u32, u64>>>,
+    events: Vec<ConnectedSender<NetworkEvent>>,
+    control: Option<Control>,
+    stopping: RefCell<bool>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Runs storage shard `id` until every network shard has closed its request channel, then
+/// flushes and persists everything. Returns an error only when the shard cannot start.
+pub async fn run(
+    id: usize,
+    config: Rc<BrokerConfig>,
+    requests: Vec<SharedReceiver<StorageRequest>>,
+    events: Vec<SharedSender<NetworkEvent>>,
+) -> Result<(), String> {
+    // Connect every channel end at once: a peer may connect its ends in any order.
+    let event_tasks: Vec<_> = events
+        .into_iter()
+        .map(|s| glommio::spawn_local(s.connect()))
+        .collect();
+    let request_tasks: Vec<_> = requests
+        .into_iter()
+        .map(|r| glommio::spawn_local(r.connect()))
+        .collect();
+    let mut connected_events = Vec::with_capacity(event_tasks.len());
+    for task in event_tasks {
+        connected_events.push(task.await);
+    }
+    let mut connected_requests: Vec<ConnectedReceiver<StorageRequest>> = Vec::new();
+    for task in request_tasks {
+        connected_requests.push(task.await);
+    }
+
+    let store_config = config.store_config(id);
+    let shard_dir = store_config.shard_dir.clone();
+    let (store, report) = MessageStore::open(store_config).await.map_err(|e| {
+        format!(
+            "storage shard {id}: cannot open the store in {}: {e}",
+            shard_dir.display()
+        )
+    })?;
+    info!(
+        shard = id,
+        end_offset = report.commitlog.end_offset,
+        records_scanned = report.commitlog.records_scanned,
+        records_redispatched = report.records_redispatched,
+        rebuilt_derived = report.rebuilt_derived,
+        "storage shard recovered"
+    );
+    if let Some((offset, why)) = &report.commitlog.truncated_at {
+        warn!(shard = id, offset, why = %why, discarded_bytes = report.commitlog.discarded_bytes, "recovery cut the CommitLog");
+    }
+    if let Some(problem) = &report.checkpoint_problem {
+        warn!(shard = id, %problem, "checkpoint was unusable; derived files were rebuilt");
+    }
+    let (offsets, outcome) = ConsumerOffsets::load(&shard_dir)
+        .map_err(|e| format!("storage shard {id}: cannot read offsets: {e}"))?;
+    if let LoadOutcome::MovedAside(path, why) = &outcome {
+        warn!(shard = id, moved_to = %path.display(), %why, "consumer offsets file was damaged; consumers resume from their start point");
+    }
+
+    let control = if id == 0 {
+        let topics = TopicTable::load(&config.data_dir)?;
+        Some(Control {
+            data_dir: config.data_dir.clone(),
+            topics: RefCell::new(topics),
+            clients: RefCell::new(ClientRegistry::default()),
+        })
+    } else {
+        None
+    };
+
+    let shard = Rc::new(StorageShard {
+        id,
+        config,
+        store,
+        offsets: RefCell::new(offsets),
+        watches: RefCell::new(HashMap::new()),
+        events: connected_events,
+        control,
+        stopping: RefCell::new(false),
+    });
+    if shard.control.is_some() {
+        shard.broadcast_topics();
+    }
+    shard.broadcast(|| NetworkEvent::StorageReady { shard: id });
+
+    let persist_task = glommio::spawn_local(persist_offsets_loop(shard.clone())).detach();
+    let expiry_task = shard
+        .control
+        .as_ref()
+        .map(|_| glommio::spawn_local(expire_clients_loop(shard.clone())).detach());
+
+    let loops: Vec<_> = connected_requests
+        .into_iter()
+        .map(|receiver| {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                while let Some(request) = receiver.recv().await {
+                    let shard = shard.clone();
+                    glommio::spawn_local(async move { shard.handle(request).await }).detach();
+                }
+            })
+            .detach()
+        })
+        .collect();
+    for task in loops {
+        task.await;
+    }
+
+    // Every network shard has gone: persist and close.
+    *shard.stopping.borrow_mut() = true;
+    if let Some(task) = expiry_task {
+        task.cancel();
+    }
+    persist_task.cancel();
+    shard.persist_offsets().await;
+    if let Err(e) = shard.store.close().await {
+        error!(shard = id, error = %e, "closing the store failed");
+    }
+    info!(shard = id, "storage shard stopped");
+    Ok(())
+}
+
+impl StorageShard {
+    fn broadcast(&self, make: impl Fn() -> NetworkEvent) {
+        for sender in &self.events {
+            if sender.try_send(make()).is_err() {
+                warn!(
+                    shard = self.id,
+                    "network shard event channel full or closed; event dropped"
+                );
+            }
+        }
+    }
+
+    fn broadcast_topics(&self) {
+        if let Some(control) = &self.control {
+            let snapshot = Arc::new(control.topics.borrow().clone());
+            self.broadcast(|| NetworkEvent::Topics(snapshot.clone()));
+        }
+    }
+
+    fn notify_arrival(&self, topic: &str, queue_id: u32) {
+        let mask = {
+            let mut watches = self.watches.borrow_mut();
+            let Some(queues) = watches.get_mut(topic) else {
+                return;
+            };
+            let mask = queues.remove(&queue_id);
+            if queues.is_empty() {
+                watches.remove(topic);
+            }
+            mask
+        };
+        let Some(mask) = mask else { return };
+        for (network_shard, sender) in self.events.iter().enumerate() {
+            if mask & (1 << network_shard) != 0 {
+                // A dropped arrival only delays a parked pull until its timeout.
+                let _ = sender.try_send(NetworkEvent::Arrival {
+                    topic: topic.to_owned(),
+                    queue_id,
+                });
+            }
+        }
+    }
+
+    fn watch(&self, topic: &str, queue_id: u32, network_shard: usize) {
+        let mut watches = self.watches.borrow_mut();
+        *watches
+            .entry(topic.to_owned())
+            .or_default()
+            .entry(queue_id)
+            .or_default() |= 1 << network_shard;
+    }
+
+    async fn handle(&self, request: StorageRequest) {
+        match request {
+            StorageRequest::Append { batch, reply } => {
+                let target = batch_queue(&batch);
+                let result = self.store.append(batch).await;
+                if let (Ok(_), Some((topic, queue_id))) = (&result, target) {
+                    self.notify_arrival(&topic, queue_id);
+                }
+                let _ = reply.send(result);
+            }
+            StorageRequest::Pull {
+                query,
+                watch_for,
+                reply,
+            } => {
+                let result = self
+                    .store
+                    .get_messages(
+                        &query.topic,
+                        query.queue_id,
+                        query.offset,
+                        query.max_messages,
+                        query.max_bytes,
+                        &query.filter,
+                    )
+                    .await;
+                if let (Ok(got), Some(network_shard)) = (&result, watch_for) {
+                    let is_at_end = matches!(got.status, GetStatus::NoNewMessage)
+                        || (got.status == GetStatus::NoMatchedQueue && query.offset == 0);
+                    if is_at_end {
+                        self.watch(&query.topic, query.queue_id, network_shard);
+                    }
+                }
+                let _ = reply.send(result);
+            }
+            StorageRequest::QueueOffsets {
+                topic,
+                queue_id,
+                reply,
+            } => {
+                let _ = reply.send(self.store.queue_offsets(&topic, queue_id));
+            }
+            StorageRequest::QueueStats {
+                topic,
+                queue_ids,
+                reply,
+            } => {
+                let mut stats = Vec::with_capacity(queue_ids.len());
+                for queue_id in queue_ids {
+                    let (min_offset, max_offset) =
+                        self.store.queue_offsets(&topic, queue_id).unwrap_or((0, 0));
+                    let last_update_ms = if max_offset > min_offset {
+                        self.last_store_time(&topic, queue_id, max_offset - 1).await
+                    } else {
+                        0
+                    };
+                    stats.push(QueueStat {
+                        queue_id,
+                        min_offset,
+                        max_offset,
+                        last_update_ms,
+                    });
+                }
+                let _ = reply.send(stats);
+            }
+            StorageRequest::OffsetByTime {
+                topic,
+                queue_id,
+                timestamp_ms,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.store
+                        .offset_by_time(&topic, queue_id, timestamp_ms)
+                        .await,
+                );
+            }
+            StorageRequest::QueryConsumerOffset {
+                group,
+                topic,
+                queue_id,
+                reply,
+            } => {
+                let _ = reply.send(self.offsets.borrow().get(&group, &topic, queue_id));
+            }
+            StorageRequest::CommitConsumerOffset {
+                group,
+                topic,
+                queue_id,
+                offset,
+                reply,
+            } => {
+                self.offsets
+                    .borrow_mut()
+                    .commit(&group, &topic, queue_id, offset);
+                let _ = reply.send(());
+            }
+            StorageRequest::QueryByKey {
+                topic,
+                key,
+                begin_ms,
+                end_ms,
+                max_results,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.store
+                        .query_by_key(&topic, &key, begin_ms, end_ms, max_results)
+                        .await,
+                );
+            }
+            StorageRequest::QueryByUniqueId {
+                unique_id,
+                begin_ms,
+                end_ms,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.store
+                        .query_by_unique_id(&unique_id, begin_ms, end_ms, 32)
+                        .await,
+                );
+            }
+            StorageRequest::ReadAt {
+                physical_offset,
+                reply,
+            } => {
+                let _ = reply.send(self.store.read_record_at(physical_offset).await);
+            }
+            StorageRequest::UpsertTopic {
+                config,
+                is_create_only,
+                reply,
+            } => {
+                let result = match &self.control {
+                    Some(control) => {
+                        let result = control.topics.borrow_mut().upsert(config, is_create_only);
+                        if result.is_ok() {
+                            self.persist_topics().await;
+                            self.broadcast_topics();
+                        }
+                        result
+                    }
+                    None => Err(crate::topics::UpsertError::Invalid(
+                        "topic requests go to storage shard 0".into(),
+                    )),
+                };
+                let _ = reply.send(result);
+            }
+            StorageRequest::DeleteTopic { topic, reply } => {
+                let removed = self
+                    .control
+                    .as_ref()
+                    .is_some_and(|control| control.topics.borrow_mut().delete(&topic));
+                if removed {
+                    self.persist_topics().await;
+                    self.broadcast_topics();
+                }
+                let _ = reply.send(removed);
+            }
+            StorageRequest::Heartbeat {
+                client_id,
+                producer_groups,
+                consumer_groups,
+                reply,
+            } => {
+                if let Some(control) = &self.control {
+                    let needs_topics = self.ensure_retry_topics(control, consumer_groups.keys());
+                    let changed = control.clients.borrow_mut().heartbeat(
+                        &client_id,
+                        now_ms(),
+                        producer_groups,
+                        consumer_groups,
+                    );
+                    if needs_topics {
+                        self.persist_topics().await;
+                        self.broadcast_topics();
+                    }
+                    self.announce_changes(changed);
+                }
+                let _ = reply.send(());
+            }
+            StorageRequest::UnregisterClient {
+                client_id,
+                producer_group,
+                consumer_group,
+                reply,
+            } => {
+                if let Some(control) = &self.control {
+                    let changed = control.clients.borrow_mut().unregister(
+                        &client_id,
+                        producer_group.as_deref(),
+                        consumer_group.as_deref(),
+                    );
+                    self.announce_changes(changed);
+                }
+                let _ = reply.send(());
+            }
+            StorageRequest::ClientGone { client_id } => {
+                if let Some(control) = &self.control {
+                    let changed = control.clients.borrow_mut().remove_client(&client_id);
+                    self.announce_changes(changed);
+                }
+            }
+            StorageRequest::ConsumerList { group, reply } => {
+                let members = self
+                    .control
+                    .as_ref()
+                    .map(|c| c.clients.borrow().consumers_of(&group))
+                    .unwrap_or_default();
+                let _ = reply.send(members);
+            }
+        }
+    }
+
+    /// Every consumer group gets its retry topic (`%RETRY%<group>`, one queue), as in RocketMQ.
+    fn ensure_retry_topics<'a>(
+        &self,
+        control: &Control,
+        groups: impl Iterator<Item = &'a String>,
+    ) -> bool {
+        let mut topics = control.topics.borrow_mut();
+        let mut changed = false;
+        for group in groups {
+            changed |= topics
+                .ensure_system_topic(&format!("{}{group}", crate::naming::RETRY_TOPIC_PREFIX), 1);
+        }
+        changed
+    }
+
+    fn announce_changes(&self, groups: Vec<String>) {
+        for group in groups {
+            self.broadcast(|| NetworkEvent::ConsumerIdsChanged {
+                group: group.clone(),
+            });
+        }
+    }
+
+    async fn last_store_time(&self, topic: &str, queue_id: u32, offset: u64) -> i64 {
+        match self
+            .store
+            .get_messages(topic, queue_id, offset, 1, 1, &TagFilter::All)
+            .await
+        {
+            Ok(result) => result
+                .records
+                .first()
+                .and_then(|r| {
+                    RecordView::parse_unchecked(r)
+                        .ok()
+                        .map(|v| v.store_timestamp_ms())
+                })
+                .unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    async fn persist_topics(&self) {
+        let Some(control) = &self.control else { return };
+        let bytes = control.topics.borrow().to_json();
+        if let Err(e) = write_atomically_async(control.data_dir.join(TOPICS_FILE), bytes).await {
+            error!(error = %e, "cannot persist the topic table");
+        }
+    }
+
+    async fn persist_offsets(&self) {
+        if !self.offsets.borrow().is_dirty() {
+            return;
+        }
+        let bytes = self.offsets.borrow_mut().snapshot();
+        let path = self
+            .config
+            .store_config(self.id)
+            .shard_dir
+            .join(OFFSETS_FILE);
+        if let Err(e) = write_atomically_async(path, bytes).await {
+            error!(shard = self.id, error = %e, "cannot persist consumer offsets");
+        }
+    }
+}
+
+/// (topic, queue) of a batch: all its records share them (one send = one queue).
+fn batch_queue(batch: &crate::store::EncodedBatch) -> Option<(String, u32)> {
+    let first = batch.records.first()?;
+    let view = RecordView::parse_unchecked(batch.bytes.get(..first.len as usize)?).ok()?;
+    Some((view.topic().to_owned(), view.queue_id()))
+}
+
+async fn persist_offsets_loop(shard: Rc<StorageShard>) {
+    let interval = Duration::from_millis(shard.config.offsets_persist_interval_ms.max(10));
+    loop {
+        glommio::timer::sleep(interval).await;
+        if *shard.stopping.borrow() {
+            return;
+        }
+        shard.persist_offsets().await;
+    }
+}
+
+async fn expire_clients_loop(shard: Rc<StorageShard>) {
+    let timeout = shard.config.client_timeout_ms as i64;
+    let interval = Duration::from_millis((shard.config.client_timeout_ms / 4).clamp(50, 10_000));
+    loop {
+        glommio::timer::sleep(interval).await;
+        let Some(control) = &shard.control else {
+            return;
+        };
+        let changed = control.clients.borrow_mut().expire(now_ms(), timeout);
+        shard.announce_changes(changed);
+    }
+}
