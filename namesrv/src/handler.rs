@@ -24,8 +24,8 @@ use shardmq_schema::{
 use tracing::{debug, error, info, warn};
 
 use crate::registry::{
-    validate_topic_name, BrokerRegistration, RegisterOutcome, RegistryError, RouteTable,
-    TopicQueues, TopicRoute,
+    validate_topic_name, BrokerRegistration, ClusterSummary, RegisterOutcome, RegistryError,
+    RouteBroker, RouteTable, TopicQueues, TopicRoute,
 };
 
 /// The program name a namesrv announces in `HandshakeResponse.server.name`.
@@ -97,6 +97,8 @@ enum Reply {
     Route(TopicRoute),
     /// A `TopicListResponse`.
     TopicList(Vec<String>),
+    /// A `ClusterInfoResponse`.
+    Clusters(Vec<ClusterSummary>),
     /// A failure: status and message, no body.
     Error(wire::Status, String),
 }
@@ -229,6 +231,7 @@ impl RequestHandler {
                 || missing_body(body_type),
                 |request| self.topic_list(&request),
             ),
+            wire::Body::ClusterInfoRequest => Reply::Clusters(self.lock_registry().clusters()),
             wire::Body::NONE => Reply::Error(
                 wire::Status::INVALID_ARGUMENT,
                 "request has no body".to_owned(),
@@ -436,6 +439,36 @@ impl RequestHandler {
                     Some(response.as_union_value()),
                 )
             }),
+            Reply::Clusters(clusters) => encoder.encode_into(out, |builder| {
+                let clusters: Vec<_> = clusters
+                    .iter()
+                    .map(|cluster| {
+                        let brokers = build_broker_datas(builder, &cluster.brokers);
+                        let brokers = builder.create_vector(&brokers);
+                        let name = builder.create_string(&cluster.cluster_name);
+                        wire::ClusterData::create(
+                            builder,
+                            &wire::ClusterDataArgs {
+                                cluster_name: Some(name),
+                                brokers: Some(brokers),
+                            },
+                        )
+                    })
+                    .collect();
+                let clusters = builder.create_vector(&clusters);
+                let response = wire::ClusterInfoResponse::create(
+                    builder,
+                    &wire::ClusterInfoResponseArgs {
+                        clusters: Some(clusters),
+                    },
+                );
+                build_frame(
+                    builder,
+                    &FrameHeader::response(request_id, wire::Status::OK),
+                    wire::Body::ClusterInfoResponse,
+                    Some(response.as_union_value()),
+                )
+            }),
             Reply::Error(status, message) => {
                 encoder.encode_error_response_into(out, request_id, *status, message)
             }
@@ -538,12 +571,11 @@ fn registration_from_wire(
     })
 }
 
-fn build_route_response<'b>(
+fn build_broker_datas<'b>(
     builder: &mut flatbuffers::FlatBufferBuilder<'b>,
-    route: &TopicRoute,
-) -> flatbuffers::WIPOffset<wire::RouteResponse<'b>> {
-    let brokers: Vec<_> = route
-        .brokers
+    brokers: &[RouteBroker],
+) -> Vec<flatbuffers::WIPOffset<wire::BrokerData<'b>>> {
+    brokers
         .iter()
         .map(|broker| {
             let addresses: Vec<_> = broker
@@ -572,7 +604,14 @@ fn build_route_response<'b>(
                 },
             )
         })
-        .collect();
+        .collect()
+}
+
+fn build_route_response<'b>(
+    builder: &mut flatbuffers::FlatBufferBuilder<'b>,
+    route: &TopicRoute,
+) -> flatbuffers::WIPOffset<wire::RouteResponse<'b>> {
+    let brokers = build_broker_datas(builder, &route.brokers);
     let brokers = builder.create_vector(&brokers);
     let queues: Vec<_> = route
         .queues

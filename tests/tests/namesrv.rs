@@ -866,3 +866,47 @@ fn sigterm_stops_the_server_gracefully() {
         .iter()
         .any(|line| line.contains("SIGTERM")));
 }
+
+#[test]
+fn cluster_info_lists_clusters_and_their_brokers() {
+    let namesrv = NamesrvProcess::start();
+    let mut client = namesrv.client();
+    let topics = [("Orders", 4, 4, 6)];
+    register_ok(&mut client, &Broker::master("broker-b", "127.0.0.1:10921", &topics));
+    register_ok(&mut client, &Broker::master("broker-a", "127.0.0.1:10911", &topics));
+    let answer = client
+        .request(|builder| {
+            let request = wire::ClusterInfoRequest::create(builder, &Default::default());
+            (wire::Body::ClusterInfoRequest, request.as_union_value())
+        })
+        .expect("cluster info");
+    let info = answer.frame().body_as_cluster_info_response().expect("a ClusterInfoResponse");
+    let clusters: Vec<(String, Vec<(String, String)>)> = info
+        .clusters()
+        .unwrap()
+        .iter()
+        .map(|cluster| {
+            let brokers = cluster
+                .brokers()
+                .unwrap()
+                .iter()
+                .map(|b| {
+                    let address = b.addresses().unwrap().get(0).address().unwrap().to_owned();
+                    (b.broker_name().unwrap().to_owned(), address)
+                })
+                .collect();
+            (cluster.cluster_name().unwrap().to_owned(), brokers)
+        })
+        .collect();
+    assert_eq!(
+        clusters,
+        vec![(
+            owned("DefaultCluster"),
+            vec![
+                (owned("broker-a"), owned("127.0.0.1:10911")),
+                (owned("broker-b"), owned("127.0.0.1:10921"))
+            ]
+        )],
+        "clusters sorted by name, brokers by broker name"
+    );
+}

@@ -501,10 +501,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 33;
+pub const ENUM_MAX_BODY: u8 = 35;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 34] = [
+pub const ENUM_VALUES_BODY: [Body; 36] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -539,6 +539,8 @@ pub const ENUM_VALUES_BODY: [Body; 34] = [
   Body::QueryByIdRequest,
   Body::QueryResponse,
   Body::ConsumerIdsChangedNotice,
+  Body::ClusterInfoRequest,
+  Body::ClusterInfoResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -583,9 +585,11 @@ impl Body {
   pub const QueryByIdRequest: Self = Self(31);
   pub const QueryResponse: Self = Self(32);
   pub const ConsumerIdsChangedNotice: Self = Self(33);
+  pub const ClusterInfoRequest: Self = Self(34);
+  pub const ClusterInfoResponse: Self = Self(35);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 33;
+  pub const ENUM_MAX: u8 = 35;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -621,6 +625,8 @@ impl Body {
     Self::QueryByIdRequest,
     Self::QueryResponse,
     Self::ConsumerIdsChangedNotice,
+    Self::ClusterInfoRequest,
+    Self::ClusterInfoResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -659,6 +665,8 @@ impl Body {
       Self::QueryByIdRequest => Some("QueryByIdRequest"),
       Self::QueryResponse => Some("QueryResponse"),
       Self::ConsumerIdsChangedNotice => Some("ConsumerIdsChangedNotice"),
+      Self::ClusterInfoRequest => Some("ClusterInfoRequest"),
+      Self::ClusterInfoResponse => Some("ClusterInfoResponse"),
       _ => None,
     }
   }
@@ -753,6 +761,8 @@ pub enum BodyT {
   QueryByIdRequest(alloc::boxed::Box<QueryByIdRequestT>),
   QueryResponse(alloc::boxed::Box<QueryResponseT>),
   ConsumerIdsChangedNotice(alloc::boxed::Box<ConsumerIdsChangedNoticeT>),
+  ClusterInfoRequest(alloc::boxed::Box<ClusterInfoRequestT>),
+  ClusterInfoResponse(alloc::boxed::Box<ClusterInfoResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -796,6 +806,8 @@ impl BodyT {
       Self::QueryByIdRequest(_) => Body::QueryByIdRequest,
       Self::QueryResponse(_) => Body::QueryResponse,
       Self::ConsumerIdsChangedNotice(_) => Body::ConsumerIdsChangedNotice,
+      Self::ClusterInfoRequest(_) => Body::ClusterInfoRequest,
+      Self::ClusterInfoResponse(_) => Body::ClusterInfoResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -834,6 +846,8 @@ impl BodyT {
       Self::QueryByIdRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::QueryResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ConsumerIdsChangedNotice(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ClusterInfoRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ClusterInfoResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -1528,6 +1542,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ConsumerIdsChangedNoticeT.
   pub fn as_consumer_ids_changed_notice_mut(&mut self) -> Option<&mut ConsumerIdsChangedNoticeT> {
     if let Self::ConsumerIdsChangedNotice(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ClusterInfoRequestT, setting the union to NONE.
+  pub fn take_cluster_info_request(&mut self) -> Option<alloc::boxed::Box<ClusterInfoRequestT>> {
+    if let Self::ClusterInfoRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ClusterInfoRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ClusterInfoRequestT.
+  pub fn as_cluster_info_request(&self) -> Option<&ClusterInfoRequestT> {
+    if let Self::ClusterInfoRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ClusterInfoRequestT.
+  pub fn as_cluster_info_request_mut(&mut self) -> Option<&mut ClusterInfoRequestT> {
+    if let Self::ClusterInfoRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ClusterInfoResponseT, setting the union to NONE.
+  pub fn take_cluster_info_response(&mut self) -> Option<alloc::boxed::Box<ClusterInfoResponseT>> {
+    if let Self::ClusterInfoResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ClusterInfoResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ClusterInfoResponseT.
+  pub fn as_cluster_info_response(&self) -> Option<&ClusterInfoResponseT> {
+    if let Self::ClusterInfoResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ClusterInfoResponseT.
+  pub fn as_cluster_info_response_mut(&mut self) -> Option<&mut ClusterInfoResponseT> {
+    if let Self::ClusterInfoResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 pub enum KeyValueOffset {}
@@ -5865,6 +5921,395 @@ impl TopicListResponseT {
     })
   }
 }
+pub enum ClusterInfoRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Ask the namesrv for every cluster and its broker names (RocketMQ's GET_BROKER_CLUSTER_INFO).
+pub struct ClusterInfoRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ClusterInfoRequest<'a> {
+  type Inner = ClusterInfoRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ClusterInfoRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ClusterInfoRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args ClusterInfoRequestArgs
+  ) -> ::flatbuffers::WIPOffset<ClusterInfoRequest<'bldr>> {
+    let mut builder = ClusterInfoRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ClusterInfoRequestT {
+    ClusterInfoRequestT {
+    }
+  }
+}
+
+impl ::flatbuffers::Verifiable for ClusterInfoRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ClusterInfoRequestArgs {
+}
+impl<'a> Default for ClusterInfoRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    ClusterInfoRequestArgs {
+    }
+  }
+}
+
+pub struct ClusterInfoRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ClusterInfoRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ClusterInfoRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ClusterInfoRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ClusterInfoRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ClusterInfoRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ClusterInfoRequest");
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterInfoRequestT {
+}
+impl Default for ClusterInfoRequestT {
+  fn default() -> Self {
+    Self {
+    }
+  }
+}
+impl ClusterInfoRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ClusterInfoRequest<'b>> {
+    ClusterInfoRequest::create(_fbb, &ClusterInfoRequestArgs{
+    })
+  }
+}
+pub enum ClusterDataOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One cluster and its broker names with their live instances.
+pub struct ClusterData<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ClusterData<'a> {
+  type Inner = ClusterData<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ClusterData<'a> {
+  pub const VT_CLUSTER_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKERS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ClusterData { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ClusterDataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ClusterData<'bldr>> {
+    let mut builder = ClusterDataBuilder::new(_fbb);
+    if let Some(x) = args.brokers { builder.add_brokers(x); }
+    if let Some(x) = args.cluster_name { builder.add_cluster_name(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ClusterDataT {
+    let cluster_name = self.cluster_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let brokers = self.brokers().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    ClusterDataT {
+      cluster_name,
+      brokers,
+    }
+  }
+
+  #[inline]
+  pub fn cluster_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ClusterData::VT_CLUSTER_NAME, None)}
+  }
+  #[inline]
+  pub fn brokers(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BrokerData<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BrokerData>>>>(ClusterData::VT_BROKERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ClusterData<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_name", Self::VT_CLUSTER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BrokerData>>>>("brokers", Self::VT_BROKERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ClusterDataArgs<'a> {
+    pub cluster_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub brokers: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BrokerData<'a>>>>>,
+}
+impl<'a> Default for ClusterDataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ClusterDataArgs {
+      cluster_name: None,
+      brokers: None,
+    }
+  }
+}
+
+pub struct ClusterDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ClusterDataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cluster_name(&mut self, cluster_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ClusterData::VT_CLUSTER_NAME, cluster_name);
+  }
+  #[inline]
+  pub fn add_brokers(&mut self, brokers: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<BrokerData<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ClusterData::VT_BROKERS, brokers);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ClusterDataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ClusterDataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ClusterData<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ClusterData<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ClusterData");
+      ds.field("cluster_name", &self.cluster_name());
+      ds.field("brokers", &self.brokers());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterDataT {
+  pub cluster_name: Option<alloc::string::String>,
+  pub brokers: Option<alloc::vec::Vec<BrokerDataT>>,
+}
+impl Default for ClusterDataT {
+  fn default() -> Self {
+    Self {
+      cluster_name: None,
+      brokers: None,
+    }
+  }
+}
+impl ClusterDataT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ClusterData<'b>> {
+    let cluster_name = self.cluster_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let brokers = self.brokers.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    ClusterData::create(_fbb, &ClusterDataArgs{
+      cluster_name,
+      brokers,
+    })
+  }
+}
+pub enum ClusterInfoResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to ClusterInfoRequest: clusters sorted by name, brokers sorted by broker name.
+pub struct ClusterInfoResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ClusterInfoResponse<'a> {
+  type Inner = ClusterInfoResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ClusterInfoResponse<'a> {
+  pub const VT_CLUSTERS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ClusterInfoResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ClusterInfoResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ClusterInfoResponse<'bldr>> {
+    let mut builder = ClusterInfoResponseBuilder::new(_fbb);
+    if let Some(x) = args.clusters { builder.add_clusters(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ClusterInfoResponseT {
+    let clusters = self.clusters().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    ClusterInfoResponseT {
+      clusters,
+    }
+  }
+
+  #[inline]
+  pub fn clusters(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ClusterData<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ClusterData>>>>(ClusterInfoResponse::VT_CLUSTERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ClusterInfoResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ClusterData>>>>("clusters", Self::VT_CLUSTERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ClusterInfoResponseArgs<'a> {
+    pub clusters: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ClusterData<'a>>>>>,
+}
+impl<'a> Default for ClusterInfoResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ClusterInfoResponseArgs {
+      clusters: None,
+    }
+  }
+}
+
+pub struct ClusterInfoResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ClusterInfoResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_clusters(&mut self, clusters: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ClusterData<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ClusterInfoResponse::VT_CLUSTERS, clusters);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ClusterInfoResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ClusterInfoResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ClusterInfoResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ClusterInfoResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ClusterInfoResponse");
+      ds.field("clusters", &self.clusters());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterInfoResponseT {
+  pub clusters: Option<alloc::vec::Vec<ClusterDataT>>,
+}
+impl Default for ClusterInfoResponseT {
+  fn default() -> Self {
+    Self {
+      clusters: None,
+    }
+  }
+}
+impl ClusterInfoResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ClusterInfoResponse<'b>> {
+    let clusters = self.clusters.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    ClusterInfoResponse::create(_fbb, &ClusterInfoResponseArgs{
+      clusters,
+    })
+  }
+}
 pub enum QueryConsumerOffsetRequestOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -9789,6 +10234,16 @@ impl<'a> Frame<'a> {
             .expect("Invalid union table, expected `Body::ConsumerIdsChangedNotice`.")
             .unpack()
       )),
+      Body::ClusterInfoRequest => BodyT::ClusterInfoRequest(alloc::boxed::Box::new(
+        self.body_as_cluster_info_request()
+            .expect("Invalid union table, expected `Body::ClusterInfoRequest`.")
+            .unpack()
+      )),
+      Body::ClusterInfoResponse => BodyT::ClusterInfoResponse(alloc::boxed::Box::new(
+        self.body_as_cluster_info_response()
+            .expect("Invalid union table, expected `Body::ClusterInfoResponse`.")
+            .unpack()
+      )),
       _ => BodyT::NONE,
     };
     FrameT {
@@ -10342,6 +10797,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_cluster_info_request(&self) -> Option<ClusterInfoRequest<'a>> {
+    if self.body_type() == Body::ClusterInfoRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ClusterInfoRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_cluster_info_response(&self) -> Option<ClusterInfoResponse<'a>> {
+    if self.body_type() == Body::ClusterInfoResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ClusterInfoResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -10389,6 +10874,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::QueryByIdRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryByIdRequest>>("Body::QueryByIdRequest", pos),
           Body::QueryResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<QueryResponse>>("Body::QueryResponse", pos),
           Body::ConsumerIdsChangedNotice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerIdsChangedNotice>>("Body::ConsumerIdsChangedNotice", pos),
+          Body::ClusterInfoRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ClusterInfoRequest>>("Body::ClusterInfoRequest", pos),
+          Body::ClusterInfoResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ClusterInfoResponse>>("Body::ClusterInfoResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -10697,6 +11184,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ConsumerIdsChangedNotice => {
           if let Some(x) = self.body_as_consumer_ids_changed_notice() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ClusterInfoRequest => {
+          if let Some(x) = self.body_as_cluster_info_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ClusterInfoResponse => {
+          if let Some(x) = self.body_as_cluster_info_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
