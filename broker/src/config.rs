@@ -196,3 +196,46 @@ impl BrokerConfig {
         config
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_keys_are_read_and_unknown_keys_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.toml");
+        std::fs::write(
+            &path,
+            "broker_name = \"broker-x\"\nflush = \"sync\"\nsegment_bytes = 67108864\nstorage_cores = [0]\nnetwork_cores = [0]\n",
+        )
+        .unwrap();
+        let config = BrokerConfig::from_file(&path).unwrap();
+        assert_eq!(config.broker_name, "broker-x");
+        assert_eq!(config.flush_mode(), FlushMode::Sync);
+        assert_eq!(config.segment_bytes, 64 << 20);
+        assert_eq!(config.max_message_bytes, 4 << 20, "unset keys keep their defaults");
+        config.validate().unwrap();
+
+        std::fs::write(&path, "segmnet_bytes = 1\n").unwrap();
+        let err = BrokerConfig::from_file(&path).unwrap_err();
+        assert!(err.contains("segmnet_bytes"), "a typo is named: {err}");
+    }
+
+    #[test]
+    fn validation_names_the_key_and_limit() {
+        let mut config = BrokerConfig {
+            storage_cores: vec![0],
+            network_cores: vec![0],
+            ..BrokerConfig::default()
+        };
+        config.flush = "sometimes".into();
+        assert!(config.validate().unwrap_err().contains("sync"));
+        config.flush = "async".into();
+        config.segment_bytes = 1 << 20;
+        assert!(config.validate().unwrap_err().contains("segment_bytes"));
+        config.segment_bytes = 1 << 30;
+        config.storage_cores = vec![4096];
+        assert!(config.validate().unwrap_err().contains("core 4096"));
+    }
+}

@@ -103,6 +103,45 @@ struct ServeArgs {
     /// Log format: `text` or `json`. [default: text]
     #[arg(long)]
     log_format: Option<String>,
+    /// Broker id: 0 for a master. [default: 0]
+    #[arg(long)]
+    broker_id: Option<i64>,
+    /// Entries per ConsumeQueue file. [default: 300000]
+    #[arg(long)]
+    consume_queue_entries_per_file: Option<u64>,
+    /// Disk use (0..1) above which the oldest segments are deleted early. [default: 0.75]
+    #[arg(long)]
+    disk_max_used_ratio: Option<f64>,
+    /// Disk use (0..1) at which sends are refused with DISK_FULL. [default: 0.95]
+    #[arg(long)]
+    disk_refuse_ratio: Option<f64>,
+    /// Queues of an auto-created topic. [default: 8]
+    #[arg(long)]
+    default_topic_queues: Option<u32>,
+    /// Most messages in one send. [default: 1024]
+    #[arg(long)]
+    max_batch_messages: Option<usize>,
+    /// Most requests running at once on one connection. [default: 256]
+    #[arg(long)]
+    max_inflight_per_connection: Option<usize>,
+    /// Most open client connections per network shard. [default: 10000]
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Most pulls parked (long polling) per network shard. [default: 10000]
+    #[arg(long)]
+    max_parked_pulls: Option<usize>,
+    /// Longest a pull is held, whatever the client asks, in ms. [default: 30000]
+    #[arg(long)]
+    max_suspend_timeout_ms: Option<u64>,
+    /// Most messages one pull returns. [default: 1024]
+    #[arg(long)]
+    max_pull_messages: Option<u32>,
+    /// Most record bytes one pull returns. [default: 8388608]
+    #[arg(long)]
+    max_pull_bytes: Option<u64>,
+    /// Requests a storage shard may have queued from one network shard before SYSTEM_BUSY. [default: 4096]
+    #[arg(long)]
+    storage_queue_depth: Option<usize>,
 }
 
 impl ServeArgs {
@@ -132,7 +171,20 @@ impl ServeArgs {
             offsets_persist_interval_ms,
             max_message_bytes,
             max_frame_bytes,
-            log_format
+            log_format,
+            broker_id,
+            consume_queue_entries_per_file,
+            disk_max_used_ratio,
+            disk_refuse_ratio,
+            default_topic_queues,
+            max_batch_messages,
+            max_inflight_per_connection,
+            max_connections,
+            max_parked_pulls,
+            max_suspend_timeout_ms,
+            max_pull_messages,
+            max_pull_bytes,
+            storage_queue_depth
         );
         if self.auto_create_topics {
             config.auto_create_topics = true;

@@ -1,7 +1,8 @@
 //! The message index of one storage shard: message key and unique message id → CommitLog
 //! offsets.
 //!
-//! Owns the index files (`<shard>/index/<20-digit store timestamp of the first entry>`) and, for
+//! Owns the index files (`<shard>/index/<20-digit ms>`, the first entry's store timestamp, bumped
+//! by one when that name is taken) and, for
 //! the newest file, an in-memory hash table over its entries. Files are append-only sequences of
 //! 24-byte entries (key hash u64, commitlog offset u64, store timestamp ms i64; layout in
 //! `docs/storage-format.md`); a file holds at most `max_entries_per_file`, then a new one starts.
@@ -86,6 +87,8 @@ impl IndexEntry {
 
 struct IndexFile {
     file: Rc<AppendFile>,
+    /// Store time of the file's first entry (the name may be later: names are unique, so a
+    /// file started in the same millisecond as the previous one gets the next number).
     first_timestamp_ms: i64,
     first_commitlog_offset: u64,
 }
@@ -103,8 +106,9 @@ pub struct MessageIndex {
 }
 
 impl MessageIndex {
-    /// Opens the index in `dir`, dropping entries of the newest file that point at or past
-    /// `keep_below` (they are rebuilt from the CommitLog).
+    /// Opens the index in `dir`, dropping every entry that points at or past `keep_below`
+    /// (they are rebuilt from the CommitLog): files that start there are deleted, the last file
+    /// kept is cut there and becomes the active one.
     pub async fn open(
         dir: PathBuf,
         max_entries_per_file: u64,
@@ -176,7 +180,7 @@ impl MessageIndex {
                 (ts as i64, first.commitlog_offset),
                 IndexFile {
                     file: Rc::new(file),
-                    first_timestamp_ms: ts as i64,
+                    first_timestamp_ms: first.store_timestamp_ms,
                     first_commitlog_offset: first.commitlog_offset,
                 },
             );
@@ -221,7 +225,7 @@ impl MessageIndex {
             (ts, first.commitlog_offset),
             IndexFile {
                 file: Rc::new(AppendFile::new_lazy(path, HOT_TAIL_BYTES)),
-                first_timestamp_ms: ts,
+                first_timestamp_ms: first.store_timestamp_ms,
                 first_commitlog_offset: first.commitlog_offset,
             },
         );
