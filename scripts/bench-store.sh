@@ -9,12 +9,13 @@
 # 4. prints the machine, the fio baseline and a markdown table of medians over --runs runs.
 #
 # Usage: scripts/bench-store.sh [--dir PARENT] [--runs N] [--seconds S] [--max-messages N]
-#                               [--raw FILE]
+#                               [--cpu N] [--raw FILE]
 #   --dir PARENT      where to make the temporary data directory (default: $TMPDIR, else /work,
 #                     else the repository's target/); it must be on the disk to measure, not tmpfs
 #   --runs N          runs per measurement; medians are reported (default 3)
 #   --seconds S       target length of one store run (default 20)
 #   --max-messages N  cap on messages per store run (default 500000)
+#   --cpu N           CPU to pin the store's executor to (default 0); pick an idle one
 #   --raw FILE        also copy every run's JSON (fio and store) to FILE
 # Installs fio with apt-get when it is missing (root only). Removes its temporary data on exit.
 set -euo pipefail
@@ -25,6 +26,7 @@ parent=""
 runs=3
 target_seconds=20
 max_messages=500000
+cpu=0
 raw_out=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,8 +34,9 @@ while [ $# -gt 0 ]; do
     --runs) runs="$2"; shift 2 ;;
     --seconds) target_seconds="$2"; shift 2 ;;
     --max-messages) max_messages="$2"; shift 2 ;;
+    --cpu) cpu="$2"; shift 2 ;;
     --raw) raw_out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-store: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -96,6 +99,7 @@ if ! fio --name=probe --rw=write --bs=4k --direct=1 --size=64k --ioengine=io_uri
 fi
 rm -f "$work_dir/fio-probe.dat"
 
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 results="$work_dir/results.jsonl"
 : >"$results"
 
@@ -125,7 +129,7 @@ run_store() {
   local messages="$1"; shift
   rm -rf "$work_dir/store"
   "$perf_bin" store --data-dir "$work_dir/store" --messages "$messages" --size "$message_bytes" \
-    --json "$@" | tail -n 1
+    --cpu "$cpu" --json "$@" | tail -n 1
   rm -rf "$work_dir/store"
 }
 
@@ -154,6 +158,8 @@ export BENCH_FS="$(df --output=fstype "$work_dir" | tail -n 1)"
 export BENCH_DISK="$(lsblk -ndo NAME,SIZE,ROTA,MODEL "$device" 2>/dev/null | tr -s ' ' || echo unknown)"
 export BENCH_FIO_ENGINE="$fio_engine"
 export BENCH_RUNS="$runs"
+export BENCH_CPU="$cpu"
+export BENCH_LOAD="$load_before -> $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$results" "${scenarios[@]}" <<'PY'
 import json, os, statistics, sys
 
@@ -171,7 +177,8 @@ fdatasync_p99_us = median(p["99.000000"] / 1000 for p in sync_lat)
 env = os.environ
 print(f"Machine: {env['BENCH_CORES']} cores, kernel {env['BENCH_KERNEL']}, "
       f"disk {env['BENCH_DISK']} ({env['BENCH_DEVICE']}, {env['BENCH_FS']}).")
-print(f"Medians of {env['BENCH_RUNS']} runs each.")
+print(f"Store executor pinned to CPU {env['BENCH_CPU']}; medians of {env['BENCH_RUNS']} runs each; "
+      f"load average (1/5/15 min) before -> after: {env['BENCH_LOAD']}.")
 print()
 print(f"fio baseline: sequential O_DIRECT write (1 MiB, iodepth 1, {env['BENCH_FIO_ENGINE']}) "
       f"{seq_mib:.0f} MiB/s; 4 KiB O_DIRECT write + fdatasync: fdatasync p50 "

@@ -3,10 +3,12 @@
 //!
 //! Owns: locating the built binaries ([`binary_path`]), process guards that start a server,
 //! learn its address from its `listening on` line and kill it on drop ([`ServerProcess`],
-//! [`NamesrvProcess`]), a blocking wire client ([`TestClient`]) and condition polling with a
-//! deadline ([`wait_until`]). Never: building the binaries (run `cargo build --workspace --bins`
-//! first), or anything that needs a runtime: everything here is std threads and blocking
-//! sockets, so it works the same against the tokio namesrv and the glommio broker.
+//! [`NamesrvProcess`], [`BrokerProcess`]), a blocking wire client ([`TestClient`]) with
+//! builders for the broker's requests ([`send_request_body`], [`pull_request_body`], ...) and
+//! condition polling with a deadline ([`wait_until`]). Never: building the binaries (run
+//! `cargo build --workspace --bins` first), or anything that needs a runtime: everything here
+//! is std threads and blocking sockets, so it works the same against the tokio namesrv and the
+//! glommio broker.
 //!
 //! Data enters as the servers' stdout/stderr lines and response frames; it leaves as parsed
 //! addresses, [`VerifiedFrame`]s and captured log lines (printed when a test fails).
@@ -596,6 +598,396 @@ pub fn status_of(frame: &VerifiedFrame) -> (wire::Status, Option<String>) {
     (header.status(), header.message().map(str::to_owned))
 }
 
+// ---------------------------------------------------------------------------------------------
+// The broker
+
+/// How long a stopping server may take to exit (a graceful stop waits up to 5 s for in-flight
+/// requests, then flushes).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The real `shardmq-broker`, started on `127.0.0.1:0` over a data directory the test owns
+/// (a tempdir it keeps for the test's length), killed on drop. It can be stopped (SIGTERM),
+/// killed (SIGKILL) and started again on the same directory with the same options; each start
+/// picks a new free port.
+#[derive(Debug)]
+pub struct BrokerProcess {
+    process: ServerProcess,
+    data_dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl BrokerProcess {
+    /// The program name, also the prefix of its `listening on` line.
+    pub const BINARY: &'static str = "shardmq-broker";
+
+    /// Starts a broker on a free loopback port over `data_dir` with extra command-line `args`
+    /// (for example `["--storage-cores", "0,1", "--network-cores", "1"]`).
+    #[must_use]
+    pub fn start(data_dir: &Path, args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|&arg| arg.to_owned()).collect();
+        Self {
+            process: Self::spawn(data_dir, &args),
+            data_dir: data_dir.to_owned(),
+            args,
+        }
+    }
+
+    fn spawn(data_dir: &Path, args: &[String]) -> ServerProcess {
+        let data_dir = data_dir
+            .to_str()
+            .unwrap_or_else(|| panic!("data dir {} is not UTF-8", data_dir.display()));
+        let mut all_args = vec!["--listen", "127.0.0.1:0", "--data-dir", data_dir];
+        all_args.extend(args.iter().map(String::as_str));
+        ServerProcess::start(Self::BINARY, &all_args)
+    }
+
+    /// The data directory the broker runs on.
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// A connected client that has completed the handshake.
+    #[must_use]
+    pub fn client(&self) -> TestClient {
+        let mut client = TestClient::connect(self.addr()).unwrap_or_else(|connect_error| {
+            panic!(
+                "cannot connect to the broker at {}: {connect_error}",
+                self.addr()
+            )
+        });
+        client.handshake().expect("handshake with the broker");
+        client
+    }
+
+    /// Stops the broker with SIGTERM and waits for it to exit; panics unless it exits with
+    /// status 0 within [`STOP_TIMEOUT`].
+    pub fn stop(&mut self) {
+        let status = self
+            .process
+            .signal_and_wait("TERM", STOP_TIMEOUT)
+            .unwrap_or_else(|| {
+                panic!(
+                    "the broker did not exit within {} s of SIGTERM",
+                    STOP_TIMEOUT.as_secs()
+                )
+            });
+        assert!(
+            status.success(),
+            "the broker exited with {status} after SIGTERM, not 0"
+        );
+    }
+
+    /// Kills the broker with SIGKILL (nothing is flushed or persisted on the way out) and waits
+    /// for it to exit.
+    pub fn kill9(&mut self) {
+        let status = self.process.signal_and_wait("KILL", STOP_TIMEOUT);
+        assert!(status.is_some(), "the broker survived SIGKILL");
+    }
+
+    /// Starts the broker again on the same data directory with the same options (after
+    /// [`stop`](Self::stop) or [`kill9`](Self::kill9); a running broker is killed first).
+    pub fn restart(&mut self) {
+        if self.process.is_running() {
+            self.kill9();
+        }
+        self.process = Self::spawn(&self.data_dir, &self.args);
+    }
+}
+
+impl Deref for BrokerProcess {
+    type Target = ServerProcess;
+
+    fn deref(&self) -> &ServerProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for BrokerProcess {
+    fn deref_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// A message for [`send_request_body`]: a body and the optional fields tests set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TestMessage {
+    pub body: Vec<u8>,
+    pub tags: Option<String>,
+    pub keys: Vec<String>,
+    pub unique_id: Option<String>,
+    /// User properties (name, value).
+    pub properties: Vec<(String, String)>,
+    pub born_timestamp_ms: i64,
+}
+
+impl TestMessage {
+    /// A message with only a body.
+    #[must_use]
+    pub fn new(body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            body: body.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The same message with tag `tag`.
+    #[must_use]
+    pub fn tag(self, tag: &str) -> Self {
+        Self {
+            tags: Some(tag.to_owned()),
+            ..self
+        }
+    }
+
+    /// The same message with `keys`.
+    #[must_use]
+    pub fn keys(self, keys: &[&str]) -> Self {
+        Self {
+            keys: keys.iter().map(|&key| key.to_owned()).collect(),
+            ..self
+        }
+    }
+
+    /// The same message with unique id `unique_id`.
+    #[must_use]
+    pub fn unique_id(self, unique_id: &str) -> Self {
+        Self {
+            unique_id: Some(unique_id.to_owned()),
+            ..self
+        }
+    }
+
+    /// The same message with user property `name` = `value` added.
+    #[must_use]
+    pub fn property(mut self, name: &str, value: &str) -> Self {
+        self.properties.push((name.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+/// The body type and offset a [`TestClient::request`] closure returns.
+pub type RequestBody = (wire::Body, WIPOffset<UnionWIPOffset>);
+
+/// Writes an `UpsertTopicRequest` for `name` with `read_queues`/`write_queues` and `perm`.
+pub fn upsert_topic_body(
+    builder: &mut FlatBufferBuilder<'static>,
+    name: &str,
+    (read_queues, write_queues, perm): (u32, u32, u32),
+    is_create_only: bool,
+) -> RequestBody {
+    let name = builder.create_string(name);
+    let config = wire::TopicConfig::create(
+        builder,
+        &wire::TopicConfigArgs {
+            name: Some(name),
+            read_queues,
+            write_queues,
+            perm,
+            is_ordered: false,
+        },
+    );
+    let request = wire::UpsertTopicRequest::create(
+        builder,
+        &wire::UpsertTopicRequestArgs {
+            config: Some(config),
+            create_only: is_create_only,
+        },
+    );
+    (wire::Body::UpsertTopicRequest, request.as_union_value())
+}
+
+/// Writes a `SendRequest` of `messages` to (`topic`, `queue_id`; -1 lets the broker choose).
+pub fn send_request_body(
+    builder: &mut FlatBufferBuilder<'static>,
+    topic: &str,
+    queue_id: i32,
+    messages: &[TestMessage],
+) -> RequestBody {
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|message| {
+            let body = builder.create_vector(&message.body);
+            let tags = message
+                .tags
+                .as_deref()
+                .map(|tags| builder.create_string(tags));
+            let keys = (!message.keys.is_empty()).then(|| {
+                let keys: Vec<_> = message
+                    .keys
+                    .iter()
+                    .map(|key| builder.create_string(key))
+                    .collect();
+                builder.create_vector(&keys)
+            });
+            let unique_id = message
+                .unique_id
+                .as_deref()
+                .map(|unique_id| builder.create_string(unique_id));
+            let properties = (!message.properties.is_empty()).then(|| {
+                let pairs: Vec<_> = message
+                    .properties
+                    .iter()
+                    .map(|(name, value)| {
+                        let key = builder.create_string(name);
+                        let value = builder.create_string(value);
+                        wire::KeyValue::create(
+                            builder,
+                            &wire::KeyValueArgs {
+                                key: Some(key),
+                                value: Some(value),
+                            },
+                        )
+                    })
+                    .collect();
+                builder.create_vector(&pairs)
+            });
+            wire::Message::create(
+                builder,
+                &wire::MessageArgs {
+                    body: Some(body),
+                    tags,
+                    keys,
+                    born_timestamp_ms: message.born_timestamp_ms,
+                    unique_id,
+                    properties,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    let messages = builder.create_vector(&messages);
+    let topic = builder.create_string(topic);
+    let producer_group = builder.create_string("test-producers");
+    let request = wire::SendRequest::create(
+        builder,
+        &wire::SendRequestArgs {
+            topic: Some(topic),
+            queue_id,
+            producer_group: Some(producer_group),
+            messages: Some(messages),
+        },
+    );
+    (wire::Body::SendRequest, request.as_union_value())
+}
+
+/// What a pull asks for; [`PullParams::new`] gives an immediate (no long poll) pull of up to
+/// 32 messages of every tag, without a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullParams {
+    pub consumer_group: Option<String>,
+    pub topic: String,
+    pub queue_id: i32,
+    pub queue_offset: i64,
+    pub max_messages: u32,
+    pub tag_expression: Option<String>,
+    pub suspend_timeout_ms: u32,
+    pub commit_offset: i64,
+}
+
+impl PullParams {
+    #[must_use]
+    pub fn new(topic: &str, queue_id: i32, queue_offset: i64) -> Self {
+        Self {
+            consumer_group: None,
+            topic: topic.to_owned(),
+            queue_id,
+            queue_offset,
+            max_messages: 32,
+            tag_expression: None,
+            suspend_timeout_ms: 0,
+            commit_offset: -1,
+        }
+    }
+}
+
+/// Writes a `PullRequest` for `params`.
+pub fn pull_request_body(
+    builder: &mut FlatBufferBuilder<'static>,
+    params: &PullParams,
+) -> RequestBody {
+    let consumer_group = params
+        .consumer_group
+        .as_deref()
+        .map(|group| builder.create_string(group));
+    let topic = builder.create_string(&params.topic);
+    let tag_expression = params
+        .tag_expression
+        .as_deref()
+        .map(|expression| builder.create_string(expression));
+    let request = wire::PullRequest::create(
+        builder,
+        &wire::PullRequestArgs {
+            consumer_group,
+            topic: Some(topic),
+            queue_id: params.queue_id,
+            queue_offset: params.queue_offset,
+            max_messages: params.max_messages,
+            max_bytes: 0,
+            tag_expression,
+            suspend_timeout_ms: params.suspend_timeout_ms,
+            commit_offset: params.commit_offset,
+        },
+    );
+    (wire::Body::PullRequest, request.as_union_value())
+}
+
+/// Splits the `records` of a pull or query response into the stored records it concatenates,
+/// each starting with its total size (`u32` big-endian). Panics on a size that does not fit.
+#[must_use]
+pub fn split_records(records: &[u8]) -> Vec<&[u8]> {
+    let mut split = Vec::new();
+    let mut rest = records;
+    while !rest.is_empty() {
+        assert!(
+            rest.len() >= 4,
+            "{} stray bytes after the last record",
+            rest.len()
+        );
+        let total_size = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        assert!(
+            (4..=rest.len()).contains(&total_size),
+            "a record claims {total_size} bytes, {} are left",
+            rest.len()
+        );
+        split.push(&rest[..total_size]);
+        rest = &rest[total_size..];
+    }
+    split
+}
+
+impl TestClient {
+    /// Like [`request`](Self::request), but ONE_WAY frames the server pushes before the
+    /// response (such as a broker's `ConsumerIdsChangedNotice`) are collected instead of being
+    /// an error. Returns the response and those frames.
+    pub fn request_collecting_one_way<F>(
+        &mut self,
+        build: F,
+    ) -> Result<(VerifiedFrame, Vec<VerifiedFrame>), ClientError>
+    where
+        F: FnOnce(&mut FlatBufferBuilder<'static>) -> (wire::Body, WIPOffset<UnionWIPOffset>),
+    {
+        let request_id = self.send_request(build)?;
+        let mut one_way = Vec::new();
+        loop {
+            let frame = self.read_frame()?;
+            let header = frame.frame();
+            if header.kind() == wire::FrameKind::ONE_WAY {
+                one_way.push(frame);
+            } else if header.kind() == wire::FrameKind::RESPONSE
+                && header.request_id() == request_id
+            {
+                return Ok((frame, one_way));
+            } else {
+                return Err(ClientError::UnexpectedFrame {
+                    awaited_request_id: request_id,
+                    frame,
+                });
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -614,5 +1006,80 @@ mod tests {
             (calls == 3).then_some(calls)
         });
         assert_eq!(value, 3);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A namesrv with a broker registered (client library and CLI tests)
+
+/// How long a new topic may take to appear in the namesrv's routes (the broker registers
+/// right after a topic change).
+pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A real namesrv and a real broker registered with it (`--namesrv`), each on a free loopback
+/// port, both killed on drop: what a client needs to find topics by name.
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub namesrv: NamesrvProcess,
+    pub broker: BrokerProcess,
+}
+
+impl LocalCluster {
+    /// Starts a namesrv, then a broker over `data_dir` (which the test owns) registered with it.
+    #[must_use]
+    pub fn start(data_dir: &Path) -> Self {
+        Self::start_with_broker_args(data_dir, &[])
+    }
+
+    /// Like [`start`](Self::start), with extra broker arguments (for example
+    /// `["--auto-create-topics"]`).
+    #[must_use]
+    pub fn start_with_broker_args(data_dir: &Path, broker_args: &[&str]) -> Self {
+        let namesrv = NamesrvProcess::start();
+        let namesrv_addr = namesrv.addr().to_string();
+        let mut args = vec!["--namesrv", namesrv_addr.as_str()];
+        args.extend_from_slice(broker_args);
+        let broker = BrokerProcess::start(data_dir, &args);
+        Self { namesrv, broker }
+    }
+
+    /// The namesrv's `host:port`, as clients are given it.
+    #[must_use]
+    pub fn namesrv_addr(&self) -> String {
+        self.namesrv.addr().to_string()
+    }
+
+    /// The broker's `host:port`.
+    #[must_use]
+    pub fn broker_addr(&self) -> String {
+        self.broker.addr().to_string()
+    }
+
+    /// Creates `topic` with `queues` read and write queues on the broker and waits (up to
+    /// [`ROUTE_TIMEOUT`]) until the namesrv routes it with that many queues.
+    pub fn create_topic(&self, topic: &str, queues: u32) {
+        let mut broker = self.broker.client();
+        let created = broker
+            .request(|builder| upsert_topic_body(builder, topic, (queues, queues, 6), false))
+            .and_then(require_ok);
+        if let Err(error) = created {
+            panic!("creating topic {topic}: {error}");
+        }
+        let mut namesrv = self.namesrv.client();
+        wait_until(ROUTE_TIMEOUT, &format!("a route for {topic}"), || {
+            let frame = namesrv
+                .request(|builder| {
+                    let topic = builder.create_string(topic);
+                    let request = wire::GetRouteRequest::create(
+                        builder,
+                        &wire::GetRouteRequestArgs { topic: Some(topic) },
+                    );
+                    (wire::Body::GetRouteRequest, request.as_union_value())
+                })
+                .ok()?;
+            let route = frame.frame().body_as_route_response()?;
+            let routed_queues: u32 = route.queues()?.iter().map(|q| q.write_queues()).sum();
+            (routed_queues == queues).then_some(())
+        });
     }
 }

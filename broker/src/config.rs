@@ -214,7 +214,11 @@ mod tests {
         assert_eq!(config.broker_name, "broker-x");
         assert_eq!(config.flush_mode(), FlushMode::Sync);
         assert_eq!(config.segment_bytes, 64 << 20);
-        assert_eq!(config.max_message_bytes, 4 << 20, "unset keys keep their defaults");
+        assert_eq!(
+            config.max_message_bytes,
+            4 << 20,
+            "unset keys keep their defaults"
+        );
         config.validate().unwrap();
 
         std::fs::write(&path, "segmnet_bytes = 1\n").unwrap();

@@ -1,1 +1,86 @@
-//! ShardMQ client (issue 4).
+//! `shardmq-client`: what applications link to talk to ShardMQ — a [`Producer`], a
+//! [`PushConsumer`] (background pulling, rebalancing, offset commits), a [`PullConsumer`]
+//! (queues and offsets in the application's hands) and an [`Admin`] API — on tokio.
+//!
+//! Every client is made with a builder that needs at least the name server address; defaults
+//! follow RocketMQ's (send timeout 3 s with 2 retries, 4 MiB bodies, rebalance every 20 s,
+//! heartbeats every 30 s, offsets committed every 5 s, routes refreshed every 30 s), so
+//! RocketMQ users find no surprises. Errors are one [`Error`] enum whose messages say what went
+//! wrong and what to do.
+//!
+//! ```no_run
+//! use shardmq_client::{ConsumeFrom, ConsumeResult, Message, Producer, PushConsumer};
+//!
+//! # async fn example() -> shardmq_client::Result<()> {
+//! let producer = Producer::builder().namesrv("127.0.0.1:9876").build().await?;
+//! let sent = producer.send(Message::new("orders", "hello").with_tags("created")).await?;
+//! println!("{} → {} offset {}", sent.msg_id, sent.queue, sent.queue_offset);
+//!
+//! let consumer = PushConsumer::builder()
+//!     .namesrv("127.0.0.1:9876")
+//!     .group("order-service")
+//!     .subscribe("orders", "*")
+//!     .consume_from(ConsumeFrom::FirstOffset)
+//!     .listen_concurrently(|messages| async move {
+//!         println!("got {} message(s)", messages.len());
+//!         ConsumeResult::Success
+//!     })
+//!     .start()
+//!     .await?;
+//! # consumer.shutdown().await;
+//! # producer.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Inside: one connection per server address with pipelined requests (`connection.rs`,
+//! `pool.rs`), typed requests (`api.rs`), name servers and the route cache (`namesrv.rs`),
+//! the stored-record decoder with CRC checks (`record.rs`), and the clients themselves.
+//! The wire protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
+
+mod admin;
+mod api;
+mod connection;
+mod error;
+mod instance;
+mod message;
+mod namesrv;
+mod pool;
+mod producer;
+mod pull_consumer;
+mod push;
+mod record;
+mod route;
+mod subscription;
+
+pub use admin::{
+    Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
+    MAX_TOPIC_QUEUES,
+};
+pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
+pub use error::{Error, Result};
+pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use message::{
+    check_group_name, check_topic_name, new_unique_id, now_ms, Message, MessageExt,
+    DEFAULT_MAX_MESSAGE_BYTES, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES, RESERVED_PROPERTY_NAMES,
+};
+pub use namesrv::ROUTE_REFRESH_INTERVAL;
+pub use producer::{
+    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendResult, SendStatus,
+    DEFAULT_PRODUCER_GROUP, DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
+};
+pub use pull_consumer::{
+    PullConsumer, PullConsumerBuilder, PullOptions, PullResult, PullStatus, DEFAULT_PULL_BATCH,
+    MAX_PULL_WAIT,
+};
+pub use push::{
+    allocate_averagely, ConsumeFrom, ConsumeResult, FlowLimits, ListenerFuture, MessageModel,
+    PushConsumer, PushConsumerBuilder, DEFAULT_CONSUME_THREADS, DEFAULT_ORDERLY_SUSPEND,
+    HEARTBEAT_INTERVAL, PERSIST_OFFSETS_INTERVAL, PULL_WAIT, REBALANCE_INTERVAL,
+};
+pub use record::{decode_records, RecordError, MESSAGE_MAGIC_CODE};
+pub use route::{BrokerData, ClusterInfo, MessageQueue, QueueData, TopicRoute};
+pub use subscription::TagExpression;
+
+/// The wire types, for callers that match on [`Error::status`].
+pub use shardmq_schema::wire;

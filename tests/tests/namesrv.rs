@@ -872,15 +872,24 @@ fn cluster_info_lists_clusters_and_their_brokers() {
     let namesrv = NamesrvProcess::start();
     let mut client = namesrv.client();
     let topics = [("Orders", 4, 4, 6)];
-    register_ok(&mut client, &Broker::master("broker-b", "127.0.0.1:10921", &topics));
-    register_ok(&mut client, &Broker::master("broker-a", "127.0.0.1:10911", &topics));
+    register_ok(
+        &mut client,
+        &Broker::master("broker-b", "127.0.0.1:10921", &topics),
+    );
+    register_ok(
+        &mut client,
+        &Broker::master("broker-a", "127.0.0.1:10911", &topics),
+    );
     let answer = client
         .request(|builder| {
             let request = wire::ClusterInfoRequest::create(builder, &Default::default());
             (wire::Body::ClusterInfoRequest, request.as_union_value())
         })
         .expect("cluster info");
-    let info = answer.frame().body_as_cluster_info_response().expect("a ClusterInfoResponse");
+    let info = answer
+        .frame()
+        .body_as_cluster_info_response()
+        .expect("a ClusterInfoResponse");
     let clusters: Vec<(String, Vec<(String, String)>)> = info
         .clusters()
         .unwrap()

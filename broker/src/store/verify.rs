@@ -120,9 +120,13 @@ impl Segments {
         let mut bytes = vec![0u8; size as usize];
         file.read_exact_at(&mut bytes, offset - base)
             .map_err(|e| format!("cannot read record at {offset}: {e}"))?;
-        let view = decode_message(&bytes).map_err(|e| format!("record at {offset} is invalid: {e}"))?;
+        let view =
+            decode_message(&bytes).map_err(|e| format!("record at {offset} is invalid: {e}"))?;
         if view.physical_offset() != offset {
-            return Err(format!("the record at {offset} says it belongs at {}", view.physical_offset()));
+            return Err(format!(
+                "the record at {offset} says it belongs at {}",
+                view.physical_offset()
+            ));
         }
         Ok(bytes)
     }

@@ -1,0 +1,391 @@
+//! What each `shardmq` command does, through the client library.
+//!
+//! Owns: turning parsed arguments into library calls and results into output lines. Never:
+//! protocol details (the library has them) or output formats (see `output.rs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use shardmq_client::{
+    Admin, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus, TagExpression,
+    TopicConfig,
+};
+use tokio::time::Instant;
+
+use crate::output;
+use crate::{
+    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, GroupCommand, MessageCommand,
+    SendArgs, StartFrom, TopicCommand, TopicConfigArgs,
+};
+
+/// How long `consume` pauses when a round over every queue found nothing.
+const CONSUME_IDLE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Most messages `consume` asks one queue for at once.
+const CONSUME_PULL_BATCH: u32 = 32;
+
+/// Common settings of every command.
+struct Settings {
+    namesrv: String,
+    is_json: bool,
+    request_timeout: Duration,
+}
+
+pub async fn run(cli: Cli) -> Result<()> {
+    let context = Settings {
+        namesrv: cli.namesrv,
+        is_json: cli.json,
+        request_timeout: Duration::from_millis(cli.request_timeout_ms),
+    };
+    match cli.command {
+        Command::Topic(command) => topic(&context, command).await,
+        Command::Send(args) => send(&context, args).await,
+        Command::Consume(args) => consume(&context, args).await,
+        Command::Group(command) => group(&context, command).await,
+        Command::Message(command) => message(&context, command).await,
+        Command::Broker(command) => broker(&context, command).await,
+        Command::Cluster(ClusterCommand::List) => cluster_list(&context).await,
+    }
+}
+
+async fn admin(context: &Settings) -> Result<Admin> {
+    Ok(Admin::builder()
+        .namesrv(&context.namesrv)
+        .request_timeout(context.request_timeout)
+        .build()
+        .await?)
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
+fn topic_config(args: &TopicConfigArgs) -> TopicConfig {
+    TopicConfig {
+        name: args.topic.clone(),
+        read_queues: args.read_queues.unwrap_or(args.queues),
+        write_queues: args.write_queues.unwrap_or(args.queues),
+        perm: args.perm,
+        is_ordered: args.ordered,
+    }
+}
+
+async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
+    let admin = admin(context).await?;
+    match command {
+        TopicCommand::Create(args) => upsert_topic(context, &admin, &args, true).await,
+        TopicCommand::Update(args) => upsert_topic(context, &admin, &args, false).await,
+        TopicCommand::Delete { topic, broker } => {
+            let brokers = match broker {
+                Some(address) => {
+                    admin.delete_topic(&address, &topic).await?;
+                    vec![address]
+                }
+                None => admin.delete_topic_everywhere(&topic).await?,
+            };
+            if context.is_json {
+                print_json(&json!({ "topic": topic, "deleted_on": brokers }));
+            } else {
+                println!("deleted topic {topic} on {}", brokers.join(", "));
+            }
+            Ok(())
+        }
+        TopicCommand::List => {
+            let topics = admin.topic_list().await?;
+            if context.is_json {
+                print_json(&json!({ "topics": topics }));
+            } else {
+                for topic in topics {
+                    println!("{topic}");
+                }
+            }
+            Ok(())
+        }
+        TopicCommand::Route { topic } => {
+            let route = admin.route(&topic).await?;
+            if context.is_json {
+                print_json(&output::route_json(&route));
+            } else {
+                println!("{}", output::route_text(&route));
+            }
+            Ok(())
+        }
+        TopicCommand::Status { topic } => {
+            let stats = admin.topic_stats(&topic).await?;
+            if context.is_json {
+                print_json(&output::stats_json(&topic, &stats));
+            } else {
+                println!("{}", output::stats_text(&stats));
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn upsert_topic(
+    context: &Settings,
+    admin: &Admin,
+    args: &TopicConfigArgs,
+    is_create: bool,
+) -> Result<()> {
+    let config = topic_config(args);
+    let brokers = match &args.broker {
+        Some(address) if is_create => {
+            admin.create_topic(address, &config).await?;
+            vec![address.clone()]
+        }
+        Some(address) => {
+            admin.update_topic(address, &config).await?;
+            vec![address.clone()]
+        }
+        None => {
+            admin
+                .upsert_topic_in_cluster(args.cluster.as_deref(), &config, is_create)
+                .await?
+        }
+    };
+    if context.is_json {
+        print_json(&json!({
+            "topic": output::topic_config_json(&config),
+            "brokers": brokers,
+        }));
+    } else {
+        println!(
+            "{} topic {} on {}",
+            if is_create { "created" } else { "updated" },
+            output::topic_config_text(&config),
+            brokers.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn send(context: &Settings, args: SendArgs) -> Result<()> {
+    let producer = Producer::builder()
+        .namesrv(&context.namesrv)
+        .request_timeout(context.request_timeout)
+        .group(&args.group)
+        .build()
+        .await?;
+    let mut properties = Vec::new();
+    for property in &args.properties {
+        let (name, value) = property
+            .split_once('=')
+            .with_context(|| format!("property `{property}` is not NAME=VALUE"))?;
+        properties.push((name.to_owned(), value.to_owned()));
+    }
+    let outcome = send_all(context, &producer, &args, &properties).await;
+    producer.shutdown().await;
+    outcome
+}
+
+async fn send_all(
+    context: &Settings,
+    producer: &Producer,
+    args: &SendArgs,
+    properties: &[(String, String)],
+) -> Result<()> {
+    for _ in 0..args.count {
+        let mut message = Message::new(&args.topic, args.body.clone());
+        if let Some(tags) = &args.tags {
+            message = message.with_tags(tags);
+        }
+        if let Some(keys) = &args.keys {
+            message = message.with_keys_text(keys);
+        }
+        for (name, value) in properties {
+            message = message.with_property(name, value);
+        }
+        let result = match &args.order_key {
+            Some(key) => producer.send_ordered(message, key).await?,
+            None => producer.send(message).await?,
+        };
+        if context.is_json {
+            print_json(&output::send_result_json(&result));
+        } else {
+            println!("{}", output::send_result_text(&result));
+        }
+    }
+    Ok(())
+}
+
+async fn consume(context: &Settings, args: ConsumeArgs) -> Result<()> {
+    let tags = TagExpression::parse(&args.tags)?;
+    let consumer = PullConsumer::builder()
+        .namesrv(&context.namesrv)
+        .request_timeout(context.request_timeout)
+        .group(&args.group)
+        .build()
+        .await?;
+    let outcome = consume_until_done(context, &consumer, &args, tags).await;
+    consumer.shutdown().await;
+    let consumed = outcome?;
+    if !context.is_json {
+        eprintln!("consumed {consumed} message(s)");
+    }
+    Ok(())
+}
+
+/// Pulls every queue in turn until `count` messages are printed or the time is up; commits
+/// the group's offset of each queue past what was printed. Returns how many were printed.
+async fn consume_until_done(
+    context: &Settings,
+    consumer: &PullConsumer,
+    args: &ConsumeArgs,
+    tags: TagExpression,
+) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_millis(args.timeout_ms);
+    let queues = consumer.queues(&args.topic).await?;
+    let mut positions: BTreeMap<MessageQueue, i64> = BTreeMap::new();
+    for queue in &queues {
+        let start = match consumer.committed_offset(queue).await? {
+            Some(offset) => offset,
+            None => {
+                let (min, max) = consumer.queue_offsets(queue).await?;
+                match args.from {
+                    StartFrom::First => min,
+                    StartFrom::Last => max,
+                }
+            }
+        };
+        positions.insert(queue.clone(), start);
+    }
+    let mut committed = positions.clone();
+    let mut printed: u64 = 0;
+    let wanted = args.count.unwrap_or(u64::MAX);
+    while printed < wanted && Instant::now() < deadline {
+        let mut found_any = false;
+        for queue in &queues {
+            if printed >= wanted || Instant::now() >= deadline {
+                break;
+            }
+            let offset = positions[queue];
+            let left = wanted - printed;
+            let options = PullOptions {
+                max_messages: u32::try_from(left)
+                    .unwrap_or(u32::MAX)
+                    .min(CONSUME_PULL_BATCH),
+                tags: tags.clone(),
+                wait: Duration::ZERO,
+            };
+            let result = consumer.pull_with(queue, offset, &options).await?;
+            let mut next = result.next_begin_offset;
+            if result.status == PullStatus::Found {
+                for message in &result.messages {
+                    if printed >= wanted {
+                        next = message.queue_offset;
+                        break;
+                    }
+                    if context.is_json {
+                        print_json(&output::message_json(message));
+                    } else {
+                        println!("{}", output::message_text(message));
+                    }
+                    printed += 1;
+                    found_any = true;
+                }
+            }
+            positions.insert(queue.clone(), next);
+        }
+        commit_moved(consumer, &positions, &mut committed).await?;
+        if !found_any && printed < wanted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(left.min(CONSUME_IDLE_PAUSE)).await;
+        }
+    }
+    commit_moved(consumer, &positions, &mut committed).await?;
+    Ok(printed)
+}
+
+async fn commit_moved(
+    consumer: &PullConsumer,
+    positions: &BTreeMap<MessageQueue, i64>,
+    committed: &mut BTreeMap<MessageQueue, i64>,
+) -> Result<()> {
+    for (queue, offset) in positions {
+        if committed.get(queue) != Some(offset) {
+            consumer
+                .commit_offset(queue, *offset)
+                .await
+                .with_context(|| format!("committing offset {offset} of {queue}"))?;
+            committed.insert(queue.clone(), *offset);
+        }
+    }
+    Ok(())
+}
+
+async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
+    let admin = admin(context).await?;
+    match command {
+        GroupCommand::Members { group, topic } => {
+            let members = admin.consumer_list(&group, &topic).await?;
+            if context.is_json {
+                print_json(&json!({ "group": group, "members": members }));
+            } else {
+                for member in members {
+                    println!("{member}");
+                }
+            }
+        }
+        GroupCommand::Progress { group, topic } => {
+            let progress = admin.group_progress(&group, &topic).await?;
+            if context.is_json {
+                print_json(&output::progress_json(&group, &progress));
+            } else {
+                println!("{}", output::progress_text(&progress));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
+    let admin = admin(context).await?;
+    let messages = match command {
+        MessageCommand::Key { topic, key, max } => {
+            admin.query_by_key(&topic, &key, 0, 0, max).await?
+        }
+        MessageCommand::Id { topic, msg_id } => match admin.query_by_id(&topic, &msg_id).await? {
+            Some(message) => vec![message],
+            None => bail!("no message of topic {topic} has id {msg_id}"),
+        },
+    };
+    for message in &messages {
+        if context.is_json {
+            print_json(&output::message_json(message));
+        } else {
+            println!("{}", output::message_text(message));
+        }
+    }
+    Ok(())
+}
+
+async fn broker(context: &Settings, command: BrokerCommand) -> Result<()> {
+    let admin = admin(context).await?;
+    match command {
+        BrokerCommand::Topics { broker, system } => {
+            let topics = admin.broker_topics(&broker, system).await?;
+            if context.is_json {
+                let topics: Vec<_> = topics.iter().map(output::topic_config_json).collect();
+                print_json(&json!({ "broker": broker, "topics": topics }));
+            } else {
+                for topic in &topics {
+                    println!("{}", output::topic_config_text(topic));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn cluster_list(context: &Settings) -> Result<()> {
+    let clusters = admin(context).await?.cluster_info().await?;
+    if context.is_json {
+        print_json(&output::clusters_json(&clusters));
+    } else {
+        println!("{}", output::clusters_text(&clusters));
+    }
+    Ok(())
+}

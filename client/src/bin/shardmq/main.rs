@@ -1,0 +1,241 @@
+//! `shardmq`: the everyday and admin command line: topics, sending, consuming, consumer
+//! groups, message queries.
+//!
+//! Every command talks to the name server given by `--namesrv` (default 127.0.0.1:9876) and,
+//! through it, to the brokers. `--json` prints machine-readable output (one JSON object per
+//! line for `send` and `consume`). Results go to stdout; errors to stderr with exit status 1
+//! (2 for a bad command line).
+
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// ShardMQ command line: manage topics, send and consume messages, inspect groups.
+#[derive(Parser, Debug)]
+#[command(name = "shardmq", version, propagate_version = true)]
+pub struct Cli {
+    /// Name server address(es), `host:port`, comma separated.
+    #[arg(
+        long,
+        global = true,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9876"
+    )]
+    pub namesrv: String,
+
+    /// Print JSON instead of text (one object per line for send and consume).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// How long one request to a server may take, in ms.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create, update, delete and inspect topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Send messages to a topic.
+    Send(SendArgs),
+    /// Consume messages of a topic as a consumer group, committing its offsets.
+    Consume(ConsumeArgs),
+    /// Inspect consumer groups: members and progress (lag).
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Find stored messages by key or id.
+    #[command(subcommand)]
+    Message(MessageCommand),
+    /// Inspect one broker.
+    #[command(subcommand)]
+    Broker(BrokerCommand),
+    /// Inspect the clusters the name server knows.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Every cluster with its broker names and their live instances.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TopicCommand {
+    /// Create a topic (an error where it exists) on --broker, or else on every master broker
+    /// of --cluster (default: of every cluster the name server knows).
+    Create(TopicConfigArgs),
+    /// Create or update a topic's queue counts and permission (same targets as create).
+    Update(TopicConfigArgs),
+    /// Delete a topic, on --broker or on every master broker hosting it.
+    Delete {
+        topic: String,
+        /// Broker address `host:port`; default: every master broker in the topic's route.
+        #[arg(long, value_name = "ADDR")]
+        broker: Option<String>,
+    },
+    /// List the topics the name server routes.
+    List,
+    /// Show a topic's route: broker names, their addresses and queue counts.
+    Route { topic: String },
+    /// Show each queue's min/max offset and last store time.
+    Status { topic: String },
+}
+
+#[derive(Args, Debug)]
+pub struct TopicConfigArgs {
+    pub topic: String,
+    /// Read and write queues on each broker.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub queues: u32,
+    /// Read queues, when different from --queues.
+    #[arg(long, value_name = "N")]
+    pub read_queues: Option<u32>,
+    /// Write queues, when different from --queues.
+    #[arg(long, value_name = "N")]
+    pub write_queues: Option<u32>,
+    /// Permission bits: read 4, write 2 (6 = read and write).
+    #[arg(long, default_value_t = 6)]
+    pub perm: u32,
+    /// Mark the topic as ordered.
+    #[arg(long)]
+    pub ordered: bool,
+    /// Broker address `host:port`: only this broker.
+    #[arg(long, value_name = "ADDR", conflicts_with = "cluster")]
+    pub broker: Option<String>,
+    /// Cluster name: every master broker of this cluster (default: of every cluster).
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    pub topic: String,
+    /// Message body (UTF-8 text).
+    #[arg(long)]
+    pub body: String,
+    /// The message's tag.
+    #[arg(long)]
+    pub tags: Option<String>,
+    /// Keys, space separated.
+    #[arg(long)]
+    pub keys: Option<String>,
+    /// A user property `name=value`; may be repeated.
+    #[arg(long = "property", value_name = "NAME=VALUE")]
+    pub properties: Vec<String>,
+    /// How many messages to send (each with the same body and its own id).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
+    /// Send in key order: every message of this key goes to one queue.
+    #[arg(long, value_name = "KEY")]
+    pub order_key: Option<String>,
+    /// Producer group.
+    #[arg(long, default_value = shardmq_client::DEFAULT_PRODUCER_GROUP)]
+    pub group: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StartFrom {
+    /// The oldest stored message.
+    First,
+    /// After the newest message: only what arrives from now on.
+    Last,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub topic: String,
+    /// Consumer group; its committed offsets say where to start and are moved past what is
+    /// printed.
+    #[arg(long)]
+    pub group: String,
+    /// Where to start in queues the group has no committed offset for.
+    #[arg(long, value_enum, default_value_t = StartFrom::First)]
+    pub from: StartFrom,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many ms in all.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// Tag expression: `*` or `TagA || TagB`.
+    #[arg(long, default_value = "*")]
+    pub tags: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GroupCommand {
+    /// The group's live members (client ids), as a broker of the topic knows them.
+    Members {
+        group: String,
+        #[arg(long)]
+        topic: String,
+    },
+    /// The group's committed offset, the queue's end and the lag of every queue of a topic.
+    Progress {
+        group: String,
+        #[arg(long)]
+        topic: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MessageCommand {
+    /// Messages of a topic with a key.
+    Key {
+        topic: String,
+        key: String,
+        /// Most messages per broker.
+        #[arg(long, default_value_t = 32)]
+        max: u32,
+    },
+    /// The message with a unique id (the msg id `send` prints).
+    Id { topic: String, msg_id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BrokerCommand {
+    /// Topics one broker hosts, with their configs.
+    Topics {
+        /// Broker address `host:port`.
+        broker: String,
+        /// Include system topics (retry, DLQ, schedule, transaction).
+        #[arg(long)]
+        system: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("shardmq: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("shardmq: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

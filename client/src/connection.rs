@@ -1,0 +1,685 @@
+//! One TCP connection to one server (broker or name server), with pipelined requests.
+//!
+//! Owns: the socket, the version handshake that opens it, request ids, and two tasks: a
+//! writer that drains a bounded queue of encoded frames into the socket (several frames per
+//! write when they queue up), and a reader that decodes frames and hands each RESPONSE to the
+//! request waiting for its id. ONE_WAY frames from the server (membership notices) leave
+//! through the [`Notice`] channel; REQUESTs from the server (transaction check-backs, not
+//! served yet) are answered `UNKNOWN_REQUEST` so the server never waits on us.
+//!
+//! Never: retries or reconnects. A connection that fails is closed for good and fails every
+//! request in flight with [`Error::ConnectionClosed`]; the pool (`pool.rs`) makes a new one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
+use shardmq_schema::{
+    build_frame, wire, FrameDecoder, FrameEncoder, FrameError, FrameHeader, VerifiedFrame,
+    DEFAULT_MAX_FRAME_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::error::{Error, Result};
+
+/// Largest frame the client accepts from a server: room for a pull response of the broker's
+/// largest `max_pull_bytes` (8 MiB) or a query answer at the broker's 16 MiB frame limit.
+pub const MAX_RESPONSE_FRAME_BYTES: usize = 2 * DEFAULT_MAX_FRAME_BYTES;
+
+/// Encoded frames that may wait for the writer before senders wait (back-pressure).
+const MAX_QUEUED_FRAMES: usize = 1024;
+
+/// Bytes the writer gathers before a socket write.
+const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Bytes the reader asks the socket for at least, per read.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Software name and version sent in the handshake.
+const CLIENT_VERSION: &str = concat!("shardmq-client ", env!("CARGO_PKG_VERSION"));
+
+/// A frame's body as a request builder writes it.
+pub(crate) type Body = (wire::Body, WIPOffset<UnionWIPOffset>);
+
+/// Something the server told the client without being asked, or a connection event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// The members of a consumer group changed (ConsumerIdsChangedNotice): rebalance now.
+    ConsumerIdsChanged { group: String },
+    /// A new connection to `address` completed its handshake (a reconnect, or the first
+    /// connection): a consumer re-sends its heartbeat there, since the server forgets a
+    /// client's groups when its connection closes.
+    Connected { address: String },
+}
+
+/// What the server said about itself in the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `shardmq-broker` or `shardmq-namesrv`.
+    pub name: String,
+    pub version: String,
+    pub cluster_name: String,
+    pub broker_name: String,
+    /// 0 for a master, > 0 for a slave, -1 for a name server.
+    pub broker_id: i64,
+    pub protocol_version: u32,
+    /// Largest frame the server accepts (0: not stated).
+    pub max_frame_bytes: usize,
+    /// Largest message body the server accepts (0: not stated).
+    pub max_message_bytes: usize,
+}
+
+/// State shared by the connection's handle and its tasks.
+struct Shared {
+    address: String,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, oneshot::Sender<Result<VerifiedFrame>>>,
+    /// Why the connection closed, once it has.
+    closed: Option<String>,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Closes the connection (once) and fails every request in flight.
+    fn close(&self, reason: String) {
+        let pending = {
+            let mut state = self.state();
+            if state.closed.is_some() {
+                return;
+            }
+            debug!(address = %self.address, %reason, "connection closed");
+            state.closed = Some(reason.clone());
+            std::mem::take(&mut state.pending)
+        };
+        for (_, waiter) in pending {
+            let _ = waiter.send(Err(Error::ConnectionClosed {
+                address: self.address.clone(),
+                reason: reason.clone(),
+            }));
+        }
+    }
+
+    fn closed_error(&self, reason: &str) -> Error {
+        Error::ConnectionClosed {
+            address: self.address.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+}
+
+/// Removes a request's waiter when the request is abandoned (timeout, cancellation).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    request_id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.state().pending.remove(&self.request_id);
+    }
+}
+
+/// A handshaken connection. Cheap to share (`Arc`); requests from many tasks are pipelined.
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    outgoing: mpsc::Sender<Bytes>,
+    encoder: Mutex<FrameEncoder>,
+    next_request_id: AtomicU64,
+    server: OnceLock<ServerInfo>,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // The writer ends by itself once `outgoing` (its only sender left) is gone, after
+        // writing what is queued.
+        self.reader.abort();
+        self.shared
+            .close("the client dropped the connection".to_owned());
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Connection")
+            .field("address", &self.shared.address)
+            .field("server", &self.server.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Connects to `address` (`host:port`), shakes hands as `client_id` and returns the
+    /// connection. Notices from the server go to `notices` (dropped when it is full: the
+    /// consumer's timers cover a lost notice).
+    pub(crate) async fn connect(
+        address: &str,
+        client_id: &str,
+        connect_timeout: Duration,
+        notices: Option<mpsc::Sender<Notice>>,
+    ) -> Result<Arc<Connection>> {
+        let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await
+        {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(source)) => {
+                return Err(Error::Connect {
+                    address: address.to_owned(),
+                    timeout_ms: connect_timeout.as_millis() as u64,
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Connect {
+                    address: address.to_owned(),
+                    timeout_ms: connect_timeout.as_millis() as u64,
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+                })
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (read_half, write_half) = stream.into_split();
+        let shared = Arc::new(Shared {
+            address: address.to_owned(),
+            state: Mutex::new(State::default()),
+        });
+        let (outgoing, queued) = mpsc::channel(MAX_QUEUED_FRAMES);
+        tokio::spawn(write_frames(Arc::clone(&shared), write_half, queued));
+        let reader = tokio::spawn(read_frames(
+            Arc::clone(&shared),
+            read_half,
+            outgoing.clone(),
+            notices,
+        ));
+        let connection = Arc::new(Connection {
+            shared,
+            outgoing,
+            encoder: Mutex::new(FrameEncoder::new()),
+            next_request_id: AtomicU64::new(1),
+            server: OnceLock::new(),
+            reader,
+        });
+        connection.handshake(client_id, connect_timeout).await?;
+        Ok(connection)
+    }
+
+    async fn handshake(&self, client_id: &str, timeout: Duration) -> Result<()> {
+        let frame = self
+            .request("handshake", timeout, |builder| {
+                let client_id = builder.create_string(client_id);
+                let client_version = builder.create_string(CLIENT_VERSION);
+                let request = wire::HandshakeRequest::create(
+                    builder,
+                    &wire::HandshakeRequestArgs {
+                        protocol_version: PROTOCOL_VERSION,
+                        min_protocol_version: MIN_PROTOCOL_VERSION,
+                        client_id: Some(client_id),
+                        client_version: Some(client_version),
+                    },
+                );
+                (wire::Body::HandshakeRequest, request.as_union_value())
+            })
+            .await?;
+        let header = frame.frame();
+        let response = header.body_as_handshake_response();
+        if header.status() != wire::Status::OK {
+            let range = response
+                .map(|r| {
+                    format!(
+                        "; the server speaks protocol versions {}..={}, this client {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}",
+                        r.min_protocol_version(),
+                        r.max_protocol_version()
+                    )
+                })
+                .unwrap_or_default();
+            return Err(Error::Handshake {
+                address: self.address().to_owned(),
+                reason: format!(
+                    "{:?}: {}{range}",
+                    header.status(),
+                    header.message().unwrap_or_default()
+                ),
+            });
+        }
+        let response = response.ok_or_else(|| Error::UnexpectedResponse {
+            address: self.address().to_owned(),
+            detail: "handshake answered without a HandshakeResponse".to_owned(),
+        })?;
+        let server = response.server();
+        let info = ServerInfo {
+            name: server.and_then(|s| s.name()).unwrap_or_default().to_owned(),
+            version: server
+                .and_then(|s| s.version())
+                .unwrap_or_default()
+                .to_owned(),
+            cluster_name: server
+                .and_then(|s| s.cluster_name())
+                .unwrap_or_default()
+                .to_owned(),
+            broker_name: server
+                .and_then(|s| s.broker_name())
+                .unwrap_or_default()
+                .to_owned(),
+            broker_id: server.map_or(-1, |s| s.broker_id()),
+            protocol_version: response.protocol_version(),
+            max_frame_bytes: response.max_frame_bytes() as usize,
+            max_message_bytes: response.max_message_bytes() as usize,
+        };
+        if info.max_frame_bytes > 0 {
+            *self.lock_encoder() = FrameEncoder::with_max_frame_bytes(info.max_frame_bytes);
+        }
+        debug!(address = %self.address(), server = ?info, "handshake done");
+        let _ = self.server.set(info);
+        Ok(())
+    }
+
+    /// The `host:port` this connection was made to.
+    pub(crate) fn address(&self) -> &str {
+        &self.shared.address
+    }
+
+    /// What the server announced in the handshake.
+    pub(crate) fn server(&self) -> Option<&ServerInfo> {
+        self.server.get()
+    }
+
+    /// Whether the connection has failed or been closed (a new one is needed).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.state().closed.is_some()
+    }
+
+    fn lock_encoder(&self) -> std::sync::MutexGuard<'_, FrameEncoder> {
+        self.encoder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn encode<F>(&self, header: &FrameHeader<'_>, build: F) -> Result<Bytes>
+    where
+        F: FnOnce(&mut FlatBufferBuilder<'static>) -> Body,
+    {
+        self.lock_encoder()
+            .encode(|builder| {
+                let (body_type, body) = build(builder);
+                build_frame(builder, header, body_type, Some(body))
+            })
+            .map_err(|source| Error::Frame {
+                address: self.address().to_owned(),
+                source,
+            })
+    }
+
+    /// Sends a request whose body `build` writes and waits up to `timeout` for its response,
+    /// whatever its status. `operation` names the request in a timeout error.
+    pub(crate) async fn request<F>(
+        &self,
+        operation: &'static str,
+        timeout: Duration,
+        build: F,
+    ) -> Result<VerifiedFrame>
+    where
+        F: FnOnce(&mut FlatBufferBuilder<'static>) -> Body,
+    {
+        let deadline = Instant::now() + timeout;
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let frame = self.encode(&FrameHeader::request(request_id), build)?;
+        let (waiter, answer) = oneshot::channel();
+        {
+            let mut state = self.shared.state();
+            if let Some(reason) = &state.closed {
+                return Err(self.shared.closed_error(reason));
+            }
+            state.pending.insert(request_id, waiter);
+        }
+        let _guard = PendingGuard {
+            shared: &self.shared,
+            request_id,
+        };
+        let timeout_error = || Error::Timeout {
+            operation,
+            address: self.address().to_owned(),
+            timeout,
+        };
+        match tokio::time::timeout_at(deadline, self.outgoing.send(frame)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(self.shared.closed_error("the writer stopped")),
+            Err(_) => return Err(timeout_error()),
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(self.shared.closed_error("the reader stopped")),
+            Err(_) => Err(timeout_error()),
+        }
+    }
+
+    /// Sends a ONE_WAY frame (no response); returns once it is queued for the socket.
+    pub(crate) async fn one_way<F>(&self, timeout: Duration, build: F) -> Result<()>
+    where
+        F: FnOnce(&mut FlatBufferBuilder<'static>) -> Body,
+    {
+        if let Some(reason) = &self.shared.state().closed {
+            return Err(self.shared.closed_error(reason));
+        }
+        let frame = self.encode(&FrameHeader::one_way(), build)?;
+        match tokio::time::timeout(timeout, self.outgoing.send(frame)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(self.shared.closed_error("the writer stopped")),
+            Err(_) => Err(Error::Timeout {
+                operation: "one-way send",
+                address: self.address().to_owned(),
+                timeout,
+            }),
+        }
+    }
+}
+
+/// The writer task: frames from `queued` into the socket, batching whatever has queued up.
+async fn write_frames(
+    shared: Arc<Shared>,
+    write_half: OwnedWriteHalf,
+    mut queued: mpsc::Receiver<Bytes>,
+) {
+    let mut writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, write_half);
+    while let Some(frame) = queued.recv().await {
+        let mut outcome = writer.write_all(&frame).await;
+        while outcome.is_ok() {
+            match queued.try_recv() {
+                Ok(more) => outcome = writer.write_all(&more).await,
+                Err(_) => break,
+            }
+        }
+        if outcome.is_ok() {
+            outcome = writer.flush().await;
+        }
+        if let Err(error) = outcome {
+            shared.close(format!("write failed: {error}"));
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// The reader task: frames from the socket to the requests waiting for them.
+async fn read_frames(
+    shared: Arc<Shared>,
+    mut read_half: OwnedReadHalf,
+    outgoing: mpsc::Sender<Bytes>,
+    notices: Option<mpsc::Sender<Notice>>,
+) {
+    let decoder = FrameDecoder::with_max_frame_bytes(MAX_RESPONSE_FRAME_BYTES);
+    let mut encoder = FrameEncoder::new();
+    let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    loop {
+        loop {
+            match decoder.decode(&mut buffer) {
+                Ok(Some(frame)) => dispatch(&shared, frame, &outgoing, &notices, &mut encoder),
+                Ok(None) => break,
+                Err(error @ FrameError::Malformed(_)) => {
+                    warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
+                }
+                Err(error) => {
+                    shared.close(format!("the server's byte stream is broken: {error}"));
+                    return;
+                }
+            }
+        }
+        if buffer.capacity() - buffer.len() < READ_BUFFER_BYTES / 4 {
+            buffer.reserve(READ_BUFFER_BYTES);
+        }
+        match read_half.read_buf(&mut buffer).await {
+            Ok(0) => {
+                shared.close("closed by the server".to_owned());
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                shared.close(format!("read failed: {error}"));
+                return;
+            }
+        }
+    }
+}
+
+fn dispatch(
+    shared: &Shared,
+    frame: VerifiedFrame,
+    outgoing: &mpsc::Sender<Bytes>,
+    notices: &Option<mpsc::Sender<Notice>>,
+    encoder: &mut FrameEncoder,
+) {
+    let header = frame.frame();
+    let kind = header.kind();
+    if kind == wire::FrameKind::RESPONSE {
+        let request_id = header.request_id();
+        let waiter = shared.state().pending.remove(&request_id);
+        match waiter {
+            Some(waiter) => {
+                let _ = waiter.send(Ok(frame));
+            }
+            None if request_id == 0 => warn!(
+                address = %shared.address,
+                status = ?header.status(),
+                message = header.message().unwrap_or_default(),
+                "the server refused a frame of ours it could not read"
+            ),
+            // An answer after its request timed out or was abandoned.
+            None => debug!(address = %shared.address, request_id, "late response dropped"),
+        }
+    } else if kind == wire::FrameKind::ONE_WAY {
+        if let Some(notice) = header.body_as_consumer_ids_changed_notice() {
+            let group = notice.consumer_group().unwrap_or_default().to_owned();
+            if let Some(notices) = notices {
+                let _ = notices.try_send(Notice::ConsumerIdsChanged { group });
+            }
+        }
+    } else if kind == wire::FrameKind::REQUEST {
+        let message = format!("this client serves no {:?} requests", header.body_type());
+        if let Ok(answer) = encoder.encode_error_response(
+            header.request_id(),
+            wire::Status::UNKNOWN_REQUEST,
+            &message,
+        ) {
+            let _ = outgoing.try_send(answer);
+        }
+    }
+}
+
+/// Pieces of a fake server for the client's unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// An OK `HandshakeResponse` to request `id`, announcing 1 MiB frames and 1 KiB bodies.
+    pub(crate) fn handshake_response(encoder: &mut FrameEncoder, id: u64) -> Bytes {
+        encoder
+            .encode(|b| {
+                let name = b.create_string("fake-broker");
+                let server = wire::ServerInfo::create(
+                    b,
+                    &wire::ServerInfoArgs {
+                        name: Some(name),
+                        broker_name: Some(name),
+                        broker_id: 0,
+                        ..Default::default()
+                    },
+                );
+                let body = wire::HandshakeResponse::create(
+                    b,
+                    &wire::HandshakeResponseArgs {
+                        protocol_version: 1,
+                        min_protocol_version: 1,
+                        max_protocol_version: 1,
+                        server: Some(server),
+                        max_frame_bytes: 1 << 20,
+                        max_message_bytes: 1 << 10,
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::HandshakeResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+            .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A fake server: answers the handshake, then answers every request with `status` after
+    /// `delay`, in reverse order of arrival for each pair (to check pipelining).
+    async fn fake_server(status: wire::Status) -> (String, JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let task = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let decoder = FrameDecoder::new();
+            let mut encoder = FrameEncoder::new();
+            let mut buffer = BytesMut::new();
+            let mut held: Vec<u64> = Vec::new();
+            loop {
+                while let Ok(Some(frame)) = decoder.decode(&mut buffer) {
+                    let header = frame.frame();
+                    let id = header.request_id();
+                    if header.body_as_handshake_request().is_some() {
+                        let answer = testing::handshake_response(&mut encoder, id);
+                        socket.write_all(&answer).await.unwrap();
+                        continue;
+                    }
+                    held.push(id);
+                    if held.len() == 2 {
+                        for id in held.drain(..).rev() {
+                            let answer = encoder.encode_error_response(id, status, "x").unwrap();
+                            socket.write_all(&answer).await.unwrap();
+                        }
+                    }
+                }
+                if socket.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
+                    return;
+                }
+            }
+        });
+        (address, task)
+    }
+
+    fn route_request(builder: &mut FlatBufferBuilder<'static>) -> Body {
+        let topic = builder.create_string("t");
+        let request = wire::GetRouteRequest::create(
+            builder,
+            &wire::GetRouteRequestArgs { topic: Some(topic) },
+        );
+        (wire::Body::GetRouteRequest, request.as_union_value())
+    }
+
+    #[tokio::test]
+    async fn pipelined_responses_find_their_requests() {
+        let (address, server) = fake_server(wire::Status::SYSTEM_BUSY).await;
+        let connection = Connection::connect(&address, "c", Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        assert_eq!(connection.server().unwrap().max_message_bytes, 1024);
+        let timeout = Duration::from_secs(5);
+        let (first, second) = tokio::join!(
+            connection.request("first", timeout, route_request),
+            connection.request("second", timeout, route_request)
+        );
+        let first = first.unwrap();
+        let second = second.unwrap();
+        assert_ne!(first.frame().request_id(), second.frame().request_id());
+        assert_eq!(first.frame().status(), wire::Status::SYSTEM_BUSY);
+        drop(connection);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_closed_server_fails_requests_in_flight() {
+        let (address, server) = fake_server(wire::Status::OK).await;
+        let connection = Connection::connect(&address, "c", Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        // The fake server holds a single request until a second comes; kill it instead.
+        let request = connection.request("held", Duration::from_secs(5), route_request);
+        let abort = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            server.abort();
+        };
+        let (result, ()) = tokio::join!(request, abort);
+        assert!(
+            matches!(result, Err(Error::ConnectionClosed { .. })),
+            "{result:?}"
+        );
+        assert!(connection.is_closed());
+    }
+
+    #[tokio::test]
+    async fn garbage_from_the_server_closes_the_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = BytesMut::new();
+            let decoder = FrameDecoder::new();
+            let mut encoder = FrameEncoder::new();
+            loop {
+                if let Ok(Some(frame)) = decoder.decode(&mut buffer) {
+                    let answer =
+                        testing::handshake_response(&mut encoder, frame.frame().request_id());
+                    socket.write_all(&answer).await.unwrap();
+                    break;
+                }
+                socket.read_buf(&mut buffer).await.unwrap();
+            }
+            // A length prefix of zero: the stream cannot be read any further.
+            socket.write_all(&[0, 0, 0, 0]).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let connection = Connection::connect(&address, "c", Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        let result = connection
+            .request("after garbage", Duration::from_secs(5), route_request)
+            .await;
+        match result {
+            Err(Error::ConnectionClosed { reason, .. }) => {
+                assert!(reason.contains("broken"), "{reason}");
+            }
+            other => panic!("expected a closed connection, got {other:?}"),
+        }
+        assert!(connection.is_closed());
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn refused_connection_says_where() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let error = Connection::connect(&address, "c", Duration::from_secs(1), None)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(&address), "{error}");
+        assert!(error.is_retriable());
+    }
+}

@@ -1,0 +1,465 @@
+//! Messages: what a producer sends ([`Message`]) and what a consumer receives
+//! ([`MessageExt`]), the client-generated unique id ([`new_unique_id`]) and the checks a
+//! message passes before it leaves the client ([`check_topic_name`], [`Message::validate`]).
+//!
+//! Owns the naming and size rules as RocketMQ states them (docs/protocol.md, "Requests and
+//! responses"); the broker checks them again. Never: encoding to the wire (see `protocol`) or
+//! decoding stored records (see `record`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+/// Longest topic name, in bytes (RocketMQ's limit).
+pub const MAX_TOPIC_NAME_BYTES: usize = 127;
+
+/// Longest group name, in bytes (RocketMQ's limit).
+pub const MAX_GROUP_NAME_BYTES: usize = 255;
+
+/// Largest message body the client sends, unless configured lower or the broker announces a
+/// lower limit: 4 MiB (RocketMQ's `maxMessageSize`).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Property names the broker writes itself (or RocketMQ reserves); user properties may not use
+/// them.
+pub const RESERVED_PROPERTY_NAMES: &[&str] = &[
+    "TAGS",
+    "KEYS",
+    "UNIQ_KEY",
+    "__CRC32#",
+    "DELAY",
+    "WAIT",
+    "REAL_TOPIC",
+    "REAL_QID",
+    "RETRY_TOPIC",
+    "ORIGIN_MESSAGE_ID",
+    "RECONSUME_TIME",
+    "MAX_RECONSUME_TIMES",
+    "TRAN_MSG",
+    "PGROUP",
+    "MIN_OFFSET",
+    "MAX_OFFSET",
+];
+
+/// Property holding the message's tag.
+pub const PROPERTY_TAGS: &str = "TAGS";
+/// Property holding the message's keys, space separated.
+pub const PROPERTY_KEYS: &str = "KEYS";
+/// Property holding the client-generated unique id.
+pub const PROPERTY_UNIQUE_ID: &str = "UNIQ_KEY";
+
+fn is_name_char(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'%' | b'|' | b'_' | b'-')
+}
+
+fn check_name(kind: &str, name: &str, max_bytes: usize) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument(format!("{kind} name is empty")));
+    }
+    if name.len() > max_bytes {
+        return Err(Error::InvalidArgument(format!(
+            "{kind} name `{name}` is {} bytes, over the limit of {max_bytes}",
+            name.len()
+        )));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !c.is_ascii() || !is_name_char(*c as u8))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{kind} name `{name}` contains `{bad}`; names match ^[%|a-zA-Z0-9_-]+$"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a topic name: `^[%|a-zA-Z0-9_-]+$`, at most [`MAX_TOPIC_NAME_BYTES`].
+pub fn check_topic_name(topic: &str) -> Result<()> {
+    check_name("topic", topic, MAX_TOPIC_NAME_BYTES)
+}
+
+/// Checks a producer or consumer group name: `^[%|a-zA-Z0-9_-]+$`, at most
+/// [`MAX_GROUP_NAME_BYTES`].
+pub fn check_group_name(group: &str) -> Result<()> {
+    check_name("group", group, MAX_GROUP_NAME_BYTES)
+}
+
+fn check_property_text(what: &str, text: &str) -> Result<()> {
+    if text.contains(['\u{1}', '\u{2}']) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} `{}` contains the separator U+0001 or U+0002 that stored properties use",
+            text.escape_debug()
+        )));
+    }
+    Ok(())
+}
+
+/// A message to send: topic, body, an optional tag, keys for query, user properties and a
+/// unique id generated when the message is made (RocketMQ's `UNIQ_KEY`, the id users see; a
+/// retried send keeps it).
+///
+/// ```
+/// # use shardmq_client::Message;
+/// let message = Message::new("orders", "order 42 created")
+///     .with_tags("created")
+///     .with_keys(["order-42"])
+///     .with_property("region", "eu");
+/// assert_eq!(message.unique_id().len(), 32);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    topic: String,
+    body: Bytes,
+    tags: Option<String>,
+    keys: Vec<String>,
+    properties: Vec<(String, String)>,
+    flag: i32,
+    unique_id: String,
+}
+
+impl Message {
+    /// A message for `topic` with `body` and a fresh unique id. Its born timestamp is set when
+    /// it is sent (as RocketMQ does).
+    #[must_use]
+    pub fn new(topic: impl Into<String>, body: impl Into<Bytes>) -> Self {
+        Self {
+            topic: topic.into(),
+            body: body.into(),
+            tags: None,
+            keys: Vec::new(),
+            properties: Vec::new(),
+            flag: 0,
+            unique_id: new_unique_id(),
+        }
+    }
+
+    /// Sets the message's tag (one tag per message; consumers filter on it).
+    #[must_use]
+    pub fn with_tags(mut self, tags: impl Into<String>) -> Self {
+        let tags = tags.into();
+        self.tags = (!tags.is_empty()).then_some(tags);
+        self
+    }
+
+    /// Sets the message's keys (indexed by the broker for query by key). Each key must be
+    /// non-empty and without spaces; a string with spaces can be split with
+    /// [`with_keys_text`](Self::with_keys_text).
+    #[must_use]
+    pub fn with_keys<I, K>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        self.keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the keys from a space-separated list (RocketMQ's `KEYS` form).
+    #[must_use]
+    pub fn with_keys_text(self, keys: &str) -> Self {
+        self.with_keys(keys.split(' ').filter(|key| !key.is_empty()))
+    }
+
+    /// Adds a user property (replacing an earlier one of the same name).
+    #[must_use]
+    pub fn with_property(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let name = name.into();
+        let value = value.into();
+        match self.properties.iter_mut().find(|(key, _)| *key == name) {
+            Some(entry) => entry.1 = value,
+            None => self.properties.push((name, value)),
+        }
+        self
+    }
+
+    /// Sets the application flag, stored as is.
+    #[must_use]
+    pub fn with_flag(mut self, flag: i32) -> Self {
+        self.flag = flag;
+        self
+    }
+
+    /// Replaces the generated unique id (to resend a message under its original id).
+    #[must_use]
+    pub fn with_unique_id(mut self, unique_id: impl Into<String>) -> Self {
+        self.unique_id = unique_id.into();
+        self
+    }
+
+    #[must_use]
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    #[must_use]
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    #[must_use]
+    pub fn tags(&self) -> Option<&str> {
+        self.tags.as_deref()
+    }
+
+    #[must_use]
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// User properties, in the order they were added.
+    #[must_use]
+    pub fn properties(&self) -> &[(String, String)] {
+        &self.properties
+    }
+
+    #[must_use]
+    pub fn flag(&self) -> i32 {
+        self.flag
+    }
+
+    /// The client-generated unique id (32 hex characters; see [`new_unique_id`]).
+    #[must_use]
+    pub fn unique_id(&self) -> &str {
+        &self.unique_id
+    }
+
+    /// Checks everything the broker would refuse, so the error comes early and names the
+    /// field: topic name, body size (`1..=max_body_bytes`), tag, keys and properties.
+    pub fn validate(&self, max_body_bytes: usize) -> Result<()> {
+        check_topic_name(&self.topic)?;
+        if self.body.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "message to topic {}: the body is empty",
+                self.topic
+            )));
+        }
+        if self.body.len() > max_body_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "message body is {} bytes, over max_message_bytes ({max_body_bytes})",
+                self.body.len()
+            )));
+        }
+        if let Some(tags) = &self.tags {
+            check_property_text("tag", tags)?;
+            if tags.contains("||") {
+                return Err(Error::InvalidArgument(format!(
+                    "tag `{tags}` contains `||`, which tag expressions use to separate tags"
+                )));
+            }
+        }
+        for key in &self.keys {
+            if key.is_empty() || key.contains(' ') {
+                return Err(Error::InvalidArgument(format!(
+                    "key `{key}` is empty or contains a space; give each key separately"
+                )));
+            }
+            check_property_text("key", key)?;
+        }
+        for (name, value) in &self.properties {
+            if name.is_empty() || RESERVED_PROPERTY_NAMES.contains(&name.as_str()) {
+                return Err(Error::InvalidArgument(format!(
+                    "property name `{name}` is empty or reserved (reserved: {RESERVED_PROPERTY_NAMES:?})"
+                )));
+            }
+            check_property_text("property name", name)?;
+            check_property_text("property value", value)?;
+        }
+        check_property_text("unique id", &self.unique_id)?;
+        Ok(())
+    }
+}
+
+/// A message as a consumer receives it: the stored record decoded, with where it was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageExt {
+    /// The topic the message was stored in.
+    pub topic: String,
+    /// The broker name it was pulled from (empty when not known, as in a query result).
+    pub broker_name: String,
+    pub queue_id: u32,
+    /// Index of the message in its queue.
+    pub queue_offset: i64,
+    /// Physical offset of the record in its CommitLog (per storage shard).
+    pub commit_log_offset: i64,
+    /// The application flag.
+    pub flag: i32,
+    /// Stored sys flag (bit 0x1: body compressed, as the producer said).
+    pub sys_flag: u32,
+    pub born_timestamp_ms: i64,
+    pub born_host: SocketAddr,
+    pub store_timestamp_ms: i64,
+    pub store_host: SocketAddr,
+    /// How often this message has been redelivered: stored by the broker, plus local
+    /// redeliveries after `ReconsumeLater`.
+    pub reconsume_times: i32,
+    /// Every stored property (`TAGS`, `KEYS`, `UNIQ_KEY`, user properties, the CRC), in
+    /// stored order.
+    pub properties: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl MessageExt {
+    /// The message id users see: the client-generated unique id (`UNIQ_KEY`), or the store
+    /// position (`host:port` + commit log offset in hex) when the producer set none.
+    #[must_use]
+    pub fn msg_id(&self) -> String {
+        match self.property(PROPERTY_UNIQUE_ID) {
+            Some(id) => id.to_owned(),
+            None => format!("{}@{:016X}", self.store_host, self.commit_log_offset),
+        }
+    }
+
+    /// The property `name`, if stored.
+    #[must_use]
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.properties
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The message's tag, if any.
+    #[must_use]
+    pub fn tags(&self) -> Option<&str> {
+        self.property(PROPERTY_TAGS).filter(|tag| !tag.is_empty())
+    }
+
+    /// The message's keys.
+    #[must_use]
+    pub fn keys(&self) -> Vec<&str> {
+        self.property(PROPERTY_KEYS)
+            .map(|keys| keys.split(' ').filter(|key| !key.is_empty()).collect())
+            .unwrap_or_default()
+    }
+
+    /// User properties: every stored property but the ones the broker and client manage.
+    pub fn user_properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.properties
+            .iter()
+            .filter(|(key, _)| !RESERVED_PROPERTY_NAMES.contains(&key.as_str()))
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+    }
+
+    /// Whether the body is compressed (sys flag bit 0x1); the client does not decompress.
+    #[must_use]
+    pub fn is_compressed(&self) -> bool {
+        self.sys_flag & 0x1 != 0
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it): the clock born and store
+/// timestamps use.
+#[must_use]
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// What a unique id starts with in this process: local IPv4 address (4 bytes), process id
+/// (low 2 bytes) and a per-process salt (2 bytes) from the start time, so two processes that
+/// reuse a pid still differ.
+fn unique_id_prefix() -> &'static [u8; 8] {
+    static PREFIX: OnceLock<[u8; 8]> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let mut prefix = [0u8; 8];
+        prefix[..4].copy_from_slice(&crate::instance::local_ipv4().octets());
+        prefix[4..6].copy_from_slice(&(std::process::id() as u16).to_be_bytes());
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|elapsed| elapsed.subsec_nanos())
+            .unwrap_or(0);
+        prefix[6..8].copy_from_slice(&((nanos >> 8) as u16).to_be_bytes());
+        prefix
+    })
+}
+
+/// A new unique message id: 32 upper-case hex characters of local IPv4 address (4 bytes),
+/// process id (2), a per-process salt (2), seconds since the epoch (4) and a per-process
+/// counter (4). Unique unless one process makes more than 2^32 ids within one second.
+#[must_use]
+pub fn new_unique_id() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(unique_id_prefix());
+    let seconds = (now_ms() / 1000) as u32;
+    bytes[8..12].copy_from_slice(&seconds.to_be_bytes());
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    bytes[12..16].copy_from_slice(&count.to_be_bytes());
+    let mut text = String::with_capacity(32);
+    for byte in bytes {
+        text.push_str(&format!("{byte:02X}"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_rocketmq_rules() {
+        assert!(check_topic_name("Topic_1-%|").is_ok());
+        assert!(check_topic_name("").is_err());
+        assert!(check_topic_name("a b").is_err());
+        assert!(check_topic_name("é").is_err());
+        assert!(check_topic_name(&"t".repeat(127)).is_ok());
+        let too_long = check_topic_name(&"t".repeat(128)).unwrap_err().to_string();
+        assert!(
+            too_long.contains("128 bytes, over the limit of 127"),
+            "{too_long}"
+        );
+        assert!(check_group_name(&"g".repeat(255)).is_ok());
+        assert!(check_group_name(&"g".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn validation_names_the_limit() {
+        let big = Message::new("t", vec![0u8; 11]);
+        let error = big.validate(10).unwrap_err().to_string();
+        assert!(
+            error.contains("11 bytes, over max_message_bytes (10)"),
+            "{error}"
+        );
+        assert!(Message::new("t", "x").validate(10).is_ok());
+        assert!(Message::new("t", "").validate(10).is_err());
+        assert!(Message::new("t", "x")
+            .with_keys(["a b"])
+            .validate(10)
+            .is_err());
+        assert!(Message::new("t", "x")
+            .with_property("TAGS", "x")
+            .validate(10)
+            .is_err());
+        assert!(Message::new("t", "x")
+            .with_property("k", "v\u{1}")
+            .validate(10)
+            .is_err());
+        assert!(Message::new("t", "x")
+            .with_tags("A||B")
+            .validate(10)
+            .is_err());
+    }
+
+    #[test]
+    fn keys_text_is_split_on_spaces() {
+        let message = Message::new("t", "x").with_keys_text(" a  b ");
+        assert_eq!(message.keys(), ["a", "b"]);
+    }
+
+    #[test]
+    fn unique_ids_differ_and_are_hex() {
+        let first = new_unique_id();
+        let second = new_unique_id();
+        assert_ne!(first, second);
+        assert_eq!(first.len(), 32);
+        assert!(first.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(&first[..16], &second[..16], "same process, same prefix");
+    }
+}

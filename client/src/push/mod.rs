@@ -1,0 +1,756 @@
+//! The push consumer: pulls the group's share of its subscribed topics in the background and
+//! calls the application's listener (RocketMQ's DefaultMQPushConsumer).
+//!
+//! How it fits together:
+//! - `rebalance.rs` decides which queues this instance owns (every 20 s and on a membership
+//!   notice; clustering shares queues with `allocate.rs`, broadcasting takes them all), starts
+//!   a pull loop per owned queue from where the group left it, and stops the loops of queues
+//!   it lost;
+//! - each pull loop long-polls its queue into a [`process_queue::ProcessQueue`], pausing when
+//!   the queue's cache is over the flow limits, and hands new messages to `consume.rs`;
+//! - `consume.rs` runs the listener on a bounded pool (20 at once): concurrently, or one
+//!   message at a time per queue in offset order (orderly); a message the listener wants
+//!   again (`ReconsumeLater`) stays cached and is redelivered locally after a delay;
+//! - `offset_store.rs` keeps each queue's offset (never past its lowest unfinished message)
+//!   and persists it every 5 s, on rebalance and on shutdown;
+//! - the heartbeat (every 30 s, and on every new connection) keeps the instance in its group.
+//!
+//! Owns: the consumer's configuration and lifecycle (start, shutdown). Never: wire encoding.
+
+mod allocate;
+mod consume;
+mod offset_store;
+mod process_queue;
+mod rebalance;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+pub use allocate::allocate_averagely;
+pub use process_queue::FlowLimits;
+
+use crate::api::HeartbeatGroup;
+use crate::connection::Notice;
+use crate::error::{Error, Result};
+use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
+use crate::message::{check_group_name, check_topic_name, MessageExt};
+use crate::pull_consumer::DEFAULT_PULL_BATCH;
+use crate::route::MessageQueue;
+use crate::subscription::TagExpression;
+use offset_store::{OffsetBackend, OffsetStore};
+use process_queue::ProcessQueue;
+
+/// How often queues are shared out again (RocketMQ's `rebalanceInterval`).
+pub const REBALANCE_INTERVAL: Duration = Duration::from_secs(20);
+
+/// How often consumed offsets are persisted (`persistConsumerOffsetInterval`).
+pub const PERSIST_OFFSETS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How often the consumer tells its brokers it is alive (`heartbeatBrokerInterval`).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long the broker may hold a pull that finds nothing (`brokerSuspendMaxTimeMillis`).
+pub const PULL_WAIT: Duration = Duration::from_secs(15);
+
+/// Listener calls running at once (`consumeThreadMin`/`Max`).
+pub const DEFAULT_CONSUME_THREADS: usize = 20;
+
+/// How long an orderly queue waits before redelivering after `ReconsumeLater`
+/// (`suspendCurrentQueueTimeMillis`).
+pub const DEFAULT_ORDERLY_SUSPEND: Duration = Duration::from_secs(1);
+
+/// How long shutdown waits for listener calls in progress.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+
+/// RocketMQ's delay levels 1..=18; a concurrent `ReconsumeLater` of a message delivered `n`
+/// times before waits level `3 + n` (10 s, 30 s, 1 min, … 2 h), as a retry through
+/// `%RETRY%<group>` would.
+const DELAY_LEVELS_SECONDS: [u64; 18] = [
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+];
+
+/// How a group consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MessageModel {
+    /// The group's members share the queues; each message goes to one member.
+    #[default]
+    Clustering,
+    /// Every member gets every message; each keeps its own offsets in a local file.
+    Broadcasting,
+}
+
+/// Where a group with no stored offset for a queue starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ConsumeFrom {
+    /// After the newest message: only what is sent from now on (RocketMQ's default).
+    #[default]
+    LastOffset,
+    /// From the oldest message still stored.
+    FirstOffset,
+    /// From the first message stored at or after this time (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// What the listener says about the messages it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConsumeResult {
+    /// Consumed; the offset may move past them.
+    Success,
+    /// Not consumed: deliver again later. The messages stay cached (the offset does not move
+    /// past them) and are redelivered by this instance after a delay, with
+    /// `reconsume_times` one higher. A panicking listener counts as this.
+    ReconsumeLater,
+}
+
+/// A listener's future.
+pub type ListenerFuture = Pin<Box<dyn Future<Output = ConsumeResult> + Send + 'static>>;
+
+type ListenerFn = Arc<dyn Fn(Vec<MessageExt>) -> ListenerFuture + Send + Sync>;
+
+#[derive(Clone)]
+enum Listener {
+    Concurrently(ListenerFn),
+    Orderly(ListenerFn),
+}
+
+fn box_listener<F, Fut>(listener: F) -> ListenerFn
+where
+    F: Fn(Vec<MessageExt>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ConsumeResult> + Send + 'static,
+{
+    Arc::new(move |messages| Box::pin(listener(messages)) as ListenerFuture)
+}
+
+/// Everything a running consumer was configured with.
+#[derive(Debug, Clone)]
+struct ConsumerConfig {
+    group: String,
+    model: MessageModel,
+    consume_from: ConsumeFrom,
+    consume_threads: usize,
+    consume_batch_max: usize,
+    pull_batch: u32,
+    flow_limits: FlowLimits,
+    reconsume_delay: Option<Duration>,
+    orderly_suspend: Duration,
+    rebalance_interval: Duration,
+    persist_interval: Duration,
+    pull_wait: Duration,
+}
+
+impl ConsumerConfig {
+    /// The wait before redelivering a message that has failed `failed_deliveries` times.
+    fn redelivery_delay(&self, failed_deliveries: i32) -> Duration {
+        if let Some(delay) = self.reconsume_delay {
+            return delay;
+        }
+        let level = (2 + failed_deliveries.max(1) as usize).min(DELAY_LEVELS_SECONDS.len());
+        Duration::from_secs(DELAY_LEVELS_SECONDS[level - 1])
+    }
+}
+
+/// Configures and starts a [`PushConsumer`].
+pub struct PushConsumerBuilder {
+    options: ClientOptions,
+    group: Option<String>,
+    subscriptions: Vec<(String, String)>,
+    offset_store_dir: Option<PathBuf>,
+    listener: Option<Listener>,
+    config: ConsumerConfig,
+}
+
+impl std::fmt::Debug for PushConsumerBuilder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PushConsumerBuilder")
+            .field("options", &self.options)
+            .field("group", &self.group)
+            .field("subscriptions", &self.subscriptions)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushConsumerBuilder {
+    client_option_setters!();
+
+    /// The consumer group. Required.
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Subscribes to `topic` with a tag expression: `*` for every message, or
+    /// `TagA || TagB`. At least one subscription is required.
+    #[must_use]
+    pub fn subscribe(mut self, topic: impl Into<String>, expression: impl Into<String>) -> Self {
+        self.subscriptions.push((topic.into(), expression.into()));
+        self
+    }
+
+    /// Clustering (default) or broadcasting.
+    #[must_use]
+    pub fn message_model(mut self, model: MessageModel) -> Self {
+        self.config.model = model;
+        self
+    }
+
+    /// Where a queue without a stored offset starts (default: the last offset).
+    #[must_use]
+    pub fn consume_from(mut self, from: ConsumeFrom) -> Self {
+        self.config.consume_from = from;
+        self
+    }
+
+    /// Listener calls running at once (default 20).
+    #[must_use]
+    pub fn consume_threads(mut self, threads: usize) -> Self {
+        self.config.consume_threads = threads;
+        self
+    }
+
+    /// Most messages per listener call (default 1).
+    #[must_use]
+    pub fn consume_batch_max(mut self, messages: usize) -> Self {
+        self.config.consume_batch_max = messages;
+        self
+    }
+
+    /// Messages per pull (default 32).
+    #[must_use]
+    pub fn pull_batch(mut self, messages: u32) -> Self {
+        self.config.pull_batch = messages;
+        self
+    }
+
+    /// When a queue's pulling pauses (default 1000 messages, 100 MiB, span 2000).
+    #[must_use]
+    pub fn flow_limits(mut self, limits: FlowLimits) -> Self {
+        self.config.flow_limits = limits;
+        self
+    }
+
+    /// A fixed wait before a `ReconsumeLater` message is redelivered (default: RocketMQ's
+    /// retry schedule, 10 s, 30 s, 1 min, … up to 2 h).
+    #[must_use]
+    pub fn reconsume_delay(mut self, delay: Duration) -> Self {
+        self.config.reconsume_delay = Some(delay);
+        self
+    }
+
+    /// Orderly mode: how long a queue pauses after `ReconsumeLater` before the same message is
+    /// delivered again (default 1 s).
+    #[must_use]
+    pub fn orderly_suspend(mut self, delay: Duration) -> Self {
+        self.config.orderly_suspend = delay;
+        self
+    }
+
+    /// How often queues are shared out again (default 20 s; membership notices also
+    /// trigger it).
+    #[must_use]
+    pub fn rebalance_interval(mut self, interval: Duration) -> Self {
+        self.config.rebalance_interval = interval;
+        self
+    }
+
+    /// How often offsets are persisted (default 5 s).
+    #[must_use]
+    pub fn persist_interval(mut self, interval: Duration) -> Self {
+        self.config.persist_interval = interval;
+        self
+    }
+
+    /// Broadcasting: the directory of the local offset file (default `~/.shardmq_offsets`);
+    /// the file is `<dir>/<instance name>/<group>/offsets.json`.
+    #[must_use]
+    pub fn offset_store_dir(mut self, directory: impl Into<PathBuf>) -> Self {
+        self.offset_store_dir = Some(directory.into());
+        self
+    }
+
+    /// The listener, called concurrently (up to `consume_threads` at once) with up to
+    /// `consume_batch_max` messages. It runs on the tokio runtime: move blocking work to
+    /// `spawn_blocking`.
+    #[must_use]
+    pub fn listen_concurrently<F, Fut>(mut self, listener: F) -> Self
+    where
+        F: Fn(Vec<MessageExt>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ConsumeResult> + Send + 'static,
+    {
+        self.listener = Some(Listener::Concurrently(box_listener(listener)));
+        self
+    }
+
+    /// The listener, called orderly: one call at a time per queue, messages in queue order;
+    /// after `ReconsumeLater` the queue pauses (`orderly_suspend`) and the same messages come
+    /// again. (Without broker-side queue locks, two members may overlap on a queue for a
+    /// moment while a rebalance moves it.)
+    #[must_use]
+    pub fn listen_orderly<F, Fut>(mut self, listener: F) -> Self
+    where
+        F: Fn(Vec<MessageExt>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ConsumeResult> + Send + 'static,
+    {
+        self.listener = Some(Listener::Orderly(box_listener(listener)));
+        self
+    }
+
+    fn validate(&self) -> Result<(String, BTreeMap<String, TagExpression>, Listener)> {
+        let group = self.group.clone().ok_or_else(|| {
+            Error::Config("a push consumer needs a group; call .group(\"name\")".to_owned())
+        })?;
+        check_group_name(&group)?;
+        if self.subscriptions.is_empty() {
+            return Err(Error::Config(
+                "a push consumer needs a subscription; call .subscribe(\"topic\", \"*\")"
+                    .to_owned(),
+            ));
+        }
+        let mut subscriptions = BTreeMap::new();
+        for (topic, expression) in &self.subscriptions {
+            check_topic_name(topic)?;
+            subscriptions.insert(topic.clone(), TagExpression::parse(expression)?);
+        }
+        let listener = self.listener.clone().ok_or_else(|| {
+            Error::Config(
+                "a push consumer needs a listener; call .listen_concurrently(…) or .listen_orderly(…)"
+                    .to_owned(),
+            )
+        })?;
+        let config = &self.config;
+        if config.consume_threads == 0 || config.consume_batch_max == 0 || config.pull_batch == 0 {
+            return Err(Error::Config(
+                "consume_threads, consume_batch_max and pull_batch must be at least 1".to_owned(),
+            ));
+        }
+        if config.rebalance_interval.is_zero() || config.persist_interval.is_zero() {
+            return Err(Error::Config(
+                "rebalance_interval and persist_interval must be positive".to_owned(),
+            ));
+        }
+        Ok((group, subscriptions, listener))
+    }
+
+    /// Checks the settings, joins the group (heartbeat), takes this instance's share of the
+    /// queues and starts consuming.
+    pub async fn start(self) -> Result<PushConsumer> {
+        let (group, subscriptions, listener) = self.validate()?;
+        let (instance, notices) = ClientInstance::start(self.options, true)?;
+        let backend = match self.config.model {
+            MessageModel::Clustering => OffsetBackend::Broker,
+            MessageModel::Broadcasting => {
+                let directory = self
+                    .offset_store_dir
+                    .unwrap_or_else(default_offset_store_dir);
+                OffsetBackend::LocalFile(
+                    directory
+                        .join(&instance.instance_name)
+                        .join(&group)
+                        .join("offsets.json"),
+                )
+            }
+        };
+        let offsets = OffsetStore::open(&group, backend)?;
+        let config = ConsumerConfig {
+            group,
+            ..self.config
+        };
+        let core = Arc::new(ConsumerCore {
+            workers: Arc::new(Semaphore::new(config.consume_threads)),
+            instance,
+            config,
+            subscriptions,
+            listener,
+            offsets,
+            assigned: Mutex::new(BTreeMap::new()),
+            rebalance_now: Notify::new(),
+            rebalancing: tokio::sync::Mutex::new(()),
+            is_stopping: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+        core.heartbeat_all().await;
+        core.rebalance().await;
+        core.start_background(notices);
+        Ok(PushConsumer { core })
+    }
+}
+
+fn default_offset_store_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".shardmq_offsets")
+}
+
+/// A queue this instance owns now.
+struct Assigned {
+    process_queue: Arc<ProcessQueue>,
+    puller: JoinHandle<()>,
+}
+
+/// The running consumer's state, shared by its tasks.
+struct ConsumerCore {
+    instance: Arc<ClientInstance>,
+    config: ConsumerConfig,
+    subscriptions: BTreeMap<String, TagExpression>,
+    listener: Listener,
+    offsets: OffsetStore,
+    assigned: Mutex<BTreeMap<MessageQueue, Assigned>>,
+    /// One permit per listener call that may run.
+    workers: Arc<Semaphore>,
+    rebalance_now: Notify,
+    /// Held while rebalancing, so the timer, notices and `PushConsumer::rebalance` never
+    /// rebalance at once (two would start two pull loops for one queue).
+    rebalancing: tokio::sync::Mutex<()>,
+    is_stopping: AtomicBool,
+    /// The consumer's own loops: rebalance, heartbeat, offset persistence, notices.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ConsumerCore {
+    fn is_stopping(&self) -> bool {
+        self.is_stopping.load(Ordering::Acquire)
+    }
+
+    fn assigned(&self) -> std::sync::MutexGuard<'_, BTreeMap<MessageQueue, Assigned>> {
+        self.assigned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn assigned_queues(&self) -> Vec<MessageQueue> {
+        self.assigned().keys().cloned().collect()
+    }
+
+    fn heartbeat_group(&self) -> HeartbeatGroup {
+        HeartbeatGroup {
+            group: self.config.group.clone(),
+            is_broadcasting: self.config.model == MessageModel::Broadcasting,
+            is_orderly: matches!(self.listener, Listener::Orderly(_)),
+            subscriptions: self
+                .subscriptions
+                .iter()
+                .map(|(topic, expression)| (topic.clone(), expression.as_str().to_owned()))
+                .collect(),
+        }
+    }
+
+    /// Every broker address of the subscribed topics' cached routes.
+    fn broker_addresses(&self) -> Vec<String> {
+        let mut addresses: Vec<String> = self
+            .instance
+            .namesrv
+            .cached_routes()
+            .iter()
+            .filter(|route| self.subscriptions.contains_key(&route.topic))
+            .flat_map(|route| {
+                route
+                    .all_addresses()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        addresses
+    }
+
+    async fn heartbeat(&self, address: &str) {
+        let groups = [self.heartbeat_group()];
+        if let Err(error) = self
+            .instance
+            .pool
+            .heartbeat(address, self.instance.request_timeout(), &[], &groups)
+            .await
+        {
+            warn!(%address, %error, group = %self.config.group, "heartbeat failed");
+        }
+    }
+
+    /// Heartbeats every broker of the subscribed topics (fetching their routes first).
+    async fn heartbeat_all(&self) {
+        for topic in self.subscriptions.keys() {
+            if let Err(error) = self.instance.namesrv.route(topic).await {
+                warn!(%topic, %error, "no route for a subscribed topic yet");
+            }
+        }
+        for address in self.broker_addresses() {
+            self.heartbeat(&address).await;
+        }
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(tokio::spawn(task));
+    }
+
+    fn start_background(self: &Arc<Self>, notices: Option<tokio::sync::mpsc::Receiver<Notice>>) {
+        let core = Arc::clone(self);
+        self.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(core.config.rebalance_interval) => {}
+                    () = core.rebalance_now.notified() => {}
+                }
+                core.rebalance().await;
+            }
+        });
+        let core = Arc::clone(self);
+        self.spawn(async move {
+            let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                core.heartbeat_all().await;
+            }
+        });
+        let core = Arc::clone(self);
+        self.spawn(async move {
+            let mut ticks = tokio::time::interval(core.config.persist_interval);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let queues = core.assigned_queues();
+                core.offsets.persist(&core.instance, Some(&queues)).await;
+            }
+        });
+        if let Some(mut notices) = notices {
+            let core = Arc::clone(self);
+            self.spawn(async move {
+                while let Some(notice) = notices.recv().await {
+                    match notice {
+                        Notice::ConsumerIdsChanged { group } if group == core.config.group => {
+                            debug!(%group, "group membership changed; rebalancing");
+                            core.rebalance_now.notify_one();
+                        }
+                        Notice::Connected { address } => {
+                            if core.broker_addresses().contains(&address) {
+                                core.heartbeat(&address).await;
+                            }
+                        }
+                        Notice::ConsumerIdsChanged { .. } => {}
+                    }
+                }
+            });
+        }
+    }
+
+    fn stop_tasks(&self) {
+        let tasks = std::mem::take(
+            &mut *self
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for task in tasks {
+            task.abort();
+        }
+        for assigned in self.assigned().values() {
+            assigned.puller.abort();
+        }
+    }
+}
+
+/// A running push consumer. Dropping it stops it abruptly (no final offset commit); call
+/// [`shutdown`](Self::shutdown) to stop cleanly.
+///
+/// ```no_run
+/// # async fn example() -> shardmq_client::Result<()> {
+/// use shardmq_client::{ConsumeFrom, ConsumeResult, PushConsumer};
+/// let consumer = PushConsumer::builder()
+///     .namesrv("127.0.0.1:9876")
+///     .group("order-service")
+///     .subscribe("orders", "created || paid")
+///     .consume_from(ConsumeFrom::FirstOffset)
+///     .listen_concurrently(|messages| async move {
+///         for message in &messages {
+///             println!("{} {}", message.msg_id(), String::from_utf8_lossy(&message.body));
+///         }
+///         ConsumeResult::Success
+///     })
+///     .start()
+///     .await?;
+/// // … later
+/// consumer.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+pub struct PushConsumer {
+    core: Arc<ConsumerCore>,
+}
+
+impl std::fmt::Debug for PushConsumer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PushConsumer")
+            .field("group", &self.core.config.group)
+            .field("client_id", &self.core.instance.client_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushConsumer {
+    /// A builder with RocketMQ's defaults: clustering, from the last offset, 20 listener
+    /// calls at once, one message per call, 32 per pull, flow limits 1000 messages / 100 MiB /
+    /// span 2000, rebalance every 20 s, offsets persisted every 5 s.
+    #[must_use]
+    pub fn builder() -> PushConsumerBuilder {
+        PushConsumerBuilder {
+            options: ClientOptions::default(),
+            group: None,
+            subscriptions: Vec::new(),
+            offset_store_dir: None,
+            listener: None,
+            config: ConsumerConfig {
+                group: String::new(),
+                model: MessageModel::Clustering,
+                consume_from: ConsumeFrom::LastOffset,
+                consume_threads: DEFAULT_CONSUME_THREADS,
+                consume_batch_max: 1,
+                pull_batch: DEFAULT_PULL_BATCH,
+                flow_limits: FlowLimits::default(),
+                reconsume_delay: None,
+                orderly_suspend: DEFAULT_ORDERLY_SUSPEND,
+                rebalance_interval: REBALANCE_INTERVAL,
+                persist_interval: PERSIST_OFFSETS_INTERVAL,
+                pull_wait: PULL_WAIT,
+            },
+        }
+    }
+
+    #[must_use]
+    pub fn group(&self) -> &str {
+        &self.core.config.group
+    }
+
+    /// The client id this instance announces (`ip@instance`); group members are told apart
+    /// by it.
+    #[must_use]
+    pub fn client_id(&self) -> &str {
+        self.core.instance.client_id()
+    }
+
+    /// The queues this instance consumes now, sorted.
+    #[must_use]
+    pub fn assigned_queues(&self) -> Vec<MessageQueue> {
+        self.core.assigned_queues()
+    }
+
+    /// Shares out the queues again now (as the 20 s timer and membership notices do).
+    pub async fn rebalance(&self) {
+        self.core.rebalance().await;
+    }
+
+    /// Stops cleanly: no more pulls, waits (up to 30 s) for listener calls in progress,
+    /// persists every offset, leaves the group at the brokers (so the other members take
+    /// over at once) and closes the connections.
+    pub async fn shutdown(&self) {
+        let core = &self.core;
+        if core.is_stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Let a rebalance in progress finish (a queue it gives up gets its offset persisted);
+        // later ones see `is_stopping` and do nothing.
+        let _no_rebalance = core.rebalancing.lock().await;
+        core.stop_tasks();
+        let permits = u32::try_from(core.config.consume_threads).unwrap_or(u32::MAX);
+        match tokio::time::timeout(SHUTDOWN_WAIT, core.workers.acquire_many(permits)).await {
+            Ok(Ok(permits)) => permits.forget(),
+            Ok(Err(_)) => {}
+            Err(_) => warn!(
+                "listener calls still running after {} s; shutting down anyway",
+                SHUTDOWN_WAIT.as_secs()
+            ),
+        }
+        core.workers.close();
+        let queues = core.assigned_queues();
+        core.offsets.persist(&core.instance, Some(&queues)).await;
+        for assigned in core.assigned().values() {
+            assigned.process_queue.mark_dropped();
+        }
+        for address in core.broker_addresses() {
+            if let Err(error) = core
+                .instance
+                .pool
+                .unregister_client(
+                    &address,
+                    core.instance.request_timeout(),
+                    None,
+                    Some(&core.config.group),
+                )
+                .await
+            {
+                debug!(%address, %error, "leaving the group failed");
+            }
+        }
+        core.instance.shut_down();
+    }
+}
+
+impl Drop for PushConsumer {
+    fn drop(&mut self) {
+        self.core.is_stopping.store(true, Ordering::Release);
+        self.core.stop_tasks();
+        self.core.workers.close();
+        self.core.instance.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redelivery_follows_rocketmq_levels() {
+        let mut config = PushConsumer::builder().config;
+        assert_eq!(config.redelivery_delay(1), Duration::from_secs(10));
+        assert_eq!(config.redelivery_delay(2), Duration::from_secs(30));
+        assert_eq!(config.redelivery_delay(3), Duration::from_secs(60));
+        assert_eq!(config.redelivery_delay(100), Duration::from_secs(7200));
+        config.reconsume_delay = Some(Duration::from_millis(5));
+        assert_eq!(config.redelivery_delay(9), Duration::from_millis(5));
+    }
+
+    #[tokio::test]
+    async fn builder_says_what_is_missing() {
+        let error = PushConsumer::builder()
+            .namesrv("127.0.0.1:1")
+            .group("g")
+            .start()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(".subscribe("), "{error}");
+        let error = PushConsumer::builder()
+            .namesrv("127.0.0.1:1")
+            .group("g")
+            .subscribe("t", "*")
+            .start()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("listener"), "{error}");
+        let error = PushConsumer::builder()
+            .namesrv("127.0.0.1:1")
+            .group("bad group")
+            .start()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("group name"), "{error}");
+    }
+}

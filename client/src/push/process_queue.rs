@@ -1,0 +1,320 @@
+//! One assigned queue's messages on their way from the puller to the listener (RocketMQ's
+//! ProcessQueue).
+//!
+//! Owns: the messages pulled and not yet consumed successfully (by offset), their count and
+//! bytes for flow control, how far the queue has been pulled, the offset that may be committed
+//! (the lowest unfinished message, or how far it was pulled when none is unfinished), and for
+//! orderly consumption whether a consume loop runs. Never: pulling, calling the listener or
+//! committing; the pull loop and the consume tasks do, through these methods.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::message::MessageExt;
+
+/// Limits above which the puller pauses a queue (RocketMQ's pull thresholds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// Most messages cached (`pullThresholdForQueue`, 1000).
+    pub max_cached_messages: usize,
+    /// Most body bytes cached (`pullThresholdSizeForQueue`, 100 MiB).
+    pub max_cached_bytes: usize,
+    /// Largest distance between the first and last cached offsets, concurrent mode only
+    /// (`consumeConcurrentlyMaxSpan`, 2000).
+    pub max_offset_span: i64,
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        Self {
+            max_cached_messages: 1000,
+            max_cached_bytes: 100 * 1024 * 1024,
+            max_offset_span: 2000,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Pulled, not yet consumed successfully, by queue offset.
+    messages: BTreeMap<i64, MessageExt>,
+    cached_bytes: usize,
+    /// The offset after everything pulled so far (the last pull's next begin offset).
+    pulled_up_to: i64,
+    /// Orderly mode: a consume loop is running for this queue.
+    is_consuming: bool,
+}
+
+/// The cached messages of one assigned queue.
+#[derive(Debug)]
+pub(crate) struct ProcessQueue {
+    state: Mutex<State>,
+    is_dropped: AtomicBool,
+}
+
+impl ProcessQueue {
+    /// A queue whose consumption starts at `offset`.
+    pub(crate) fn new(offset: i64) -> Self {
+        Self {
+            state: Mutex::new(State {
+                pulled_up_to: offset,
+                ..State::default()
+            }),
+            is_dropped: AtomicBool::new(false),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the queue was taken away (rebalance, shutdown): nothing more is pulled, and
+    /// consumption results no longer move its offset.
+    pub(crate) fn is_dropped(&self) -> bool {
+        self.is_dropped.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_dropped(&self) {
+        self.is_dropped.store(true, Ordering::Release);
+    }
+
+    /// Whether pulling must pause: over a limit of `limits` (the span only when
+    /// `is_span_limited`, i.e. in concurrent mode). Returns which limit, for the log.
+    pub(crate) fn over_limit(&self, limits: &FlowLimits, is_span_limited: bool) -> Option<String> {
+        let state = self.state();
+        let count = state.messages.len();
+        if count > limits.max_cached_messages {
+            return Some(format!(
+                "{count} cached messages, over {}",
+                limits.max_cached_messages
+            ));
+        }
+        if state.cached_bytes > limits.max_cached_bytes {
+            return Some(format!(
+                "{} cached bytes, over {}",
+                state.cached_bytes, limits.max_cached_bytes
+            ));
+        }
+        if is_span_limited {
+            if let (Some(first), Some(last)) = (
+                state.messages.keys().next(),
+                state.messages.keys().next_back(),
+            ) {
+                let span = last - first;
+                if span > limits.max_offset_span {
+                    return Some(format!(
+                        "offset span {span} (from {first}), over {}",
+                        limits.max_offset_span
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Adds pulled messages (those at or past `pulled_up_to`; a repeat is ignored) and
+    /// records that the queue is pulled up to `next_offset`. Returns the messages added.
+    pub(crate) fn put(&self, messages: Vec<MessageExt>, next_offset: i64) -> Vec<MessageExt> {
+        let mut state = self.state();
+        let mut added = Vec::with_capacity(messages.len());
+        for message in messages {
+            let offset = message.queue_offset;
+            if offset < state.pulled_up_to || state.messages.contains_key(&offset) {
+                continue;
+            }
+            state.cached_bytes += message.body.len();
+            state.messages.insert(offset, message.clone());
+            added.push(message);
+        }
+        state.pulled_up_to = state.pulled_up_to.max(next_offset);
+        added
+    }
+
+    /// Records a pull that found nothing (or nothing matching) up to `next_offset`.
+    pub(crate) fn advance(&self, next_offset: i64) {
+        let mut state = self.state();
+        state.pulled_up_to = state.pulled_up_to.max(next_offset);
+    }
+
+    /// Moves the pull position to `offset` whatever it was (the broker said the offset is
+    /// out of range).
+    pub(crate) fn reset(&self, offset: i64) {
+        self.state().pulled_up_to = offset;
+    }
+
+    /// Where pulling continues.
+    pub(crate) fn pulled_up_to(&self) -> i64 {
+        self.state().pulled_up_to
+    }
+
+    /// Removes consumed messages; returns the offset that may now be committed.
+    pub(crate) fn remove(&self, offsets: &[i64]) -> i64 {
+        let mut state = self.state();
+        for offset in offsets {
+            if let Some(message) = state.messages.remove(offset) {
+                state.cached_bytes -= message.body.len();
+            }
+        }
+        committable(&state)
+    }
+
+    /// The offset that may be committed: the lowest unfinished message's, or how far the
+    /// queue was pulled when none is unfinished.
+    pub(crate) fn committable_offset(&self) -> i64 {
+        committable(&self.state())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn cached_count(&self) -> usize {
+        self.state().messages.len()
+    }
+
+    /// Counts one more delivery of the cached messages at `offsets` (after ReconsumeLater)
+    /// and returns them, for redelivery.
+    pub(crate) fn prepare_redelivery(&self, offsets: &[i64]) -> Vec<MessageExt> {
+        let mut state = self.state();
+        offsets
+            .iter()
+            .filter_map(|offset| {
+                let message = state.messages.get_mut(offset)?;
+                message.reconsume_times = message.reconsume_times.saturating_add(1);
+                Some(message.clone())
+            })
+            .collect()
+    }
+
+    /// Orderly mode: up to `count` cached messages from the lowest offset, left cached.
+    pub(crate) fn first_messages(&self, count: usize) -> Vec<MessageExt> {
+        self.state()
+            .messages
+            .values()
+            .take(count)
+            .cloned()
+            .collect()
+    }
+
+    /// Orderly mode: claims the right to run this queue's consume loop; false when one runs.
+    pub(crate) fn try_start_consuming(&self) -> bool {
+        let mut state = self.state();
+        if state.is_consuming {
+            false
+        } else {
+            state.is_consuming = true;
+            true
+        }
+    }
+
+    /// Orderly mode: ends the consume loop if nothing is cached (true), so that the next
+    /// `put` starts a new one; false when messages are waiting.
+    pub(crate) fn stop_consuming_if_empty(&self) -> bool {
+        let mut state = self.state();
+        if state.messages.is_empty() || self.is_dropped() {
+            state.is_consuming = false;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn committable(state: &State) -> i64 {
+    state
+        .messages
+        .keys()
+        .next()
+        .copied()
+        .unwrap_or(state.pulled_up_to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{decode_records, encode_test_record};
+    use bytes::Bytes;
+
+    fn messages(offsets: std::ops::Range<u64>) -> Vec<MessageExt> {
+        let mut bytes = Vec::new();
+        for offset in offsets {
+            bytes.extend(encode_test_record("t", 0, offset, b"0123456789", &[]));
+        }
+        decode_records(&Bytes::from(bytes), "b").unwrap()
+    }
+
+    #[test]
+    fn commits_stop_at_the_lowest_unfinished_message() {
+        let queue = ProcessQueue::new(0);
+        assert_eq!(queue.put(messages(0..5), 5).len(), 5);
+        assert_eq!(queue.committable_offset(), 0);
+        assert_eq!(queue.remove(&[1, 2]), 0, "offset 0 is still unfinished");
+        assert_eq!(queue.remove(&[0]), 3);
+        assert_eq!(queue.remove(&[4]), 3);
+        assert_eq!(queue.remove(&[3]), 5, "all done: pulled up to 5");
+    }
+
+    #[test]
+    fn filtered_pulls_move_the_commit_point() {
+        let queue = ProcessQueue::new(10);
+        queue.advance(15);
+        assert_eq!(queue.committable_offset(), 15);
+        assert_eq!(queue.pulled_up_to(), 15);
+        assert!(queue.put(messages(10..12), 20).is_empty(), "already passed");
+    }
+
+    #[test]
+    fn flow_control_counts_messages_bytes_and_span() {
+        let limits = FlowLimits {
+            max_cached_messages: 3,
+            max_cached_bytes: 1000,
+            max_offset_span: 2,
+        };
+        let queue = ProcessQueue::new(0);
+        queue.put(messages(0..3), 3);
+        assert!(queue.over_limit(&limits, false).is_none());
+        assert!(queue.over_limit(&limits, true).is_none());
+        queue.put(messages(3..4), 4);
+        assert!(queue
+            .over_limit(&limits, false)
+            .unwrap()
+            .contains("4 cached messages"));
+        queue.remove(&[1, 2, 3]);
+        assert!(queue.over_limit(&limits, true).is_none());
+        queue.put(messages(4..6), 6);
+        // 0 and 5 cached: span 5.
+        assert!(queue.over_limit(&limits, true).unwrap().contains("span 5"));
+        assert!(queue.over_limit(&limits, false).is_none());
+        let small_bytes = FlowLimits {
+            max_cached_bytes: 25,
+            ..limits
+        };
+        assert!(queue
+            .over_limit(&small_bytes, false)
+            .unwrap()
+            .contains("bytes"));
+    }
+
+    #[test]
+    fn redelivery_counts_and_keeps_the_message() {
+        let queue = ProcessQueue::new(0);
+        queue.put(messages(0..2), 2);
+        let again = queue.prepare_redelivery(&[1]);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].reconsume_times, 1);
+        assert_eq!(queue.cached_count(), 2);
+        assert_eq!(queue.first_messages(5).len(), 2);
+    }
+
+    #[test]
+    fn one_orderly_loop_at_a_time() {
+        let queue = ProcessQueue::new(0);
+        assert!(queue.try_start_consuming());
+        assert!(!queue.try_start_consuming());
+        queue.put(messages(0..1), 1);
+        assert!(!queue.stop_consuming_if_empty());
+        queue.remove(&[0]);
+        assert!(queue.stop_consuming_if_empty());
+        assert!(queue.try_start_consuming());
+    }
+}

@@ -1,0 +1,257 @@
+//! Which queues this instance consumes, and the pull loop of each.
+//!
+//! Owns: rebalancing (the subscribed topics' readable queues; in clustering the group's
+//! members from a broker and [`allocate_averagely`]; in broadcasting every queue), starting a
+//! queue at the group's stored offset or else where `ConsumeFrom` says, giving a lost queue
+//! back (its offset persisted first, so the next owner starts there), and the per-queue pull
+//! loop with flow control. Never: calling the listener (see `consume.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use super::allocate::allocate_averagely;
+use super::consume::dispatch;
+use super::process_queue::ProcessQueue;
+use super::{Assigned, ConsumeFrom, ConsumerCore, Listener, MessageModel};
+use crate::api::PullArgs;
+use crate::error::{Error, Result};
+use crate::pull_consumer::PullStatus;
+use crate::route::MessageQueue;
+
+/// How long a queue over its flow limits waits before checking again
+/// (`PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL`).
+const FLOW_CONTROL_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long a pull loop waits after a failed pull (`PULL_TIME_DELAY_MILLS_WHEN_EXCEPTION`).
+const PULL_ERROR_PAUSE: Duration = Duration::from_secs(3);
+
+/// Flow-control pauses between two log lines about the same queue.
+const FLOW_CONTROL_LOG_EVERY: u64 = 1000;
+
+impl ConsumerCore {
+    /// Shares out the queues of every subscribed topic again and starts or stops pull loops
+    /// to match. A topic whose route or members cannot be read now keeps its queues.
+    pub(super) async fn rebalance(self: &Arc<Self>) {
+        let _only_one = self.rebalancing.lock().await;
+        if self.is_stopping() {
+            return;
+        }
+        for topic in self.subscriptions.keys() {
+            match self.queues_for(topic).await {
+                Ok(Some(queues)) => self.apply_assignment(topic, queues).await,
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(%topic, group = %self.config.group, %error, "rebalance skipped")
+                }
+            }
+        }
+    }
+
+    /// This instance's share of `topic`'s queues; `None` when the group's members are unknown
+    /// (no broker answered with any).
+    async fn queues_for(&self, topic: &str) -> Result<Option<BTreeSet<MessageQueue>>> {
+        let route = match self.instance.namesrv.fetch_route(topic).await {
+            Ok(route) => route,
+            Err(error @ Error::TopicNotFound { .. }) => return Err(error),
+            // The name servers are away: keep using the cached route.
+            Err(_) => self.instance.namesrv.route(topic).await?,
+        };
+        let queues = route.read_queues();
+        if self.config.model == MessageModel::Broadcasting {
+            return Ok(Some(queues.into_iter().collect()));
+        }
+        let Some(address) = route
+            .brokers
+            .keys()
+            .find_map(|name| route.read_address(name))
+        else {
+            return Ok(None);
+        };
+        let members = self
+            .instance
+            .pool
+            .consumer_list(address, self.instance.request_timeout(), &self.config.group)
+            .await?;
+        if members.is_empty() {
+            return Ok(None);
+        }
+        let mine = allocate_averagely(&queues, &members, self.instance.client_id());
+        Ok(Some(mine.into_iter().collect()))
+    }
+
+    async fn apply_assignment(self: &Arc<Self>, topic: &str, wanted: BTreeSet<MessageQueue>) {
+        let lost: Vec<(MessageQueue, Assigned)> = {
+            let mut assigned = self.assigned();
+            let lost_queues: Vec<MessageQueue> = assigned
+                .keys()
+                .filter(|queue| queue.topic == topic && !wanted.contains(*queue))
+                .cloned()
+                .collect();
+            lost_queues
+                .into_iter()
+                .filter_map(|queue| assigned.remove(&queue).map(|entry| (queue, entry)))
+                .collect()
+        };
+        for (queue, entry) in lost {
+            entry.process_queue.mark_dropped();
+            entry.puller.abort();
+            self.offsets
+                .persist_and_remove(&self.instance, &queue)
+                .await;
+            info!(%queue, group = %self.config.group, "queue given up");
+        }
+        let held: BTreeSet<MessageQueue> = self.assigned().keys().cloned().collect();
+        for queue in wanted.difference(&held) {
+            if self.is_stopping() {
+                return;
+            }
+            match self.start_offset(queue).await {
+                Ok(offset) => self.take_queue(queue.clone(), offset),
+                Err(error) => {
+                    warn!(%queue, %error, "cannot find where to start the queue; will try at the next rebalance");
+                }
+            }
+        }
+    }
+
+    /// Where consumption of `queue` starts: the stored offset, else per `ConsumeFrom`.
+    async fn start_offset(&self, queue: &MessageQueue) -> Result<i64> {
+        if let Some(offset) = self.offsets.read_persisted(&self.instance, queue).await? {
+            return Ok(offset);
+        }
+        let address = self.instance.broker_address(queue, false).await?;
+        let pool = &self.instance.pool;
+        let timeout = self.instance.request_timeout();
+        match self.config.consume_from {
+            ConsumeFrom::FirstOffset => Ok(pool
+                .queue_offsets(&address, timeout, &queue.topic, queue.queue_id)
+                .await?
+                .0),
+            ConsumeFrom::LastOffset => Ok(pool
+                .queue_offsets(&address, timeout, &queue.topic, queue.queue_id)
+                .await?
+                .1),
+            ConsumeFrom::Timestamp(timestamp_ms) => {
+                pool.offset_by_time(
+                    &address,
+                    timeout,
+                    &queue.topic,
+                    queue.queue_id,
+                    timestamp_ms,
+                )
+                .await
+            }
+        }
+    }
+
+    fn take_queue(self: &Arc<Self>, queue: MessageQueue, offset: i64) {
+        info!(%queue, offset, group = %self.config.group, "queue taken");
+        self.offsets.set(&queue, offset);
+        let process_queue = Arc::new(ProcessQueue::new(offset));
+        let puller = tokio::spawn(pull_loop(
+            Arc::clone(self),
+            queue.clone(),
+            Arc::clone(&process_queue),
+        ));
+        self.assigned().insert(
+            queue,
+            Assigned {
+                process_queue,
+                puller,
+            },
+        );
+    }
+}
+
+/// Pulls `queue` into `process_queue` until the queue is dropped.
+async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: Arc<ProcessQueue>) {
+    let is_span_limited = matches!(core.listener, Listener::Concurrently(_));
+    let tags = core
+        .subscriptions
+        .get(&queue.topic)
+        .cloned()
+        .unwrap_or_else(crate::subscription::TagExpression::all);
+    let mut flow_control_pauses: u64 = 0;
+    while !process_queue.is_dropped() && !core.is_stopping() {
+        if let Some(reason) = process_queue.over_limit(&core.config.flow_limits, is_span_limited) {
+            if flow_control_pauses == 0 {
+                debug!(%queue, %reason, "flow control: pulling paused");
+            }
+            flow_control_pauses = (flow_control_pauses + 1) % FLOW_CONTROL_LOG_EVERY;
+            tokio::time::sleep(FLOW_CONTROL_PAUSE).await;
+            continue;
+        }
+        let offset = process_queue.pulled_up_to();
+        let outcome = async {
+            let address = core.instance.broker_address(&queue, false).await?;
+            let commit_offset = match core.config.model {
+                MessageModel::Clustering => core.offsets.get(&queue).filter(|o| *o > 0),
+                MessageModel::Broadcasting => None,
+            };
+            let args = PullArgs {
+                group: &core.config.group,
+                topic: &queue.topic,
+                broker_name: &queue.broker_name,
+                queue_id: queue.queue_id,
+                offset,
+                max_messages: core.config.pull_batch,
+                tag_expression: tags.as_str(),
+                suspend: core.config.pull_wait,
+                commit_offset,
+            };
+            core.instance.pool.pull(&address, &args).await
+        }
+        .await;
+        if process_queue.is_dropped() {
+            return;
+        }
+        match outcome {
+            Ok(result) => match result.status {
+                PullStatus::Found => {
+                    let matching: Vec<_> = result
+                        .messages
+                        .into_iter()
+                        .filter(|message| tags.matches(message.tags()))
+                        .collect();
+                    let added = process_queue.put(matching, result.next_begin_offset);
+                    core.offsets
+                        .advance(&queue, process_queue.committable_offset());
+                    if !added.is_empty() {
+                        dispatch(&core, &queue, &process_queue, added);
+                    }
+                }
+                PullStatus::NoNewMessage | PullStatus::NoMatchedMessage => {
+                    process_queue.advance(result.next_begin_offset);
+                    core.offsets
+                        .advance(&queue, process_queue.committable_offset());
+                }
+                PullStatus::OffsetIllegal => {
+                    warn!(
+                        %queue,
+                        offset,
+                        next = result.next_begin_offset,
+                        min = result.min_offset,
+                        max = result.max_offset,
+                        "pull offset out of range; moving to the broker's next offset"
+                    );
+                    process_queue.reset(result.next_begin_offset);
+                    core.offsets.set(&queue, result.next_begin_offset);
+                }
+            },
+            Err(error) => {
+                if core.is_stopping() {
+                    return;
+                }
+                warn!(%queue, offset, %error, "pull failed; retrying in {} s", PULL_ERROR_PAUSE.as_secs());
+                if error.is_retriable() {
+                    // The broker may have moved (restarted elsewhere) or gone: look again.
+                    let _ = core.instance.namesrv.fetch_route(&queue.topic).await;
+                }
+                tokio::time::sleep(PULL_ERROR_PAUSE).await;
+            }
+        }
+    }
+}

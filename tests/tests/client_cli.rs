@@ -1,0 +1,245 @@
+//! The `shardmq` command line against a real namesrv and broker: create a topic, send, consume
+//! as a group (offsets committed, so a second run continues where the first stopped), text and
+//! JSON output, and the errors an operator meets.
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use shardmq_tests::{binary_path, LocalCluster};
+use tempfile::TempDir;
+
+fn shardmq(namesrv: &str, args: &[&str]) -> Output {
+    Command::new(binary_path("shardmq"))
+        .arg("--namesrv")
+        .arg(namesrv)
+        .args(args)
+        .output()
+        .expect("shardmq runs")
+}
+
+fn stdout_of(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "shardmq failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
+}
+
+fn json_lines(output: &Output) -> Vec<Value> {
+    stdout_of(output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn send_and_consume_round_trip() {
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    let broker = cluster.broker_addr();
+
+    let created = stdout_of(&shardmq(
+        &namesrv,
+        &[
+            "topic", "create", "CliTopic", "--queues", "2", "--broker", &broker,
+        ],
+    ));
+    assert!(created.contains("created topic CliTopic"), "{created}");
+    // The topic is routed once the broker has re-registered.
+    shardmq_tests::wait_until(shardmq_tests::ROUTE_TIMEOUT, "the route", || {
+        let output = shardmq(&namesrv, &["--json", "topic", "route", "CliTopic"]);
+        output.status.success().then_some(())
+    });
+    let list = json_lines(&shardmq(&namesrv, &["--json", "topic", "list"]));
+    assert!(list[0]["topics"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("CliTopic")));
+
+    let sent = stdout_of(&shardmq(
+        &namesrv,
+        &[
+            "send",
+            "CliTopic",
+            "--body",
+            "hello cli",
+            "--tags",
+            "TagA",
+            "--keys",
+            "k1 k2",
+            "--count",
+            "3",
+        ],
+    ));
+    let lines: Vec<&str> = sent.lines().collect();
+    assert_eq!(lines.len(), 3, "{sent}");
+    assert!(lines.iter().all(|line| line.starts_with("SEND_OK msg_id=")));
+    let sent_json = json_lines(&shardmq(
+        &namesrv,
+        &["--json", "send", "CliTopic", "--body", "as json"],
+    ));
+    assert_eq!(sent_json[0]["status"], "SEND_OK");
+    let json_id = sent_json[0]["msg_id"].as_str().unwrap().to_owned();
+
+    // The first run takes two messages and commits past them; the second takes the rest.
+    let first = stdout_of(&shardmq(
+        &namesrv,
+        &[
+            "consume",
+            "CliTopic",
+            "--group",
+            "cli-group",
+            "--count",
+            "2",
+        ],
+    ));
+    let first_lines: Vec<&str> = first.lines().collect();
+    assert_eq!(first_lines.len(), 2, "{first}");
+    for line in &first_lines {
+        assert!(line.contains("tags=TagA"), "{line}");
+        assert!(line.contains("keys=k1,k2"), "{line}");
+        assert!(line.contains("body=hello cli"), "{line}");
+        assert!(line.contains("queue=CliTopic@broker-a#"), "{line}");
+    }
+    let rest = json_lines(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "consume",
+            "CliTopic",
+            "--group",
+            "cli-group",
+            "--timeout-ms",
+            "1000",
+        ],
+    ));
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    assert!(rest.iter().any(|m| m["msg_id"] == json_id.as_str()));
+    let mut offsets: Vec<(u64, i64)> = rest
+        .iter()
+        .map(|m| {
+            (
+                m["queue_id"].as_u64().unwrap(),
+                m["queue_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 2);
+
+    let progress = json_lines(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "progress",
+            "cli-group",
+            "--topic",
+            "CliTopic",
+        ],
+    ));
+    assert_eq!(progress[0]["total_lag"], 0);
+    let status = stdout_of(&shardmq(&namesrv, &["topic", "status", "CliTopic"]));
+    assert!(status.contains("broker-a"), "{status}");
+    let clusters = json_lines(&shardmq(&namesrv, &["--json", "cluster", "list"]));
+    assert_eq!(clusters[0]["clusters"][0]["cluster_name"], "DefaultCluster");
+    assert_eq!(
+        clusters[0]["clusters"][0]["brokers"][0]["addresses"][0]["address"],
+        broker.as_str()
+    );
+
+    // Another group starting from the last offset sees nothing old.
+    let latest = json_lines(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "consume",
+            "CliTopic",
+            "--group",
+            "late-group",
+            "--from",
+            "last",
+            "--timeout-ms",
+            "300",
+        ],
+    ));
+    assert!(latest.is_empty());
+}
+
+#[test]
+fn operator_errors_are_explained() {
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+
+    let missing = shardmq(&namesrv, &["send", "Nowhere", "--body", "x"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("has no route"), "{stderr}");
+
+    // Without --broker, a topic goes to every master broker of the cluster(s).
+    let everywhere = stdout_of(&shardmq(
+        &namesrv,
+        &["topic", "create", "Fresh", "--queues", "2"],
+    ));
+    assert!(everywhere.contains(&cluster.broker_addr()), "{everywhere}");
+    let exists = shardmq(&namesrv, &["topic", "create", "Fresh", "--queues", "2"]);
+    assert_eq!(exists.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&exists.stderr);
+    assert!(stderr.contains("TOPIC_ALREADY_EXISTS"), "{stderr}");
+    let updated = stdout_of(&shardmq(
+        &namesrv,
+        &["topic", "update", "Fresh", "--queues", "3"],
+    ));
+    assert!(updated.contains("write_queues=3"), "{updated}");
+    let no_cluster = shardmq(
+        &namesrv,
+        &["topic", "create", "Fresh2", "--cluster", "NoSuchCluster"],
+    );
+    assert_eq!(no_cluster.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&no_cluster.stderr);
+    assert!(
+        stderr.contains("cluster NoSuchCluster has no live master"),
+        "{stderr}"
+    );
+
+    let usage = shardmq(&namesrv, &["consume", "T"]);
+    assert_eq!(usage.status.code(), Some(2), "--group is required");
+
+    let bad_name = shardmq(
+        &namesrv,
+        &[
+            "topic",
+            "create",
+            "bad name",
+            "--broker",
+            &cluster.broker_addr(),
+        ],
+    );
+    assert_eq!(bad_name.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad_name.stderr).contains("topic name"));
+
+    let unreachable = shardmq("127.0.0.1:1", &["topic", "list"]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(stderr.contains("no name server answered"), "{stderr}");
+
+    for command in [
+        vec!["--help"],
+        vec!["topic", "--help"],
+        vec!["topic", "create", "--help"],
+        vec!["send", "--help"],
+        vec!["consume", "--help"],
+        vec!["group", "progress", "--help"],
+    ] {
+        let help = shardmq(&namesrv, &command);
+        assert!(help.status.success(), "{command:?}");
+        assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"));
+    }
+}
