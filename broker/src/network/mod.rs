@@ -334,6 +334,8 @@ pub async fn run(
 
     // Stopping: no new connections; let in-flight requests finish (bounded), then leave.
     drop(listener);
+    // Parked pulls answer now rather than holding the stop for their whole suspend time.
+    shard.parking.wake_all();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while shard.inflight_requests.get() > 0 && std::time::Instant::now() < deadline {
         future::or(

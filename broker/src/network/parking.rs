@@ -67,6 +67,14 @@ impl Parking {
         }
     }
 
+    /// Wakes every parked pull (the broker is stopping: each answers at once).
+    pub fn wake_all(&self) {
+        let queues = std::mem::take(&mut *self.queues.borrow_mut());
+        for notify in queues.into_values().flat_map(|q| q.into_values()) {
+            notify.notify_all();
+        }
+    }
+
     /// Pulls parked right now.
     pub fn parked(&self) -> usize {
         self.parked.get()
