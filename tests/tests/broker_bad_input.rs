@@ -519,11 +519,6 @@ fn handshake_without_a_common_version_is_answered_unsupported_version() {
     fixture.assert_still_serving("an unsupported version");
 }
 
-/// docs/protocol.md, "Version handshake", step 3: with no common version the server answers
-/// UNSUPPORTED_VERSION *with a HandshakeResponse* (protocol_version 0 and the server's range),
-/// then closes the connection. The broker answers with no body and keeps the connection open:
-/// `handshake_answer` in broker/src/network/handlers.rs returns a plain refusal.
-
 // ---------------------------------------------------------------------------------------------
 // Names, topics and permissions
 
