@@ -105,23 +105,7 @@ fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameE
     let table = shard.topics();
     let address = shard.store_host.get().to_string();
     FrameEncoder::with_max_frame_bytes(config.max_frame_bytes).encode(|b| {
-        let topics: Vec<_> = table
-            .topics
-            .values()
-            .map(|t| {
-                let name = b.create_string(&t.name);
-                wire::TopicConfig::create(
-                    b,
-                    &wire::TopicConfigArgs {
-                        name: Some(name),
-                        read_queues: t.read_queues,
-                        write_queues: t.write_queues,
-                        perm: t.perm,
-                        is_ordered: t.is_ordered,
-                    },
-                )
-            })
-            .collect();
+        let topics: Vec<_> = table.topics.values().map(|t| t.to_wire(b)).collect();
         let topics = b.create_vector(&topics);
         let cluster = b.create_string(&config.cluster_name);
         let broker = b.create_string(&config.broker_name);

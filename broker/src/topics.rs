@@ -45,6 +45,24 @@ impl TopicConfig {
         self.perm & PERM_WRITE != 0
     }
 
+    /// The config as the wire's `TopicConfig` table (registration and topic listings).
+    pub fn to_wire<'b>(
+        &self,
+        builder: &mut flatbuffers::FlatBufferBuilder<'b>,
+    ) -> flatbuffers::WIPOffset<shardmq_schema::wire::TopicConfig<'b>> {
+        let name = builder.create_string(&self.name);
+        shardmq_schema::wire::TopicConfig::create(
+            builder,
+            &shardmq_schema::wire::TopicConfigArgs {
+                name: Some(name),
+                read_queues: self.read_queues,
+                write_queues: self.write_queues,
+                perm: self.perm,
+                is_ordered: self.is_ordered,
+            },
+        )
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         crate::naming::check_topic_name(&self.name)?;
         if self.read_queues == 0

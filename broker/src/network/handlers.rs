@@ -296,19 +296,7 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
                 .topics
                 .values()
                 .filter(|t| include_system || !is_system_topic(&t.name))
-                .map(|t| {
-                    let name = b.create_string(&t.name);
-                    wire::TopicConfig::create(
-                        b,
-                        &wire::TopicConfigArgs {
-                            name: Some(name),
-                            read_queues: t.read_queues,
-                            write_queues: t.write_queues,
-                            perm: t.perm,
-                            is_ordered: t.is_ordered,
-                        },
-                    )
-                })
+                .map(|t| t.to_wire(b))
                 .collect();
             let topics = b.create_vector(&configs);
             let body = wire::BrokerTopicsResponse::create(
