@@ -45,6 +45,8 @@ pub struct BrokerConfig {
     pub max_batch_messages: usize,
     pub max_inflight_per_connection: usize,
     pub max_connections: usize,
+    /// Time a new connection has to complete its handshake before it is closed.
+    pub handshake_timeout_ms: u64,
     pub max_parked_pulls: usize,
     /// Longest a pull may be held, whatever the client asks.
     pub max_suspend_timeout_ms: u64,
@@ -94,6 +96,7 @@ impl Default for BrokerConfig {
             max_batch_messages: 1024,
             max_inflight_per_connection: 256,
             max_connections: 10_000,
+            handshake_timeout_ms: 10_000,
             max_parked_pulls: 10_000,
             max_suspend_timeout_ms: 30_000,
             max_pull_messages: 1024,
@@ -169,6 +172,9 @@ impl BrokerConfig {
                 "segment_bytes ({}) must exceed max_message_bytes ({}) by at least 64 KiB",
                 self.segment_bytes, self.max_message_bytes
             ));
+        }
+        if self.handshake_timeout_ms == 0 {
+            return Err("handshake_timeout_ms must be positive".into());
         }
         if self.default_topic_queues == 0 || self.default_topic_queues > 1024 {
             return Err("default_topic_queues must be 1..=1024".into());

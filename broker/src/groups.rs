@@ -7,6 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+/// One client connection, named across the broker: which network shard holds it and its id
+/// there. A client may hold several connections; it is gone when its last one closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnectionKey {
+    pub network_shard: usize,
+    pub connection_id: u64,
+}
+
 /// A consumer group as one client declared it in its heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerMembership {
@@ -21,6 +29,8 @@ struct ClientState {
     last_seen_ms: i64,
     producer_groups: BTreeSet<String>,
     consumer_groups: BTreeMap<String, ConsumerMembership>,
+    /// Connections this client has heartbeated on and that are still open.
+    connections: BTreeSet<ConnectionKey>,
 }
 
 #[derive(Debug, Default)]
@@ -29,10 +39,12 @@ pub struct ClientRegistry {
 }
 
 impl ClientRegistry {
-    /// Records a heartbeat; returns consumer groups whose members changed.
+    /// Records a heartbeat received on `connection`; returns consumer groups whose members
+    /// changed.
     pub fn heartbeat(
         &mut self,
         client_id: &str,
+        connection: ConnectionKey,
         now_ms: i64,
         producer_groups: Vec<String>,
         consumer_groups: BTreeMap<String, ConsumerMembership>,
@@ -43,12 +55,19 @@ impl ClientRegistry {
             .map(|c| c.consumer_groups.keys().cloned().collect())
             .unwrap_or_default();
         let current: BTreeSet<String> = consumer_groups.keys().cloned().collect();
+        let mut connections = self
+            .clients
+            .remove(client_id)
+            .map(|c| c.connections)
+            .unwrap_or_default();
+        connections.insert(connection);
         self.clients.insert(
             client_id.to_owned(),
             ClientState {
                 last_seen_ms: now_ms,
                 producer_groups: producer_groups.into_iter().collect(),
                 consumer_groups,
+                connections,
             },
         );
         previous.symmetric_difference(&current).cloned().collect()
@@ -79,7 +98,32 @@ impl ClientRegistry {
         changed
     }
 
-    /// A client's connection closed: it leaves every group.
+    /// One of a client's connections closed. The client leaves every group only when that was
+    /// its last open connection it heartbeated on; returns the consumer groups that changed.
+    pub fn connection_closed(&mut self, client_id: &str, connection: ConnectionKey) -> Vec<String> {
+        let Some(client) = self.clients.get_mut(client_id) else {
+            return Vec::new();
+        };
+        if !client.connections.remove(&connection) || !client.connections.is_empty() {
+            return Vec::new();
+        }
+        self.remove_client(client_id)
+    }
+
+    /// Live members of a producer group with the connections they can be reached on (for
+    /// broker-initiated requests such as transaction check-backs), sorted by client id.
+    pub fn producers_of(&self, group: &str) -> Vec<(String, Vec<ConnectionKey>)> {
+        let mut producers: Vec<(String, Vec<ConnectionKey>)> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.producer_groups.contains(group))
+            .map(|(id, c)| (id.clone(), c.connections.iter().copied().collect()))
+            .collect();
+        producers.sort();
+        producers
+    }
+
+    /// A client leaves every group.
     pub fn remove_client(&mut self, client_id: &str) -> Vec<String> {
         self.clients
             .remove(client_id)
@@ -138,21 +182,28 @@ mod tests {
         }
     }
 
+    fn connection(connection_id: u64) -> ConnectionKey {
+        ConnectionKey {
+            network_shard: 0,
+            connection_id,
+        }
+    }
+
     #[test]
     fn membership_changes_are_reported() {
         let mut registry = ClientRegistry::default();
         let groups = BTreeMap::from([("g".to_string(), member())]);
         assert_eq!(
-            registry.heartbeat("c1", 0, vec![], groups.clone()),
+            registry.heartbeat("c1", connection(1), 0, vec![], groups.clone()),
             vec!["g".to_string()]
         );
         assert!(
             registry
-                .heartbeat("c1", 10, vec![], groups.clone())
+                .heartbeat("c1", connection(1), 10, vec![], groups.clone())
                 .is_empty(),
             "a repeat heartbeat changes nothing"
         );
-        registry.heartbeat("c2", 10, vec!["p".into()], groups);
+        registry.heartbeat("c2", connection(2), 10, vec!["p".into()], groups);
         assert_eq!(
             registry.consumers_of("g"),
             vec!["c1".to_string(), "c2".to_string()]
@@ -161,10 +212,38 @@ mod tests {
         assert!(registry.consumers_of("g").is_empty());
         registry.heartbeat(
             "c3",
+            connection(3),
             0,
             vec![],
             BTreeMap::from([("g".to_string(), member())]),
         );
         assert_eq!(registry.remove_client("c3"), vec!["g".to_string()]);
+    }
+
+    #[test]
+    fn a_client_stays_while_any_of_its_connections_is_open() {
+        let mut registry = ClientRegistry::default();
+        let groups = BTreeMap::from([("g".to_string(), member())]);
+        registry.heartbeat("c1", connection(1), 0, vec!["p".into()], groups.clone());
+        registry.heartbeat("c1", connection(2), 0, vec!["p".into()], groups);
+        assert!(
+            registry.connection_closed("c1", connection(1)).is_empty(),
+            "closing one of two connections must not change the group"
+        );
+        assert_eq!(registry.consumers_of("g"), vec!["c1".to_string()]);
+        assert_eq!(
+            registry.producers_of("p"),
+            vec![("c1".to_string(), vec![connection(2)])]
+        );
+        assert!(
+            registry.connection_closed("c1", connection(9)).is_empty(),
+            "a connection the client never heartbeated on changes nothing"
+        );
+        assert_eq!(
+            registry.connection_closed("c1", connection(2)),
+            vec!["g".to_string()]
+        );
+        assert!(registry.consumers_of("g").is_empty());
+        assert!(registry.producers_of("p").is_empty());
     }
 }

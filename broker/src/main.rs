@@ -127,6 +127,9 @@ struct ServeArgs {
     /// Most open client connections per network shard. [default: 10000]
     #[arg(long)]
     max_connections: Option<usize>,
+    /// Time a new connection has to complete its handshake, in ms. [default: 10000]
+    #[arg(long)]
+    handshake_timeout_ms: Option<u64>,
     /// Most pulls parked (long polling) per network shard. [default: 10000]
     #[arg(long)]
     max_parked_pulls: Option<usize>,
@@ -180,6 +183,7 @@ impl ServeArgs {
             max_batch_messages,
             max_inflight_per_connection,
             max_connections,
+            handshake_timeout_ms,
             max_parked_pulls,
             max_suspend_timeout_ms,
             max_pull_messages,
@@ -206,7 +210,9 @@ fn init_logging(format: &str) {
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in files or pipes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if format == "json" {
         builder.json().init();
     } else {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_channel::oneshot;
 
-use crate::groups::ConsumerMembership;
+use crate::groups::{ConnectionKey, ConsumerMembership};
 use crate::store::{AppendOutcome, EncodedBatch, GetResult, StoreError, TagFilter};
 use crate::topics::{TopicConfig, TopicTable, UpsertError};
 
@@ -110,6 +110,7 @@ pub enum StorageRequest {
     },
     Heartbeat {
         client_id: String,
+        connection: ConnectionKey,
         producer_groups: Vec<String>,
         consumer_groups: BTreeMap<String, ConsumerMembership>,
         reply: Reply<()>,
@@ -123,6 +124,7 @@ pub enum StorageRequest {
     /// A client's connection closed.
     ClientGone {
         client_id: String,
+        connection: ConnectionKey,
     },
     ConsumerList {
         group: String,

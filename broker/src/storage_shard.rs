@@ -385,6 +385,7 @@ impl StorageShard {
             }
             StorageRequest::Heartbeat {
                 client_id,
+                connection,
                 producer_groups,
                 consumer_groups,
                 reply,
@@ -393,6 +394,7 @@ impl StorageShard {
                     let needs_topics = self.ensure_retry_topics(control, consumer_groups.keys());
                     let changed = control.clients.borrow_mut().heartbeat(
                         &client_id,
+                        connection,
                         now_ms(),
                         producer_groups,
                         consumer_groups,
@@ -421,9 +423,15 @@ impl StorageShard {
                 }
                 let _ = reply.send(());
             }
-            StorageRequest::ClientGone { client_id } => {
+            StorageRequest::ClientGone {
+                client_id,
+                connection,
+            } => {
                 if let Some(control) = &self.control {
-                    let changed = control.clients.borrow_mut().remove_client(&client_id);
+                    let changed = control
+                        .clients
+                        .borrow_mut()
+                        .connection_closed(&client_id, connection);
                     self.announce_changes(changed);
                 }
             }

@@ -2066,6 +2066,53 @@ fn consumer_list_holds_heartbeating_clients_and_members_are_told_when_it_changes
 }
 
 #[test]
+fn a_client_stays_in_its_group_until_its_last_connection_closes() {
+    const GROUP: &str = "TwoLines";
+    const TOPIC: &str = "Lines";
+    let dir = temp_dir();
+    // Two network shards, so the two connections may land on different shards.
+    let broker = BrokerProcess::start(dir.path(), &TWO_STORAGE_SHARDS);
+    let mut observer = broker.client();
+    create_topic(&mut observer, TOPIC, 2);
+    let mut first = broker.client();
+    let mut second = broker.client();
+    for (connection, what) in [(&mut first, "first"), (&mut second, "second")] {
+        let (response, _) = connection
+            .request_collecting_one_way(|builder| heartbeat_body(builder, "client-C", GROUP, TOPIC))
+            .unwrap_or_else(|error| panic!("heartbeat on the {what} connection: {error}"));
+        require_status(&response, wire::Status::OK, "heartbeat");
+    }
+    let list = |observer: &mut TestClient| {
+        let (response, _) = observer
+            .request_collecting_one_way(|builder| consumer_list_body(builder, GROUP))
+            .expect("an answer to ConsumerListRequest");
+        consumer_ids(&response)
+    };
+    assert_eq!(list(&mut observer), ["client-C"]);
+
+    // One connection closes; the client still has the other, so it stays. Nothing signals
+    // "the close was processed", so the group is watched for half a second (the broker sees a
+    // close within milliseconds; the old bug showed within that window every time).
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(
+            list(&mut observer),
+            ["client-C"],
+            "closing one of the client's two connections removed it from its group"
+        );
+    }
+
+    // Its last connection closes: now it leaves.
+    drop(second);
+    wait_until(
+        Duration::from_secs(5),
+        "client-C to leave once its last connection closed",
+        || list(&mut observer).is_empty().then_some(()),
+    );
+}
+
+#[test]
 fn silent_consumer_expires_after_the_client_timeout() {
     const GROUP: &str = "Forgetful";
     let dir = temp_dir();

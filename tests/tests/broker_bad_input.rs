@@ -496,7 +496,7 @@ fn requests_before_the_handshake_are_answered_handshake_required() {
 }
 
 #[test]
-fn handshake_without_a_common_version_is_answered_unsupported_version() {
+fn handshake_without_a_common_version_is_answered_unsupported_version_then_closed() {
     let mut fixture = Fixture::start(&[]);
     let mut client = TestClient::connect(fixture.broker.addr()).unwrap();
     let response = client.handshake_with_versions(99, 50).expect("an answer");
@@ -505,18 +505,121 @@ fn handshake_without_a_common_version_is_answered_unsupported_version() {
         wire::Status::UNSUPPORTED_VERSION,
         "versions 50..=99",
     );
-    // Whether the connection closes (as docs/protocol.md says) or stays open, it is not
-    // handshaken: a send is refused or never answered.
-    let answer = client.request(send_body("Target", 0, &[TestMessage::new("unversioned")]));
-    if let Ok(response) = answer {
-        assert_refused(
-            &response,
-            wire::Status::HANDSHAKE_REQUIRED,
-            "a send after a failed handshake",
-        );
-    }
+    let answer = response
+        .frame()
+        .body_as_handshake_response()
+        .expect("the refusal carries a HandshakeResponse naming the broker's versions");
+    assert_eq!(answer.protocol_version(), 0, "no version was agreed");
+    assert!(
+        answer.min_protocol_version() >= 1
+            && answer.min_protocol_version() <= answer.max_protocol_version()
+            && answer.max_protocol_version() < 50,
+        "the broker's range {}..={} is stated",
+        answer.min_protocol_version(),
+        answer.max_protocol_version()
+    );
+    assert_eq!(
+        answer.server().and_then(|s| s.name()),
+        Some("shardmq-broker")
+    );
+    // The connection closes: a send written afterwards is never served.
+    let _ = client.send_request(send_body("Target", 0, &[TestMessage::new("unversioned")]));
+    let frames = client
+        .read_until_closed()
+        .expect("the broker closes the connection after refusing the handshake");
+    assert!(
+        frames.is_empty(),
+        "nothing is answered after a refused handshake ({} frames)",
+        frames.len()
+    );
     assert_eq!(fixture.target_offsets(0), (0, 0));
     fixture.assert_still_serving("an unsupported version");
+}
+
+#[test]
+fn a_frame_over_64_kib_before_the_handshake_is_frame_too_large_and_closed() {
+    let mut fixture = Fixture::start(&[]);
+    let mut client = TestClient::connect(fixture.broker.addr()).unwrap();
+    // Far under max_frame_bytes (16 MiB) but over the pre-handshake limit.
+    let body = vec![0x5A; 256 << 10];
+    let _ = client.send_bytes(&length_prefixed(&body));
+    let frames = client
+        .read_until_closed()
+        .expect("the connection closes after the answer");
+    assert_eq!(frames.len(), 1, "one answer, then close");
+    assert_refused(
+        &frames[0],
+        wire::Status::FRAME_TOO_LARGE,
+        "256 KiB before the handshake",
+    );
+
+    // After the handshake the same size is an ordinary frame (here a malformed one).
+    let mut client = fixture.client();
+    client.send_bytes(&length_prefixed(&body)).unwrap();
+    let response = client.read_frame().expect("an answer");
+    assert_refused(
+        &response,
+        wire::Status::MALFORMED_FRAME,
+        "256 KiB of garbage after the handshake",
+    );
+    let response = client.request(topic_list_body).expect("topic list");
+    assert_eq!(
+        status_of(&response).0,
+        wire::Status::OK,
+        "the connection goes on"
+    );
+    fixture.assert_still_serving("a large frame before the handshake");
+}
+
+#[test]
+fn a_connection_sending_more_than_64_malformed_frames_is_closed() {
+    let mut fixture = Fixture::start(&[]);
+    let mut client = fixture.client();
+    let garbage = length_prefixed(&[0xEE; 32]);
+    let mut all = Vec::new();
+    for _ in 0..70 {
+        all.extend_from_slice(&garbage);
+    }
+    client.send_bytes(&all).unwrap();
+    let frames = client
+        .read_until_closed()
+        .expect("the broker closes a connection that keeps sending garbage");
+    assert_eq!(
+        frames.len(),
+        65,
+        "64 malformed frames are answered, the 65th is answered and the connection closed"
+    );
+    for frame in &frames {
+        assert_refused(frame, wire::Status::MALFORMED_FRAME, "a garbage frame");
+    }
+    fixture.assert_still_serving("70 malformed frames");
+}
+
+#[test]
+fn a_connection_without_a_handshake_is_closed_after_the_handshake_timeout() {
+    let mut fixture = Fixture::start(&["--handshake-timeout-ms", "300"]);
+    let mut silent = TestClient::connect(fixture.broker.addr()).unwrap();
+    let frames = silent
+        .read_until_closed()
+        .expect("a silent connection is closed by the broker within the read timeout");
+    assert!(frames.is_empty(), "nothing is said to a silent connection");
+    // A connection that shook hands stays open past the timeout. A silent connection opened
+    // just after it is the clock: once that one is closed, the first one's timeout has passed.
+    let mut client = fixture.client();
+    let mut waited = TestClient::connect(fixture.broker.addr()).unwrap();
+    let mut clock = TestClient::connect(fixture.broker.addr()).unwrap();
+    waited.handshake().expect("a prompt handshake");
+    let frames = clock
+        .read_until_closed()
+        .expect("the clock connection closes");
+    assert!(frames.is_empty());
+    let response = waited
+        .request(topic_list_body)
+        .expect("a handshaken connection outlives the handshake timeout");
+    assert_eq!(status_of(&response).0, wire::Status::OK);
+    let response = client.request(topic_list_body).expect("topic list");
+    assert_eq!(status_of(&response).0, wire::Status::OK);
+    fixture.assert_still_serving("a connection that never shook hands");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,10 +4,17 @@
 //! Owns the connection's read buffer, its writer task and its limits: at most
 //! `max_inflight_per_connection` requests run at once (reading pauses beyond that, which pushes
 //! back on the client through TCP), and a frame over `max_frame_bytes` closes the connection
-//! after an error answer. A malformed frame gets an error answer and the connection goes on.
+//! after an error answer. A malformed frame gets an error answer and the connection goes on,
+//! up to [`MAX_MALFORMED_FRAMES_PER_CONNECTION`].
+//!
+//! Until the handshake succeeds a connection is on probation: frames are handled one at a time
+//! in order, none may exceed [`PRE_HANDSHAKE_MAX_FRAME_BYTES`], and the handshake must arrive
+//! within `handshake_timeout_ms`; a refused handshake (no common version) closes the connection
+//! after its answer.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -22,16 +29,29 @@ use super::{handlers, NetworkShard, Outbound};
 /// How much is read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 64 << 10;
 
+/// Largest frame accepted before the handshake: a `HandshakeRequest` is a few hundred bytes,
+/// so a stranger cannot make the broker buffer `max_frame_bytes` before saying who it is.
+pub const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
+
+/// Malformed frames one connection may send (each answered) before it is closed.
+pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
+
 /// Per-connection state shared by its request tasks.
 pub struct Connection {
     pub id: u64,
     pub peer: std::net::SocketAddr,
     pub is_handshaken: Cell<bool>,
     pub client_id: RefCell<Option<String>>,
+    is_closing: Cell<bool>,
     out: Rc<local_channel::LocalSender<Outbound>>,
 }
 
 impl Connection {
+    /// Asks the connection to close once the answers already being written are out.
+    pub fn close_after_answers(&self) {
+        self.is_closing.set(true);
+    }
+
     /// Queues frames for the writer (waits when the client reads slower than we answer).
     pub async fn send(&self, frames: Outbound) {
         let _ = self.out.send(frames).await;
@@ -54,6 +74,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         peer,
         is_handshaken: Cell::new(false),
         client_id: RefCell::new(None),
+        is_closing: Cell::new(false),
         out,
     });
     debug!(%peer, connection_id, "connection opened");
@@ -70,7 +91,10 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     })
     .detach();
 
-    let decoder = FrameDecoder::with_max_frame_bytes(shard.config.max_frame_bytes);
+    let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
+    let handshake_timeout = Duration::from_millis(shard.config.handshake_timeout_ms);
+    let handshake_deadline = Instant::now() + handshake_timeout;
+    let mut malformed_frames = 0u32;
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
     'read: loop {
@@ -82,6 +106,22 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     {
                         // Answers to broker-initiated requests; none are outstanding in this
                         // version, so they are dropped.
+                        continue;
+                    }
+                    if !connection.is_handshaken.get() {
+                        // On probation: one frame at a time, so the handshake's outcome is known
+                        // before the next frame is read.
+                        if let Some(frames) = handlers::handle(&shard, &connection, frame).await {
+                            connection.send(frames).await;
+                        }
+                        if connection.is_closing.get() {
+                            debug!(%peer, "closing connection after a refused handshake");
+                            break 'read;
+                        }
+                        if connection.is_handshaken.get() {
+                            decoder =
+                                FrameDecoder::with_max_frame_bytes(shard.config.max_frame_bytes);
+                        }
                         continue;
                     }
                     let Ok(permit) = permits.acquire_static_permit(1).await else {
@@ -102,14 +142,22 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    let answer = shard.with_encoder(|e| {
-                        e.encode_error_response(0, error.status(), &error.to_string())
-                    });
+                    malformed_frames += 1;
+                    let is_over_limit = malformed_frames > MAX_MALFORMED_FRAMES_PER_CONNECTION;
+                    let message = if is_over_limit {
+                        format!(
+                            "{error}; closing the connection after {MAX_MALFORMED_FRAMES_PER_CONNECTION} malformed frames"
+                        )
+                    } else {
+                        error.to_string()
+                    };
+                    let answer = shard
+                        .with_encoder(|e| e.encode_error_response(0, error.status(), &message));
                     if let Ok(frame) = answer {
                         connection.send(vec![frame]).await;
                     }
-                    if error.is_connection_fatal() {
-                        warn!(%peer, %error, "closing connection after a fatal framing error");
+                    if error.is_connection_fatal() || is_over_limit {
+                        warn!(%peer, %error, malformed_frames, "closing connection after a framing error");
                         break 'read;
                     }
                     debug!(%peer, %error, "malformed frame answered");
@@ -122,12 +170,30 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         buffer.reserve(READ_CHUNK_BYTES);
         let start = buffer.len();
         buffer.resize(start + READ_CHUNK_BYTES, 0);
-        match reader.read(&mut buffer[start..]).await {
-            Ok(0) | Err(_) => {
+        let read = if connection.is_handshaken.get() {
+            Some(reader.read(&mut buffer[start..]).await)
+        } else {
+            let remaining = handshake_deadline.saturating_duration_since(Instant::now());
+            futures_lite::future::or(
+                async { Some(reader.read(&mut buffer[start..]).await) },
+                async {
+                    glommio::timer::sleep(remaining).await;
+                    None
+                },
+            )
+            .await
+        };
+        match read {
+            None => {
+                buffer.truncate(start);
+                debug!(%peer, "closing connection: no handshake within {handshake_timeout:?}");
+                break;
+            }
+            Some(Ok(0)) | Some(Err(_)) => {
                 buffer.truncate(start);
                 break;
             }
-            Ok(n) => buffer.truncate(start + n),
+            Some(Ok(n)) => buffer.truncate(start + n),
         }
     }
     // Let running requests answer, then close the writer.

@@ -376,51 +376,77 @@ fn handshake_answer(
     id: u64,
     r: wire::HandshakeRequest<'_>,
 ) -> Answer {
-    let Some(version) = negotiate_protocol_version(r.protocol_version(), r.min_protocol_version())
-    else {
-        return Err(refuse(
-            wire::Status::UNSUPPORTED_VERSION,
-            format!(
+    let negotiated = negotiate_protocol_version(r.protocol_version(), r.min_protocol_version());
+    let refusal_message;
+    let (status, message) = match negotiated {
+        Some(_) => (wire::Status::OK, None),
+        None => {
+            refusal_message = format!(
                 "client speaks protocol versions {}..={}, this broker {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}",
                 r.min_protocol_version(),
                 r.protocol_version()
-            ),
-        ));
+            );
+            (
+                wire::Status::UNSUPPORTED_VERSION,
+                Some(refusal_message.as_str()),
+            )
+        }
     };
-    if let Some(client_id) = r.client_id().filter(|c| !c.is_empty()) {
-        *connection.client_id.borrow_mut() = Some(client_id.to_owned());
-        shard.set_client(connection.id, client_id.to_owned());
+    match negotiated {
+        Some(_) => {
+            if let Some(client_id) = r.client_id().filter(|c| !c.is_empty()) {
+                *connection.client_id.borrow_mut() = Some(client_id.to_owned());
+                shard.set_client(connection.id, client_id.to_owned());
+            }
+            connection.is_handshaken.set(true);
+        }
+        // The answer still describes this broker, so the client can say what to upgrade; then
+        // the connection closes (docs/protocol.md, handshake).
+        None => connection.close_after_answers(),
     }
-    connection.is_handshaken.set(true);
     let config = &shard.config;
-    encode_ok(shard, id, |b| {
-        let name = b.create_string("shardmq-broker");
-        let version_text = b.create_string(env!("CARGO_PKG_VERSION"));
-        let cluster = b.create_string(&config.cluster_name);
-        let broker = b.create_string(&config.broker_name);
-        let server = wire::ServerInfo::create(
-            b,
-            &wire::ServerInfoArgs {
-                name: Some(name),
-                version: Some(version_text),
-                cluster_name: Some(cluster),
-                broker_name: Some(broker),
-                broker_id: config.broker_id,
-            },
-        );
-        let body = wire::HandshakeResponse::create(
-            b,
-            &wire::HandshakeResponseArgs {
-                protocol_version: version,
-                min_protocol_version: MIN_PROTOCOL_VERSION,
-                max_protocol_version: PROTOCOL_VERSION,
-                server: Some(server),
-                max_frame_bytes: config.max_frame_bytes as u32,
-                max_message_bytes: config.max_message_bytes as u32,
-            },
-        );
-        (wire::Body::HandshakeResponse, body.as_union_value())
-    })
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode(|b| {
+                let name = b.create_string("shardmq-broker");
+                let version_text = b.create_string(env!("CARGO_PKG_VERSION"));
+                let cluster = b.create_string(&config.cluster_name);
+                let broker = b.create_string(&config.broker_name);
+                let server = wire::ServerInfo::create(
+                    b,
+                    &wire::ServerInfoArgs {
+                        name: Some(name),
+                        version: Some(version_text),
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: config.broker_id,
+                    },
+                );
+                let body = wire::HandshakeResponse::create(
+                    b,
+                    &wire::HandshakeResponseArgs {
+                        protocol_version: negotiated.unwrap_or(0),
+                        min_protocol_version: MIN_PROTOCOL_VERSION,
+                        max_protocol_version: PROTOCOL_VERSION,
+                        server: Some(server),
+                        max_frame_bytes: config.max_frame_bytes as u32,
+                        max_message_bytes: config.max_message_bytes as u32,
+                    },
+                );
+                let mut header = FrameHeader::response(id, status);
+                if let Some(message) = message {
+                    header = header.with_message(message);
+                }
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::HandshakeResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map(|frame| vec![frame])
+        .map_err(frame_error)
 }
 
 /// The topic's config if the topic may be written by users.
@@ -837,6 +863,7 @@ async fn handle_heartbeat(
     shard
         .ask(0, |reply| StorageRequest::Heartbeat {
             client_id,
+            connection: shard.connection_key(connection.id),
             producer_groups,
             consumer_groups,
             reply,

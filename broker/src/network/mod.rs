@@ -28,6 +28,7 @@ use shardmq_schema::FrameEncoder;
 use tracing::{info, warn};
 
 use crate::config::BrokerConfig;
+use crate::groups::ConnectionKey;
 use crate::mesh::{NetworkEvent, Reply, StorageRequest};
 use crate::meta::storage_shard_of;
 use crate::store::notify::LocalNotify;
@@ -139,6 +140,14 @@ impl NetworkShard {
         id
     }
 
+    /// Names a connection of this shard across the broker.
+    pub fn connection_key(&self, connection_id: u64) -> ConnectionKey {
+        ConnectionKey {
+            network_shard: self.id,
+            connection_id,
+        }
+    }
+
     pub fn connection_count(&self) -> usize {
         self.connections.borrow().len()
     }
@@ -163,7 +172,13 @@ impl NetworkShard {
             ..
         }) = entry
         {
-            self.tell(0, StorageRequest::ClientGone { client_id });
+            self.tell(
+                0,
+                StorageRequest::ClientGone {
+                    client_id,
+                    connection: self.connection_key(connection),
+                },
+            );
         }
     }
 
