@@ -58,8 +58,30 @@ pub struct BrokerConfig {
     pub register_interval_ms: u64,
     pub client_timeout_ms: u64,
     pub offsets_persist_interval_ms: u64,
+    /// Delay levels 1..=N as durations, space separated (units `ms`, `s`, `m`, `h`, `d`);
+    /// RocketMQ's 18 levels by default. Level n waits the n-th duration.
+    pub delay_levels: String,
+    /// Longest a timer message (`deliver_at_ms` or `delay_ms`) may wait (3 days).
+    pub timer_max_delay_ms: u64,
+    /// Most timer messages one storage shard keeps indexed in memory; later ones are indexed
+    /// as earlier ones are delivered.
+    pub timer_max_pending: usize,
+    /// How often delay and timer delivery progress is persisted (the duplicate window after a
+    /// crash).
+    pub schedule_persist_interval_ms: u64,
+    /// Age at which an unresolved transaction half message is first checked back with its
+    /// producer group (RocketMQ's `transactionTimeOut`, the check immunity).
+    pub transaction_timeout_ms: u64,
+    /// How often unresolved half messages are checked back (`transactionCheckInterval`).
+    pub transaction_check_interval_ms: u64,
+    /// Check-backs before an unresolved half message is discarded (`transactionCheckMax`).
+    pub transaction_check_max: u32,
+    /// How long an orderly consumer's queue lock lasts without renewal.
+    pub queue_lock_expiry_ms: u64,
     /// `text` or `json`.
     pub log_format: String,
+    /// Where `/metrics` is served (Prometheus text format); empty: not served.
+    pub metrics_listen: String,
 }
 
 impl Default for BrokerConfig {
@@ -105,7 +127,16 @@ impl Default for BrokerConfig {
             register_interval_ms: 30_000,
             client_timeout_ms: 120_000,
             offsets_persist_interval_ms: 5_000,
+            delay_levels: crate::schedule::DEFAULT_DELAY_LEVELS.into(),
+            timer_max_delay_ms: 3 * 24 * 3600 * 1000,
+            timer_max_pending: 1_000_000,
+            schedule_persist_interval_ms: 1_000,
+            transaction_timeout_ms: 6_000,
+            transaction_check_interval_ms: 60_000,
+            transaction_check_max: 15,
+            queue_lock_expiry_ms: 60_000,
             log_format: "text".into(),
+            metrics_listen: String::new(),
         }
     }
 }
@@ -122,6 +153,27 @@ impl BrokerConfig {
         self.flush.parse().unwrap_or(FlushMode::Async)
     }
 
+    /// The metrics endpoint's address, if one is configured.
+    pub fn metrics_listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        if self.metrics_listen.is_empty() {
+            return Ok(None);
+        }
+        self.metrics_listen.parse().map(Some).map_err(|e| {
+            format!(
+                "metrics_listen address `{}` is not host:port: {e}",
+                self.metrics_listen
+            )
+        })
+    }
+
+    /// The transaction check-back settings.
+    pub fn transaction_settings(&self) -> crate::transaction::CheckSettings {
+        crate::transaction::CheckSettings {
+            timeout_ms: self.transaction_timeout_ms.min(i64::MAX as u64) as i64,
+            check_max: self.transaction_check_max,
+        }
+    }
+
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
         self.listen
             .parse()
@@ -132,6 +184,7 @@ impl BrokerConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.flush.parse::<FlushMode>()?;
         self.listen_addr()?;
+        self.metrics_listen_addr()?;
         for addr in &self.namesrv {
             addr.parse::<SocketAddr>()
                 .map_err(|e| format!("namesrv address `{addr}` is not host:port: {e}"))?;
@@ -176,6 +229,12 @@ impl BrokerConfig {
         if self.handshake_timeout_ms == 0 {
             return Err("handshake_timeout_ms must be positive".into());
         }
+        if self.transaction_check_interval_ms == 0 || self.queue_lock_expiry_ms == 0 {
+            return Err(
+                "transaction_check_interval_ms and queue_lock_expiry_ms must be positive".into(),
+            );
+        }
+        crate::schedule::check_schedule_config(self)?;
         if self.default_topic_queues == 0 || self.default_topic_queues > 1024 {
             return Err("default_topic_queues must be 1..=1024".into());
         }

@@ -159,6 +159,25 @@ impl ClientRegistry {
         ids
     }
 
+    /// (group, live members, subscribed topics sorted) of every consumer group with members,
+    /// sorted by group.
+    pub fn group_summaries(&self) -> Vec<(String, usize, Vec<String>)> {
+        let mut groups: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
+        for client in self.clients.values() {
+            for (group, membership) in &client.consumer_groups {
+                let entry = groups.entry(group.clone()).or_default();
+                entry.0 += 1;
+                entry
+                    .1
+                    .extend(membership.subscriptions.iter().map(|(t, _)| t.clone()));
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(group, (members, topics))| (group, members, topics.into_iter().collect()))
+            .collect()
+    }
+
     /// Consumer groups known, sorted.
     pub fn consumer_groups(&self) -> Vec<String> {
         let groups: BTreeSet<String> = self

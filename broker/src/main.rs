@@ -103,6 +103,9 @@ struct ServeArgs {
     /// Log format: `text` or `json`. [default: text]
     #[arg(long)]
     log_format: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (host:port). [default: off]
+    #[arg(long)]
+    metrics_listen: Option<String>,
     /// Broker id: 0 for a master. [default: 0]
     #[arg(long)]
     broker_id: Option<i64>,
@@ -130,6 +133,18 @@ struct ServeArgs {
     /// Time a new connection has to complete its handshake, in ms. [default: 10000]
     #[arg(long)]
     handshake_timeout_ms: Option<u64>,
+    /// Age in ms at which an unresolved transaction is first checked back. [default: 6000]
+    #[arg(long)]
+    transaction_timeout_ms: Option<u64>,
+    /// How often unresolved transactions are checked back, in ms. [default: 60000]
+    #[arg(long)]
+    transaction_check_interval_ms: Option<u64>,
+    /// Check-backs before an unresolved transaction is discarded. [default: 15]
+    #[arg(long)]
+    transaction_check_max: Option<u32>,
+    /// How long an orderly consumer's queue lock lasts without renewal, in ms. [default: 60000]
+    #[arg(long)]
+    queue_lock_expiry_ms: Option<u64>,
     /// Most pulls parked (long polling) per network shard. [default: 10000]
     #[arg(long)]
     max_parked_pulls: Option<usize>,
@@ -145,6 +160,18 @@ struct ServeArgs {
     /// Requests a storage shard may have queued from one network shard before SYSTEM_BUSY. [default: 4096]
     #[arg(long)]
     storage_queue_depth: Option<usize>,
+    /// Delay levels 1..=N, space separated durations (ms, s, m, h, d). [default: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"]
+    #[arg(long)]
+    delay_levels: Option<String>,
+    /// Longest wait a timer message may ask for, in ms. [default: 259200000 (3 days)]
+    #[arg(long)]
+    timer_max_delay_ms: Option<u64>,
+    /// Most timer messages a storage shard keeps indexed in memory. [default: 1000000]
+    #[arg(long)]
+    timer_max_pending: Option<usize>,
+    /// How often delay/timer delivery progress is persisted, in ms. [default: 1000]
+    #[arg(long)]
+    schedule_persist_interval_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -175,6 +202,7 @@ impl ServeArgs {
             max_message_bytes,
             max_frame_bytes,
             log_format,
+            metrics_listen,
             broker_id,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
@@ -184,11 +212,19 @@ impl ServeArgs {
             max_inflight_per_connection,
             max_connections,
             handshake_timeout_ms,
+            transaction_timeout_ms,
+            transaction_check_interval_ms,
+            transaction_check_max,
+            queue_lock_expiry_ms,
             max_parked_pulls,
             max_suspend_timeout_ms,
             max_pull_messages,
             max_pull_bytes,
-            storage_queue_depth
+            storage_queue_depth,
+            delay_levels,
+            timer_max_delay_ms,
+            timer_max_pending,
+            schedule_persist_interval_ms
         );
         if self.auto_create_topics {
             config.auto_create_topics = true;

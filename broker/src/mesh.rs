@@ -130,6 +130,20 @@ pub enum StorageRequest {
         group: String,
         reply: Reply<Vec<String>>,
     },
+    /// Creates a broker-owned topic (`%RETRY%<group>`, `%DLQ%<group>`) if absent (shard 0).
+    EnsureSystemTopic {
+        name: String,
+        queues: u32,
+        reply: Reply<()>,
+    },
+    /// On-demand figures for a metrics scrape.
+    MetricsSnapshot {
+        reply: Reply<crate::metrics::StorageSnapshot>,
+    },
+    /// Half messages and their resolution (shard 0 only; `transaction.rs`).
+    Transaction(crate::transaction::TransactionRequest),
+    /// Queue locks of orderly consumer groups (shard 0 only; `queue_locks.rs`).
+    QueueLock(crate::queue_locks::LockRequest),
 }
 
 pub enum NetworkEvent {
@@ -141,4 +155,7 @@ pub enum NetworkEvent {
     Arrival { topic: String, queue_id: u32 },
     /// A consumer group's members changed (from storage shard 0).
     ConsumerIdsChanged { group: String },
+    /// Ask a producer on one of this shard's connections about a half message (from storage
+    /// shard 0; `transaction.rs`).
+    TransactionCheck(crate::transaction::CheckBack),
 }

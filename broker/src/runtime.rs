@@ -113,6 +113,7 @@ pub fn run(
             format!("core {core}: {}", [storage, network].concat().join(" + "))
         })
         .collect();
+    let _ = crate::metrics::broker().placement.set(placement.join("; "));
     info!(
         placement = %placement.join("; "),
         storage_shards = storage_count,

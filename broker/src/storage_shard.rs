@@ -33,6 +33,10 @@ struct Control {
     data_dir: PathBuf,
     topics: RefCell<TopicTable>,
     clients: RefCell<ClientRegistry>,
+    /// Queue locks of orderly consumer groups (in memory only).
+    locks: RefCell<crate::queue_locks::QueueLocks>,
+    /// Unresolved transaction half messages (their queues live on this shard).
+    transactions: crate::transaction::Transactions,
 }
 
 struct StorageShard {
@@ -88,6 +92,11 @@ pub async fn run(
             shard_dir.display()
         )
     })?;
+    store.set_flush_observer(Box::new(|took| {
+        crate::metrics::broker()
+            .flush_latency
+            .observe(took.as_secs_f64())
+    }));
     info!(
         shard = id,
         end_offset = report.commitlog.end_offset,
@@ -109,11 +118,29 @@ pub async fn run(
     }
 
     let control = if id == 0 {
-        let topics = TopicTable::load(&config.data_dir)?;
+        let mut topics = TopicTable::load(&config.data_dir)?;
+        let storage_shards = config.storage_cores.len();
+        crate::transaction::ensure_topics(&mut topics, storage_shards);
+        let transactions =
+            crate::transaction::Transactions::new(storage_shards, config.transaction_settings());
+        let summary = transactions
+            .recover(&store)
+            .await
+            .map_err(|e| format!("storage shard 0: cannot read the transaction queues: {e}"))?;
+        info!(
+            half_messages = summary.half_messages,
+            op_records = summary.op_records,
+            unresolved = summary.unresolved,
+            "transactions recovered"
+        );
         Some(Control {
             data_dir: config.data_dir.clone(),
             topics: RefCell::new(topics),
             clients: RefCell::new(ClientRegistry::default()),
+            locks: RefCell::new(crate::queue_locks::QueueLocks::new(
+                config.queue_lock_expiry_ms,
+            )),
+            transactions,
         })
     } else {
         None
@@ -134,11 +161,34 @@ pub async fn run(
     }
     shard.broadcast(|| NetworkEvent::StorageReady { shard: id });
 
+    // Delay levels and timer messages of this shard's queues (schedule.rs, timer.rs).
+    let on_arrival: crate::schedule::ArrivalHook = {
+        let shard = shard.clone();
+        Rc::new(move |topic: &str, queue_id: u32| shard.notify_arrival(topic, queue_id))
+    };
+    let delay_service = crate::schedule::DelayService::start(
+        id,
+        &shard.config,
+        shard.store.clone(),
+        &shard_dir,
+        on_arrival.clone(),
+    )?;
+    let timer_service = crate::timer::TimerService::start(
+        id,
+        &shard.config,
+        shard.store.clone(),
+        &shard_dir,
+        on_arrival,
+    );
     let persist_task = glommio::spawn_local(persist_offsets_loop(shard.clone())).detach();
     let expiry_task = shard
         .control
         .as_ref()
         .map(|_| glommio::spawn_local(expire_clients_loop(shard.clone())).detach());
+    let transaction_check_task = shard
+        .control
+        .as_ref()
+        .map(|_| glommio::spawn_local(transaction_check_loop(shard.clone())).detach());
 
     let loops: Vec<_> = connected_requests
         .into_iter()
@@ -162,10 +212,19 @@ pub async fn run(
     if let Some(task) = expiry_task {
         task.cancel();
     }
+    if let Some(task) = transaction_check_task {
+        task.cancel();
+    }
     persist_task.cancel();
+    delay_service.stop().await;
+    timer_service.stop().await;
     shard.persist_offsets().await;
     if let Err(e) = shard.store.close().await {
         error!(shard = id, error = %e, "closing the store failed");
+    } else {
+        // Closing made every delivery durable: now the progress may say so.
+        delay_service.persist_final().await;
+        timer_service.persist_final().await;
     }
     info!(shard = id, "storage shard stopped");
     Ok(())
@@ -435,6 +494,23 @@ impl StorageShard {
                     self.announce_changes(changed);
                 }
             }
+            StorageRequest::EnsureSystemTopic {
+                name,
+                queues,
+                reply,
+            } => {
+                if let Some(control) = &self.control {
+                    if control
+                        .topics
+                        .borrow_mut()
+                        .ensure_system_topic(&name, queues)
+                    {
+                        self.persist_topics().await;
+                        self.broadcast_topics();
+                    }
+                }
+                let _ = reply.send(());
+            }
             StorageRequest::ConsumerList { group, reply } => {
                 let members = self
                     .control
@@ -442,6 +518,21 @@ impl StorageShard {
                     .map(|c| c.clients.borrow().consumers_of(&group))
                     .unwrap_or_default();
                 let _ = reply.send(members);
+            }
+            StorageRequest::MetricsSnapshot { reply } => {
+                let _ = reply.send(self.metrics_snapshot());
+            }
+            // Dropping the request unanswered tells the network shard this shard cannot serve
+            // it (only shard 0 keeps transactions and locks).
+            StorageRequest::Transaction(request) => {
+                if let Some(control) = &self.control {
+                    control.transactions.serve(&self.store, request).await;
+                }
+            }
+            StorageRequest::QueueLock(request) => {
+                if let Some(control) = &self.control {
+                    control.locks.borrow_mut().serve(request, now_ms());
+                }
             }
         }
     }
@@ -496,6 +587,28 @@ impl StorageShard {
         }
     }
 
+    /// Consumer lag per (group, topic) over this shard's queues, and the CommitLog's size.
+    fn metrics_snapshot(&self) -> crate::metrics::StorageSnapshot {
+        let mut lag: std::collections::BTreeMap<(String, String), u64> = Default::default();
+        for (group, topic, queue_id, committed) in self.offsets.borrow().rows() {
+            let max = self
+                .store
+                .queue_offsets(&topic, queue_id)
+                .map_or(0, |(_, max)| max);
+            *lag.entry((group, topic)).or_default() += max.saturating_sub(committed);
+        }
+        let live_groups = self
+            .control
+            .as_ref()
+            .map(|control| control.clients.borrow().group_summaries())
+            .unwrap_or_default();
+        crate::metrics::StorageSnapshot {
+            consumer_lag: lag.into_iter().map(|((g, t), n)| (g, t, n)).collect(),
+            commitlog_bytes: self.store.commitlog_disk_bytes(),
+            live_groups,
+        }
+    }
+
     async fn persist_offsets(&self) {
         if !self.offsets.borrow().is_dirty() {
             return;
@@ -540,5 +653,32 @@ async fn expire_clients_loop(shard: Rc<StorageShard>) {
         };
         let changed = control.clients.borrow_mut().expire(now_ms(), timeout);
         shard.announce_changes(changed);
+    }
+}
+
+/// Checks back unresolved transactions every `transaction_check_interval_ms` (shard 0).
+async fn transaction_check_loop(shard: Rc<StorageShard>) {
+    let interval = Duration::from_millis(shard.config.transaction_check_interval_ms.max(10));
+    loop {
+        glommio::timer::sleep(interval).await;
+        let Some(control) = &shard.control else {
+            return;
+        };
+        if *shard.stopping.borrow() {
+            return;
+        }
+        control
+            .transactions
+            .check_round(&shard.store, &control.clients, |check| {
+                shard
+                    .events
+                    .get(check.connection.network_shard)
+                    .is_some_and(|sender| {
+                        sender
+                            .try_send(NetworkEvent::TransactionCheck(check))
+                            .is_ok()
+                    })
+            })
+            .await;
     }
 }

@@ -149,8 +149,12 @@ impl Admin {
         }
     }
 
-    fn timeout(&self) -> std::time::Duration {
+    pub(crate) fn timeout(&self) -> std::time::Duration {
         self.instance.request_timeout()
+    }
+
+    pub(crate) fn pool(&self) -> &crate::pool::ConnectionPool {
+        &self.instance.pool
     }
 
     /// Creates `config`'s topic at the broker at `broker_address`; an error with status

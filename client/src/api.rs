@@ -13,7 +13,7 @@ use shardmq_schema::{wire, VerifiedFrame};
 
 use crate::admin::{QueueStats, TopicConfig};
 use crate::error::{Error, Result};
-use crate::message::{now_ms, Message, MessageExt};
+use crate::message::{now_ms, Delay, Message, MessageExt};
 use crate::pool::ConnectionPool;
 use crate::pull_consumer::{PullResult, PullStatus};
 use crate::record::decode_records;
@@ -28,6 +28,8 @@ pub(crate) struct StoredMessage {
     pub unique_id: String,
     pub offset_msg_id: String,
     pub queue_offset: i64,
+    /// Physical offset of the stored record (names a half message when ending a transaction).
+    pub commit_log_offset: i64,
 }
 
 /// A send's answer: the status (OK or one of the "stored, but" statuses) and where each
@@ -78,7 +80,7 @@ pub(crate) fn require_ok(address: &str, frame: VerifiedFrame) -> Result<Verified
     }
 }
 
-fn missing_body(address: &str, what: &str) -> Error {
+pub(crate) fn missing_body(address: &str, what: &str) -> Error {
     Error::UnexpectedResponse {
         address: address.to_owned(),
         detail: format!("the answer carries no {what}"),
@@ -99,7 +101,7 @@ fn strings<'b>(
     Some(builder.create_vector(&offsets))
 }
 
-fn encode_message<'b>(
+pub(crate) fn encode_message<'b>(
     builder: &mut FlatBufferBuilder<'b>,
     message: &Message,
     born_timestamp_ms: i64,
@@ -128,6 +130,12 @@ fn encode_message<'b>(
             .collect();
         Some(builder.create_vector(&pairs))
     };
+    let (delay_level, deliver_at_ms, delay_ms) = match message.delay() {
+        Delay::None => (0, 0, 0),
+        Delay::Level(level) => (i32::try_from(level).unwrap_or(i32::MAX), 0, 0),
+        Delay::At(at_ms) => (0, at_ms, 0),
+        Delay::After(delay) => (0, 0, i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+    };
     wire::Message::create(
         builder,
         &wire::MessageArgs {
@@ -138,9 +146,14 @@ fn encode_message<'b>(
             born_timestamp_ms,
             unique_id: Some(unique_id),
             properties,
-            delay_level: 0,
-            deliver_at_ms: 0,
-            compression: wire::Compression::NONE,
+            delay_level,
+            deliver_at_ms,
+            delay_ms,
+            compression: if message.is_body_compressed() {
+                wire::Compression::ZLIB
+            } else {
+                wire::Compression::NONE
+            },
         },
     )
 }
@@ -243,6 +256,7 @@ impl ConnectionPool {
                 unique_id: result.unique_id().unwrap_or_default().to_owned(),
                 offset_msg_id: result.offset_msg_id().unwrap_or_default().to_owned(),
                 queue_offset: result.queue_offset(),
+                commit_log_offset: result.commit_log_offset(),
             })
             .collect();
         if stored.len() != messages.len() {

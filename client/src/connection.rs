@@ -4,8 +4,9 @@
 //! writer that drains a bounded queue of encoded frames into the socket (several frames per
 //! write when they queue up), and a reader that decodes frames and hands each RESPONSE to the
 //! request waiting for its id. ONE_WAY frames from the server (membership notices) leave
-//! through the [`Notice`] channel; REQUESTs from the server (transaction check-backs, not
-//! served yet) are answered `UNKNOWN_REQUEST` so the server never waits on us.
+//! through the [`Notice`] channel; REQUESTs from the server (transaction check-backs) go to the
+//! connection's [`RequestHandler`], each on a task of its own, and those it does not serve are
+//! answered `UNKNOWN_REQUEST` so the server never waits on us.
 //!
 //! Never: retries or reconnects. A connection that fails is closed for good and fails every
 //! request in flight with [`Error::ConnectionClosed`]; the pool (`pool.rs`) makes a new one.
@@ -49,6 +50,14 @@ const CLIENT_VERSION: &str = concat!("shardmq-client ", env!("CARGO_PKG_VERSION"
 
 /// A frame's body as a request builder writes it.
 pub(crate) type Body = (wire::Body, WIPOffset<UnionWIPOffset>);
+
+/// The encoded RESPONSE frame to a server's request, once it is known (`None`: no answer).
+pub(crate) type ServerAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Bytes>> + Send>>;
+
+/// Serves REQUEST frames a server sends (transaction check-backs): `None` when this client
+/// does not serve the request's kind.
+pub(crate) type RequestHandler = Arc<dyn Fn(VerifiedFrame) -> Option<ServerAnswer> + Send + Sync>;
 
 /// Something the server told the client without being asked, or a connection event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,11 +180,23 @@ impl Connection {
     /// Connects to `address` (`host:port`), shakes hands as `client_id` and returns the
     /// connection. Notices from the server go to `notices` (dropped when it is full: the
     /// consumer's timers cover a lost notice).
+    #[cfg(test)]
     pub(crate) async fn connect(
         address: &str,
         client_id: &str,
         connect_timeout: Duration,
         notices: Option<mpsc::Sender<Notice>>,
+    ) -> Result<Arc<Connection>> {
+        Self::connect_serving(address, client_id, connect_timeout, notices, None).await
+    }
+
+    /// Like [`connect`](Self::connect); the server's requests go to `requests`.
+    pub(crate) async fn connect_serving(
+        address: &str,
+        client_id: &str,
+        connect_timeout: Duration,
+        notices: Option<mpsc::Sender<Notice>>,
+        requests: Option<RequestHandler>,
     ) -> Result<Arc<Connection>> {
         let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await
         {
@@ -208,6 +229,7 @@ impl Connection {
             read_half,
             outgoing.clone(),
             notices,
+            requests,
         ));
         let connection = Arc::new(Connection {
             shared,
@@ -423,6 +445,7 @@ async fn read_frames(
     mut read_half: OwnedReadHalf,
     outgoing: mpsc::Sender<Bytes>,
     notices: Option<mpsc::Sender<Notice>>,
+    requests: Option<RequestHandler>,
 ) {
     let decoder = FrameDecoder::with_max_frame_bytes(MAX_RESPONSE_FRAME_BYTES);
     let mut encoder = FrameEncoder::new();
@@ -430,7 +453,14 @@ async fn read_frames(
     loop {
         loop {
             match decoder.decode(&mut buffer) {
-                Ok(Some(frame)) => dispatch(&shared, frame, &outgoing, &notices, &mut encoder),
+                Ok(Some(frame)) => dispatch(
+                    &shared,
+                    frame,
+                    &outgoing,
+                    &notices,
+                    requests.as_ref(),
+                    &mut encoder,
+                ),
                 Ok(None) => break,
                 Err(error @ FrameError::Malformed(_)) => {
                     warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
@@ -463,6 +493,7 @@ fn dispatch(
     frame: VerifiedFrame,
     outgoing: &mpsc::Sender<Bytes>,
     notices: &Option<mpsc::Sender<Notice>>,
+    requests: Option<&RequestHandler>,
     encoder: &mut FrameEncoder,
 ) {
     let header = frame.frame();
@@ -491,12 +522,20 @@ fn dispatch(
             }
         }
     } else if kind == wire::FrameKind::REQUEST {
-        let message = format!("this client serves no {:?} requests", header.body_type());
-        if let Ok(answer) = encoder.encode_error_response(
-            header.request_id(),
-            wire::Status::UNKNOWN_REQUEST,
-            &message,
-        ) {
+        let (request_id, body_type) = (header.request_id(), header.body_type());
+        if let Some(answer) = requests.and_then(|serve| serve(frame)) {
+            let outgoing = outgoing.clone();
+            tokio::spawn(async move {
+                if let Some(frame) = answer.await {
+                    let _ = outgoing.send(frame).await;
+                }
+            });
+            return;
+        }
+        let message = format!("this client serves no {body_type:?} requests");
+        if let Ok(answer) =
+            encoder.encode_error_response(request_id, wire::Status::UNKNOWN_REQUEST, &message)
+        {
             let _ = outgoing.try_send(answer);
         }
     }

@@ -40,6 +40,8 @@
 
 mod admin;
 mod api;
+mod broker_admin;
+mod compression;
 mod connection;
 mod error;
 mod instance;
@@ -51,18 +53,24 @@ mod pull_consumer;
 mod push;
 mod record;
 mod route;
+mod send_back;
 mod subscription;
+mod transaction;
 
 pub use admin::{
     Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
+pub use broker_admin::{BrokerStatus, GroupSummary, OffsetReset, ResetTarget};
+pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};
 pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use message::{
-    check_group_name, check_topic_name, new_unique_id, now_ms, Message, MessageExt,
-    DEFAULT_MAX_MESSAGE_BYTES, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES, RESERVED_PROPERTY_NAMES,
+    check_group_name, check_topic_name, new_unique_id, now_ms, Delay, Message, MessageExt,
+    DEFAULT_MAX_MESSAGE_BYTES, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES,
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
+    RESERVED_PROPERTY_NAMES,
 };
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
 pub use producer::{
@@ -75,12 +83,15 @@ pub use pull_consumer::{
 };
 pub use push::{
     allocate_averagely, ConsumeFrom, ConsumeResult, FlowLimits, ListenerFuture, MessageModel,
-    PushConsumer, PushConsumerBuilder, DEFAULT_CONSUME_THREADS, DEFAULT_ORDERLY_SUSPEND,
-    HEARTBEAT_INTERVAL, PERSIST_OFFSETS_INTERVAL, PULL_WAIT, REBALANCE_INTERVAL,
+    PushConsumer, PushConsumerBuilder, DEFAULT_CONSUME_THREADS, DEFAULT_CONSUME_TIMEOUT,
+    DEFAULT_MAX_RECONSUME_TIMES, DEFAULT_ORDERLY_LOCK_INTERVAL, DEFAULT_ORDERLY_LOCK_TTL,
+    DEFAULT_ORDERLY_SUSPEND, HEARTBEAT_INTERVAL, PERSIST_OFFSETS_INTERVAL, PULL_WAIT,
+    REBALANCE_INTERVAL,
 };
 pub use record::{decode_records, RecordError, MESSAGE_MAGIC_CODE};
 pub use route::{BrokerData, ClusterInfo, MessageQueue, QueueData, TopicRoute};
 pub use subscription::TagExpression;
+pub use transaction::{TransactionFuture, TransactionSendResult, TransactionState};
 
 /// The wire types, for callers that match on [`Error::status`].
 pub use shardmq_schema::wire;

@@ -40,6 +40,7 @@ pub const RESERVED_PROPERTY_NAMES: &[&str] = &[
     "ORIGIN_MESSAGE_ID",
     "RECONSUME_TIME",
     "MAX_RECONSUME_TIMES",
+    "TIMER_DELIVER_MS",
     "TRAN_MSG",
     "PGROUP",
     "MIN_OFFSET",
@@ -52,6 +53,12 @@ pub const PROPERTY_TAGS: &str = "TAGS";
 pub const PROPERTY_KEYS: &str = "KEYS";
 /// Property holding the client-generated unique id.
 pub const PROPERTY_UNIQUE_ID: &str = "UNIQ_KEY";
+/// Property of a retry or dead-letter copy: the topic the message was first sent to.
+pub const PROPERTY_RETRY_TOPIC: &str = "RETRY_TOPIC";
+/// Property of a retry or dead-letter copy: the message's first id.
+pub const PROPERTY_ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+/// Property of a retry or dead-letter copy: how often it has been sent back.
+pub const PROPERTY_RECONSUME_TIME: &str = "RECONSUME_TIME";
 
 fn is_name_char(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'%' | b'|' | b'_' | b'-')
@@ -120,6 +127,26 @@ pub struct Message {
     properties: Vec<(String, String)>,
     flag: i32,
     unique_id: String,
+    delay: Delay,
+    /// The body is zlib-compressed (done by the producer above its threshold; the stored
+    /// record's sys flag says so and consumers inflate it).
+    is_body_compressed: bool,
+}
+
+/// When a sent message becomes visible to consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Delay {
+    /// At once.
+    #[default]
+    None,
+    /// After the broker's delay level `n` (1-based; RocketMQ's levels `1s 5s 10s 30s 1m … 2h`
+    /// unless the broker is configured otherwise).
+    Level(u32),
+    /// At this time, ms since the Unix epoch (a timer message; up to the broker's horizon, 3
+    /// days by default).
+    At(i64),
+    /// This long after the broker stores it (a timer message, timed on the broker's clock).
+    After(std::time::Duration),
 }
 
 impl Message {
@@ -135,7 +162,50 @@ impl Message {
             properties: Vec::new(),
             flag: 0,
             unique_id: new_unique_id(),
+            delay: Delay::None,
+            is_body_compressed: false,
         }
+    }
+
+    /// Whether the body is zlib-compressed for sending.
+    pub(crate) fn is_body_compressed(&self) -> bool {
+        self.is_body_compressed
+    }
+
+    /// This message with `body` (the zlib form of its body) in place of its body.
+    pub(crate) fn with_compressed_body(mut self, body: Bytes) -> Self {
+        self.body = body;
+        self.is_body_compressed = true;
+        self
+    }
+
+    /// Delivers the message after delay level `level` (1-based): stored at the broker at once,
+    /// visible to consumers only once the level's delay has passed.
+    #[must_use]
+    pub fn with_delay_level(mut self, level: u32) -> Self {
+        self.delay = Delay::Level(level);
+        self
+    }
+
+    /// Delivers the message at `deliver_at_ms` (ms since the Unix epoch); a time already past
+    /// delivers at once.
+    #[must_use]
+    pub fn with_deliver_at_ms(mut self, deliver_at_ms: i64) -> Self {
+        self.delay = Delay::At(deliver_at_ms);
+        self
+    }
+
+    /// Delivers the message `delay` after the broker stores it (millisecond precision).
+    #[must_use]
+    pub fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = Delay::After(delay);
+        self
+    }
+
+    /// When the message becomes visible.
+    #[must_use]
+    pub fn delay(&self) -> Delay {
+        self.delay
     }
 
     /// Sets the message's tag (one tag per message; consumers filter on it).
@@ -270,7 +340,18 @@ impl Message {
             check_property_text("property value", value)?;
         }
         check_property_text("unique id", &self.unique_id)?;
-        Ok(())
+        match self.delay {
+            Delay::Level(0) => Err(Error::InvalidArgument(
+                "delay level 0 is not a level; levels start at 1".to_owned(),
+            )),
+            Delay::At(ms) if ms <= 0 => Err(Error::InvalidArgument(format!(
+                "delivery time {ms} is not a time after the Unix epoch"
+            ))),
+            Delay::After(delay) if delay.is_zero() || delay.as_millis() > i64::MAX as u128 => Err(
+                Error::InvalidArgument(format!("delay {delay:?} must be at least 1 ms")),
+            ),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -343,6 +424,18 @@ impl MessageExt {
             .iter()
             .filter(|(key, _)| !RESERVED_PROPERTY_NAMES.contains(&key.as_str()))
             .map(|(key, value)| (key.as_str(), value.as_str()))
+    }
+
+    /// For a retry or dead-letter copy: the topic the message was first sent to.
+    #[must_use]
+    pub fn retry_topic(&self) -> Option<&str> {
+        self.property(PROPERTY_RETRY_TOPIC)
+    }
+
+    /// For a retry or dead-letter copy: the id of the message it copies (its first id).
+    #[must_use]
+    pub fn origin_message_id(&self) -> Option<&str> {
+        self.property(PROPERTY_ORIGIN_MESSAGE_ID)
     }
 
     /// Whether the body is compressed (sys flag bit 0x1); the client does not decompress.

@@ -15,7 +15,7 @@ use flatbuffers::FlatBufferBuilder;
 use shardmq_schema::VerifiedFrame;
 use tokio::sync::mpsc;
 
-use crate::connection::{Body, Connection, Notice};
+use crate::connection::{Body, Connection, Notice, RequestHandler};
 use crate::error::{Error, Result};
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>;
@@ -27,6 +27,8 @@ pub(crate) struct ConnectionPool {
     notices: Option<mpsc::Sender<Notice>>,
     slots: Mutex<HashMap<String, Slot>>,
     is_shut_down: AtomicBool,
+    /// Serves the servers' requests on every connection made after it is set.
+    requests: std::sync::OnceLock<RequestHandler>,
 }
 
 impl ConnectionPool {
@@ -41,7 +43,15 @@ impl ConnectionPool {
             notices,
             slots: Mutex::new(HashMap::new()),
             is_shut_down: AtomicBool::new(false),
+            requests: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Serves the servers' requests (transaction check-backs) with `handler` on every
+    /// connection made from now on; set it before the first connection. Only the first call
+    /// has an effect.
+    pub(crate) fn serve_requests(&self, handler: RequestHandler) {
+        let _ = self.requests.set(handler);
     }
 
     pub(crate) fn client_id(&self) -> &str {
@@ -65,11 +75,12 @@ impl ConnectionPool {
         if let Some(connection) = current.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(connection));
         }
-        let connection = Connection::connect(
+        let connection = Connection::connect_serving(
             address,
             &self.client_id,
             self.connect_timeout,
             self.notices.clone(),
+            self.requests.get().cloned(),
         )
         .await?;
         *current = Some(Arc::clone(&connection));

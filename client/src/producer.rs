@@ -8,7 +8,8 @@
 //! A [`Producer`] is cheap to clone and every method takes `&self`: many sends may be in flight
 //! at once over the same pipelined connections (spawn them, or join their futures).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,8 +21,12 @@ use tracing::{debug, warn};
 use crate::api::SendAnswer;
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
-use crate::message::{check_group_name, Message, DEFAULT_MAX_MESSAGE_BYTES};
+use crate::message::{check_group_name, Message, MessageExt, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::route::{MessageQueue, TopicRoute};
+use crate::transaction::{
+    check_back_handler, run_local_transaction, CheckFn, EndRequest, TransactionFuture,
+    TransactionSendResult, TransactionState,
+};
 
 /// Default producer group (RocketMQ's `DEFAULT_PRODUCER`).
 pub const DEFAULT_PRODUCER_GROUP: &str = "DEFAULT_PRODUCER";
@@ -93,13 +98,35 @@ pub struct SendResult {
 }
 
 /// Configures and starts a [`Producer`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ProducerBuilder {
     options: ClientOptions,
     group: String,
     send_timeout: Duration,
     retries: u32,
     max_message_bytes: usize,
+    heartbeat_interval: Duration,
+    check_local_transaction: Option<CheckFn>,
+    compress_over_bytes: usize,
+}
+
+impl std::fmt::Debug for ProducerBuilder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ProducerBuilder")
+            .field("options", &self.options)
+            .field("group", &self.group)
+            .field("send_timeout", &self.send_timeout)
+            .field("retries", &self.retries)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("compress_over_bytes", &self.compress_over_bytes)
+            .field(
+                "check_local_transaction",
+                &self.check_local_transaction.is_some(),
+            )
+            .finish()
+    }
 }
 
 impl ProducerBuilder {
@@ -133,28 +160,74 @@ impl ProducerBuilder {
         self
     }
 
+    /// Bodies longer than this are sent zlib-compressed (default 4 KiB, RocketMQ's
+    /// `compressMsgBodyOverHowmuch`); consumers of this crate inflate them transparently. 0
+    /// turns compression off.
+    #[must_use]
+    pub fn compress_over_bytes(mut self, bytes: usize) -> Self {
+        self.compress_over_bytes = bytes;
+        self
+    }
+
+    /// How often the producer tells its brokers it is alive (default 30 s). A broker checks
+    /// back transactions only with producers it has heard from.
+    #[must_use]
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// The producer group's answer to a broker that asks how a transaction ended (RocketMQ's
+    /// `checkLocalTransaction`): called with the half message (its real topic and queue,
+    /// properties and body) when the transaction has been unresolved for the broker's
+    /// `transaction_timeout_ms`. A panic counts as [`TransactionState::Unknown`]. It runs on
+    /// the tokio runtime: move blocking work to `spawn_blocking`.
+    #[must_use]
+    pub fn check_local_transaction<F, Fut>(mut self, check: F) -> Self
+    where
+        F: Fn(MessageExt) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = TransactionState> + Send + 'static,
+    {
+        self.check_local_transaction = Some(Arc::new(move |message| {
+            Box::pin(check(message)) as TransactionFuture
+        }));
+        self
+    }
+
     /// Checks the settings and starts the producer (no connection is made until the first
     /// send).
     pub async fn build(self) -> Result<Producer> {
         check_group_name(&self.group)?;
-        if self.send_timeout.is_zero() || self.max_message_bytes == 0 {
+        if self.send_timeout.is_zero()
+            || self.max_message_bytes == 0
+            || self.heartbeat_interval.is_zero()
+        {
             return Err(Error::Config(
-                "send_timeout and max_message_bytes must be positive".to_owned(),
+                "send_timeout, max_message_bytes and heartbeat_interval must be positive"
+                    .to_owned(),
             ));
         }
         let (instance, _) = ClientInstance::start(self.options, false)?;
+        if let Some(check) = self.check_local_transaction {
+            instance
+                .pool
+                .serve_requests(check_back_handler(self.group.clone(), check));
+        }
         let inner = Arc::new(ProducerInner {
             instance: Arc::clone(&instance),
             group: self.group,
             send_timeout: self.send_timeout,
             retries: self.retries,
             max_message_bytes: self.max_message_bytes,
+            compress_over_bytes: self.compress_over_bytes,
             next_queue: Mutex::new(HashMap::new()),
             is_shut_down: AtomicBool::new(false),
+            heartbeated: Mutex::new(HashSet::new()),
         });
         let heartbeat = Arc::downgrade(&inner);
+        let heartbeat_interval = self.heartbeat_interval;
         instance.spawn(async move {
-            let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+            let mut ticks = tokio::time::interval(heartbeat_interval);
             loop {
                 ticks.tick().await;
                 let Some(inner) = heartbeat.upgrade() else {
@@ -200,9 +273,12 @@ struct ProducerInner {
     send_timeout: Duration,
     retries: u32,
     max_message_bytes: usize,
+    compress_over_bytes: usize,
     /// Per topic, the round-robin position in its write queues.
     next_queue: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     is_shut_down: AtomicBool,
+    /// Brokers told about this producer since it started (check-backs need that).
+    heartbeated: Mutex<HashSet<String>>,
 }
 
 /// How a send picks its queue on each attempt.
@@ -227,6 +303,9 @@ impl Producer {
             send_timeout: DEFAULT_SEND_TIMEOUT,
             retries: DEFAULT_SEND_RETRIES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            heartbeat_interval: HEARTBEAT_INTERVAL,
+            check_local_transaction: None,
+            compress_over_bytes: crate::compression::DEFAULT_COMPRESS_OVER_BYTES,
         }
     }
 
@@ -318,6 +397,81 @@ impl Producer {
                 Some(queue.queue_id),
             )
             .await
+    }
+
+    /// Sends `message` in a transaction (RocketMQ's `sendMessageInTransaction`): stores it as
+    /// a half message, invisible to consumers; runs `local_transaction` with where it was
+    /// stored; then commits the message (delivered once), rolls it back (never delivered) or,
+    /// for [`TransactionState::Unknown`], leaves it to the broker's check-back, which calls the
+    /// group's [`check_local_transaction`](ProducerBuilder::check_local_transaction)
+    /// callback. A panicking local transaction counts as `Unknown`.
+    ///
+    /// The half message's send is retried like [`send`](Self::send), except after a timeout
+    /// (the broker may have stored it). An error means no transaction started; once the local
+    /// transaction has run, the result says whether the broker confirmed its end (if not, the
+    /// check-back resolves it).
+    ///
+    /// ```no_run
+    /// # async fn example() -> shardmq_client::Result<()> {
+    /// use shardmq_client::{Message, Producer, TransactionState};
+    /// let producer = Producer::builder()
+    ///     .namesrv("127.0.0.1:9876")
+    ///     .group("payments")
+    ///     .check_local_transaction(|message| async move {
+    ///         // Look the transaction up in the application's database by message.keys().
+    ///         TransactionState::Commit
+    ///     })
+    ///     .build()
+    ///     .await?;
+    /// let outcome = producer
+    ///     .send_in_transaction(Message::new("payments", "paid"), |sent| async move {
+    ///         println!("half message {} stored; committing the payment", sent.msg_id);
+    ///         TransactionState::Commit
+    ///     })
+    ///     .await?;
+    /// assert!(outcome.is_end_confirmed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn send_in_transaction<F, Fut>(
+        &self,
+        message: Message,
+        local_transaction: F,
+    ) -> Result<TransactionSendResult>
+    where
+        F: FnOnce(SendResult) -> Fut,
+        Fut: Future<Output = TransactionState> + Send + 'static,
+    {
+        let inner = &self.inner;
+        inner.check_running()?;
+        message.validate(inner.max_message_bytes)?;
+        let (address, sent, half_commit_log_offset) = inner.send_half(&message).await?;
+        inner.make_known_to(&address).await;
+        let state = run_local_transaction(local_transaction, sent.clone()).await;
+        let end = EndRequest {
+            producer_group: &inner.group,
+            half_queue_offset: sent.queue_offset,
+            half_commit_log_offset,
+            unique_id: &sent.msg_id,
+            state,
+        };
+        let is_end_confirmed = match inner
+            .instance
+            .pool
+            .end_transaction(&address, inner.send_timeout, &end)
+            .await
+        {
+            Ok(()) => true,
+            Err(error) => {
+                warn!(msg_id = %sent.msg_id, ?state, %error, "ending the transaction failed; the broker will check back");
+                false
+            }
+        };
+        Ok(TransactionSendResult {
+            send_result: sent,
+            state,
+            is_end_confirmed,
+        })
     }
 
     /// The queues a send to `topic` may use (the route's write queues, sorted).
@@ -564,6 +718,7 @@ impl ProducerInner {
         timeout: Duration,
     ) -> Result<SendAnswer> {
         let connection = self.instance.pool.get(address).await?;
+        let messages = &*crate::compression::compress_bodies(messages, self.compress_over_bytes);
         let announced = connection.server().map_or(0, |s| s.max_message_bytes);
         if announced > 0 {
             for message in messages {
@@ -613,6 +768,83 @@ impl ProducerInner {
         addresses.sort();
         addresses.dedup();
         addresses
+    }
+
+    /// Stores a half message, with retries (not after a timeout: the broker may have stored
+    /// it). Returns the broker's address, the result and the half message's CommitLog offset.
+    async fn send_half(&self, message: &Message) -> Result<(String, SendResult, i64)> {
+        let topic = message.topic();
+        let deadline = Instant::now() + self.send_timeout;
+        let mut failed_broker: Option<String> = None;
+        let mut last_error = None;
+        let mut attempts = 0;
+        while attempts <= self.retries {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            attempts += 1;
+            let route = self.instance.namesrv.route(topic).await?;
+            let queue =
+                self.select_queue(&route, QueueChoice::RoundRobin, failed_broker.as_deref())?;
+            let address = master_address(&route, &queue)?;
+            match self
+                .instance
+                .pool
+                .send_half(
+                    &address,
+                    remaining,
+                    Some(queue.queue_id),
+                    &self.group,
+                    message,
+                )
+                .await
+            {
+                Ok(answer) => {
+                    let half_commit_log_offset = answer.stored[0].commit_log_offset;
+                    let sent = results(answer, queue, std::slice::from_ref(message)).remove(0);
+                    return Ok((address, sent, half_commit_log_offset));
+                }
+                Err(error) if error.is_retriable() && !matches!(error, Error::Timeout { .. }) => {
+                    warn!(%topic, %address, attempt = attempts, %error, "half message send failed; retrying");
+                    let _ = self.instance.namesrv.fetch_route(topic).await;
+                    failed_broker = Some(queue.broker_name);
+                    last_error = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(Error::SendFailed {
+            topic: topic.to_owned(),
+            attempts,
+            last: Box::new(last_error.unwrap_or(Error::Timeout {
+                operation: "send half message",
+                address: String::new(),
+                timeout: self.send_timeout,
+            })),
+        })
+    }
+
+    /// Heartbeats `address` unless it was told about this producer already, so that the
+    /// broker can check transactions back with it before the next heartbeat tick.
+    async fn make_known_to(&self, address: &str) {
+        let is_new = self
+            .heartbeated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(address.to_owned());
+        if !is_new {
+            return;
+        }
+        let groups = [self.group.clone()];
+        if let Err(error) = self
+            .instance
+            .pool
+            .heartbeat(address, self.instance.request_timeout(), &groups, &[])
+            .await
+        {
+            debug!(%address, %error, "producer heartbeat failed");
+        }
     }
 
     async fn heartbeat_all(&self) {

@@ -20,6 +20,8 @@ pub const MESSAGE_MAGIC_CODE: u32 = 0xDAA3_20A7;
 const SYS_FLAG_BORN_HOST_V6: u32 = 0x10;
 /// Sys flag bit: the store host is IPv6.
 const SYS_FLAG_STORE_HOST_V6: u32 = 0x20;
+/// Sys flag bit: the body is zlib-compressed (RocketMQ's `COMPRESSED_FLAG`).
+const SYS_FLAG_COMPRESSED: u32 = 0x1;
 
 /// Bytes before the born host: total size, magic, body CRC, queue id, flag, queue offset,
 /// physical offset, sys flag, born timestamp.
@@ -176,6 +178,19 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
     }
     check_record_crc(record, properties_bytes)?;
     let properties = decode_properties(properties_bytes)?;
+    // A body the producer compressed is handed over inflated, with the flag cleared; one that
+    // cannot be inflated is handed over as stored, flagged, for the application to judge.
+    let mut sys_flag = sys_flag;
+    let mut body = bytes.slice(body_start..body_start + body_length);
+    if sys_flag & SYS_FLAG_COMPRESSED != 0 {
+        match crate::compression::inflate(&body) {
+            Ok(inflated) => {
+                body = inflated;
+                sys_flag &= !SYS_FLAG_COMPRESSED;
+            }
+            Err(why) => tracing::warn!(%topic, queue_id, queue_offset, "{why}"),
+        }
+    }
     let message = MessageExt {
         topic,
         broker_name: broker_name.to_owned(),
@@ -190,7 +205,7 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
         store_host,
         reconsume_times,
         properties,
-        body: bytes.slice(body_start..body_start + body_length),
+        body,
     };
     Ok((message, total_size))
 }

@@ -154,6 +154,11 @@ impl RequestHandler {
         if kind == wire::FrameKind::ONE_WAY {
             return after;
         }
+        crate::metrics::namesrv().answered(match &reply {
+            Reply::Error(status, _) => *status,
+            Reply::Handshake { status, .. } => *status,
+            _ => wire::Status::OK,
+        });
         if self.encode_reply(request_id, &reply, encoder, out).is_err() {
             return AfterFrame::Close;
         }
@@ -270,6 +275,7 @@ impl RequestHandler {
                 } else {
                     debug!(peer = %session.peer, "broker {identity} heartbeat");
                 }
+                crate::metrics::namesrv().registrations.inc();
                 Reply::Registered(outcome)
             }
             Err(refusal) => {
@@ -311,7 +317,9 @@ impl RequestHandler {
         if let Err(refusal) = validate_topic_name(topic) {
             return registry_error(&refusal);
         }
-        match self.lock_registry().route(topic) {
+        let route = self.lock_registry().route(topic);
+        crate::metrics::namesrv().route_served(route.is_some());
+        match route {
             Some(route) => Reply::Route(route),
             None => Reply::Error(
                 wire::Status::TOPIC_NOT_FOUND,

@@ -14,6 +14,7 @@
 //! The wire format is `docs/protocol.md` ("Name server"); the schema is `schema/fbs/namesrv.fbs`.
 
 pub mod handler;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 

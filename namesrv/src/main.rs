@@ -44,6 +44,11 @@ struct Cli {
     /// `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (`host:port`; port 0 picks one). Off
+    /// unless given.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -61,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         listen: cli.listen,
         broker_timeout: Duration::from_millis(cli.broker_timeout_ms),
         scan_interval: Duration::from_millis(cli.scan_interval_ms),
+        metrics_listen: cli.metrics_listen,
         ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -86,6 +92,10 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     );
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "shardmq-namesrv listening on {address}")
+        .and_then(|()| match server.metrics_addr() {
+            Some(metrics) => writeln!(stdout, "shardmq-namesrv metrics on {metrics}"),
+            None => Ok(()),
+        })
         .and_then(|()| stdout.flush())
         .context("cannot write to stdout")?;
     drop(stdout);

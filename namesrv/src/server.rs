@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// What the route table may hold.
     pub registry_limits: RegistryLimits,
+    /// `host:port` where Prometheus metrics are served at `/metrics`; `None`: not served.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +90,7 @@ impl Default for ServerConfig {
             max_in_flight_per_connection: 128,
             idle_timeout: Duration::from_secs(120),
             registry_limits: RegistryLimits::default(),
+            metrics_listen: None,
         }
     }
 }
@@ -105,6 +108,7 @@ pub enum ServerError {
 #[derive(Debug)]
 pub struct NamesrvServer {
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     config: ServerConfig,
     registry: Arc<Mutex<RouteTable>>,
 }
@@ -120,9 +124,19 @@ impl NamesrvServer {
                     listen: config.listen.clone(),
                     source,
                 })?;
+        let metrics_listener = match &config.metrics_listen {
+            Some(listen) => Some(TcpListener::bind(listen).await.map_err(|source| {
+                ServerError::Bind {
+                    listen: listen.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
         let registry = Arc::new(Mutex::new(RouteTable::new(config.registry_limits)));
         Ok(Self {
             listener,
+            metrics_listener,
             config,
             registry,
         })
@@ -131,6 +145,13 @@ impl NamesrvServer {
     /// The address actually bound (the chosen port when the config said 0).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The metrics endpoint's address, when metrics are served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` completes, then stops accepting, tells every connection to
@@ -143,6 +164,9 @@ impl NamesrvServer {
         ));
         let (stop_sender, stop_receiver) = watch::channel(false);
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
+        let metrics = self
+            .metrics_listener
+            .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&self.registry))));
         let scan = tokio::spawn(scan_silent_brokers(
             Arc::clone(&self.registry),
             config.broker_timeout,
@@ -177,6 +201,9 @@ impl NamesrvServer {
         drop(self.listener);
         stop_sender.send_replace(true);
         scan.abort();
+        if let Some(metrics) = metrics {
+            metrics.abort();
+        }
         let all_slots = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
         if timeout(SHUTDOWN_GRACE, connection_slots.acquire_many(all_slots))
             .await
@@ -409,6 +436,7 @@ async fn scan_silent_brokers(
             .unwrap_or_else(PoisonError::into_inner)
             .expire_silent(Instant::now(), broker_timeout);
         for dropped in expired {
+            crate::metrics::namesrv().brokers_expired.inc();
             let broker = &dropped.broker;
             info!(
                 silent_ms = millis(dropped.silent_for),

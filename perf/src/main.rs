@@ -6,12 +6,31 @@
 //! machine-readable. The numbers and the commands that produced them live in
 //! `docs/performance.md`.
 //!
-//! Scenarios: `store` (the storage engine on one pinned glommio executor, no network).
+//! Scenarios: `produce`, `consume` and `e2e` drive a running name server and broker through
+//! the real client crate (`shardmq-client`, on tokio); `store` drives the storage engine on
+//! one pinned glommio executor, no network. Each network scenario can write a report
+//! (`--report DIR`: JSON and an SVG chart).
+//!
+//! Modules: `cluster` (shared options, topic setup), `body` (the benchmark header every message
+//! carries), `producers` and `consumers` (the load and the receiving group), `tracker` (lost and
+//! duplicate accounting), `progress` (the progress line and throughput samples), `summary`,
+//! `chart` and `report` (results).
 
+mod body;
+mod chart;
+mod cluster;
+mod consume;
+mod consumers;
 mod data_dir;
+mod e2e;
 mod executor;
+mod produce;
+mod producers;
+mod progress;
 mod report;
 mod store;
+mod summary;
+mod tracker;
 
 use std::process::ExitCode;
 
@@ -31,6 +50,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Scenario {
+    /// Send to a topic with P producers through the client crate; report throughput and send
+    /// latency (with --rate, from each call's intended send time). --verify reads the topic
+    /// back and counts lost and duplicate messages.
+    Produce(produce::ProduceArgs),
+    /// Drain (--from first) or tail (--from last) a topic with C push consumers in a new
+    /// group; --backlog N fills the topic first and checks that every message arrives once.
+    Consume(consume::ConsumeArgs),
+    /// Produce and consume at once; report end-to-end latency (receive − send time carried in
+    /// each message) and lost and duplicate messages.
+    E2e(e2e::E2eArgs),
     /// Append through the real storage engine (`MessageStore`) on a pinned glommio executor and
     /// report throughput and append-latency percentiles.
     Store(store::StoreArgs),
@@ -45,6 +74,9 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.scenario {
+        Scenario::Produce(args) => produce::run(&args),
+        Scenario::Consume(args) => consume::run(&args),
+        Scenario::E2e(args) => e2e::run(&args),
         Scenario::Store(args) => store::run(&args),
     };
     match result {

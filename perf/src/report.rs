@@ -35,8 +35,10 @@ pub struct LatencySummary {
     pub count: u64,
     pub mean_us: f64,
     pub p50_us: f64,
+    pub p90_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    pub p9999_us: f64,
     pub max_us: f64,
 }
 
@@ -47,16 +49,25 @@ impl LatencySummary {
             count: histogram.len(),
             mean_us: histogram.mean() / 1_000.0,
             p50_us: us(histogram.value_at_quantile(0.50)),
+            p90_us: us(histogram.value_at_quantile(0.90)),
             p99_us: us(histogram.value_at_quantile(0.99)),
             p999_us: us(histogram.value_at_quantile(0.999)),
+            p9999_us: us(histogram.value_at_quantile(0.9999)),
             max_us: us(histogram.max()),
         }
     }
 
     pub fn to_human(self) -> String {
         format!(
-            "p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}  ({} samples)",
-            self.p50_us, self.p99_us, self.p999_us, self.max_us, self.mean_us, self.count
+            "p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  p99.99 {:.1}  max {:.1}  mean {:.1}  ({} samples)",
+            self.p50_us,
+            self.p90_us,
+            self.p99_us,
+            self.p999_us,
+            self.p9999_us,
+            self.max_us,
+            self.mean_us,
+            self.count
         )
     }
 
@@ -64,8 +75,10 @@ impl LatencySummary {
         object.insert("latency_samples".into(), json!(self.count));
         object.insert("mean_us".into(), json!(round(self.mean_us)));
         object.insert("p50_us".into(), json!(round(self.p50_us)));
+        object.insert("p90_us".into(), json!(round(self.p90_us)));
         object.insert("p99_us".into(), json!(round(self.p99_us)));
         object.insert("p999_us".into(), json!(round(self.p999_us)));
+        object.insert("p9999_us".into(), json!(round(self.p9999_us)));
         object.insert("max_us".into(), json!(round(self.max_us)));
     }
 }
@@ -132,8 +145,38 @@ impl Throughput {
     }
 }
 
+/// Percentiles at which a latency curve is sampled: 0 to 99.9999 in steps of "nines" (each
+/// decade of `1 / (1 - quantile)` gets a few points), then the maximum.
+pub fn curve_quantiles() -> Vec<f64> {
+    let mut quantiles = Vec::new();
+    let mut nines = 0.0f64;
+    while nines <= 6.0 + 1e-9 {
+        quantiles.push(1.0 - 10f64.powf(-nines));
+        nines += 0.25;
+    }
+    quantiles.push(1.0);
+    quantiles
+}
+
+/// `(quantile, latency_us)` points of `histogram` at [`curve_quantiles`], up to the quantile
+/// the sample count supports (a curve past 99.99% from 1,000 samples only repeats the maximum).
+pub fn latency_curve(histogram: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if histogram.is_empty() {
+        return Vec::new();
+    }
+    let samples = histogram.len() as f64;
+    curve_quantiles()
+        .into_iter()
+        .filter(|&quantile| quantile == 1.0 || (1.0 - quantile) * samples >= 1.0)
+        .map(|quantile| {
+            let nanos = histogram.value_at_quantile(quantile);
+            (quantile, nanos as f64 / 1_000.0)
+        })
+        .collect()
+}
+
 /// Three decimals are plenty for reports and keep the JSON readable.
-fn round(value: f64) -> f64 {
+pub fn round(value: f64) -> f64 {
     (value * 1_000.0).round() / 1_000.0
 }
 
@@ -150,8 +193,30 @@ mod tests {
         let summary = LatencySummary::of(&histogram);
         assert_eq!(summary.count, 1_000);
         assert!((summary.p50_us - 500.0).abs() <= 1.0, "{summary:?}");
+        assert!((summary.p90_us - 900.0).abs() <= 1.0, "{summary:?}");
         assert!((summary.p99_us - 990.0).abs() <= 1.0, "{summary:?}");
         assert!((summary.max_us - 1_000.0).abs() <= 1.0, "{summary:?}");
+    }
+
+    #[test]
+    fn curve_rises_to_the_maximum_and_stops_where_samples_run_out() {
+        let mut histogram = latency_histogram().unwrap();
+        for micros in 1..=1_000u64 {
+            record_latency(&mut histogram, Duration::from_micros(micros));
+        }
+        let curve = latency_curve(&histogram);
+        assert!(
+            curve.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+            "{curve:?}"
+        );
+        let (last_quantile, last_us) = *curve.last().unwrap();
+        assert_eq!(last_quantile, 1.0);
+        assert!((last_us - 1_000.0).abs() <= 1.0);
+        // 1,000 samples support 99.9% but not 99.99%.
+        assert!(
+            curve.iter().all(|&(q, _)| q == 1.0 || q <= 0.999 + 1e-9),
+            "{curve:?}"
+        );
     }
 
     #[test]

@@ -1012,10 +1012,13 @@ fn invalid_messages_and_names_in_a_send_or_pull_are_refused() {
         "a refused send stored a message"
     );
 
-    // Delayed and timed delivery are refused until they exist, not delivered early.
+    // A delay level the broker does not have, a delivery time beyond the timer horizon (3 days)
+    // and two ways of delaying at once are refused, never stored or delivered early.
     for (what, delay_level, deliver_at_ms) in [
-        ("a delay level", 3, 0),
-        ("a delivery time", 0, 4_102_444_800_000),
+        ("delay level 19 of 18", 19, 0),
+        ("a negative delay level", -1, 0),
+        ("a delivery time in 2100", 0, 4_102_444_800_000),
+        ("a delay level and a delivery time", 3, 4_102_444_800_000),
     ] {
         let response = client
             .request(|builder| {

@@ -515,3 +515,76 @@ async fn a_dead_name_server_is_skipped() {
     );
     assert!(error.to_string().contains("127.0.0.1:1"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_travel_compressed_and_arrive_as_sent() {
+    let setup = cluster_with_topic("Squeezed", 1);
+    let cluster = &setup.cluster;
+    let producer = producer(cluster).await;
+    let large = "a compressible line of text\n".repeat(4000);
+    let small = "under the threshold";
+    producer
+        .send(Message::new("Squeezed", large.clone()))
+        .await
+        .expect("send the large body");
+    producer
+        .send(Message::new("Squeezed", small))
+        .await
+        .expect("send the small body");
+    let uncompressed = Producer::builder()
+        .namesrv(cluster.namesrv_addr())
+        .compress_over_bytes(0)
+        .build()
+        .await
+        .unwrap();
+    uncompressed
+        .send(Message::new("Squeezed", large.clone()))
+        .await
+        .expect("send the large body uncompressed");
+
+    // The consumer sees every body as it was sent, flag cleared.
+    let consumer = pull_consumer(cluster, "squeeze-readers").await;
+    let messages: Vec<MessageExt> = pull_all(&consumer, "Squeezed")
+        .await
+        .into_values()
+        .flatten()
+        .collect();
+    let bodies: Vec<&[u8]> = messages.iter().map(|m| &m.body[..]).collect();
+    assert_eq!(
+        bodies,
+        [large.as_bytes(), small.as_bytes(), large.as_bytes()]
+    );
+    assert!(messages.iter().all(|m| !m.is_compressed()));
+
+    // On the broker the first large body is stored compressed (sys flag bit 0x1, far fewer
+    // bytes), the one sent with compression off is not.
+    let mut raw = cluster.broker.client();
+    let response = raw
+        .request(|b| {
+            shardmq_tests::pull_request_body(b, &shardmq_tests::PullParams::new("Squeezed", 0, 0))
+        })
+        .expect("raw pull");
+    let records = response
+        .frame()
+        .body_as_pull_response()
+        .and_then(|p| p.records())
+        .map(|r| r.bytes().to_vec())
+        .unwrap_or_default();
+    let stored: Vec<(u32, usize)> = shardmq_tests::split_records(&records)
+        .into_iter()
+        .map(|record| {
+            let view =
+                shardmq_broker::store::record::decode_message(record).expect("a valid record");
+            (view.sys_flag() & 0x1, view.body().len())
+        })
+        .collect();
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[0].0, 1, "the large body is flagged compressed");
+    assert!(
+        stored[0].1 < large.len() / 10,
+        "stored {} bytes",
+        stored[0].1
+    );
+    assert_eq!(stored[1], (0, small.len()));
+    assert_eq!(stored[2], (0, large.len()));
+}

@@ -104,8 +104,13 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     if frame.frame().kind() != wire::FrameKind::REQUEST
                         && frame.frame().kind() != wire::FrameKind::ONE_WAY
                     {
-                        // Answers to broker-initiated requests; none are outstanding in this
-                        // version, so they are dropped.
+                        // An answer to a request the broker sent (a transaction check-back);
+                        // one that no call waits for any more is dropped.
+                        if frame.frame().kind() == wire::FrameKind::RESPONSE
+                            && connection.is_handshaken.get()
+                        {
+                            shard.client_calls.complete(connection.id, frame);
+                        }
                         continue;
                     }
                     if !connection.is_handshaken.get() {

@@ -27,22 +27,37 @@ use crate::store::{AppendStatus, EncodedBatch, GetResult, GetStatus, StoreError,
 use crate::topics::{TopicConfig, UpsertError};
 
 /// Property names the broker sets itself; user properties may not use them.
-const RESERVED_PROPERTIES: [&str; 6] = ["TAGS", "KEYS", "UNIQ_KEY", "__CRC32#", "DELAY", "WAIT"];
+const RESERVED_PROPERTIES: [&str; 13] = [
+    "TAGS",
+    "KEYS",
+    "UNIQ_KEY",
+    "__CRC32#",
+    "DELAY",
+    "WAIT",
+    // Delay, timer and retry bookkeeping (schedule.rs, timer.rs, retry.rs).
+    "REAL_TOPIC",
+    "REAL_QID",
+    "TIMER_DELIVER_MS",
+    "RETRY_TOPIC",
+    "ORIGIN_MESSAGE_ID",
+    "RECONSUME_TIME",
+    "MAX_RECONSUME_TIMES",
+];
 
 /// A request's failure: a status and a message naming the thing and the limit.
-struct Refusal {
-    status: wire::Status,
-    message: String,
+pub struct Refusal {
+    pub(super) status: wire::Status,
+    pub(super) message: String,
 }
 
-fn refuse(status: wire::Status, message: impl Into<String>) -> Refusal {
+pub(super) fn refuse(status: wire::Status, message: impl Into<String>) -> Refusal {
     Refusal {
         status,
         message: message.into(),
     }
 }
 
-fn invalid(message: impl Into<String>) -> Refusal {
+pub(super) fn invalid(message: impl Into<String>) -> Refusal {
     refuse(wire::Status::INVALID_ARGUMENT, message)
 }
 
@@ -76,7 +91,7 @@ impl From<StoreError> for Refusal {
     }
 }
 
-type Answer = Result<Outbound, Refusal>;
+pub(super) type Answer = Result<Outbound, Refusal>;
 
 /// Handles one request frame; `None` for one-way frames that need no answer.
 pub async fn handle(
@@ -87,10 +102,31 @@ pub async fn handle(
     let request = frame.frame();
     let request_id = request.request_id();
     let is_one_way = request.kind() == wire::FrameKind::ONE_WAY;
+    let started = std::time::Instant::now();
     let answer = dispatch(shard, connection, &frame).await;
+    let metrics = crate::metrics::broker();
+    if let Some(send) = request.body_as_send_request() {
+        metrics
+            .send_latency
+            .observe(started.elapsed().as_secs_f64());
+        if answer.is_ok() {
+            let messages = send.messages().map(|m| m.len()).unwrap_or(0);
+            let body_bytes = send
+                .messages()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|m| m.body().map_or(0, |b| b.len()))
+                .sum();
+            metrics.stored(send.topic().unwrap_or_default(), messages, body_bytes);
+        }
+    }
     if is_one_way {
         return None;
     }
+    metrics.answered(match &answer {
+        Ok(_) => wire::Status::OK,
+        Err(refusal) => refusal.status,
+    });
     Some(match answer {
         Ok(frames) => frames,
         Err(refusal) => match shard
@@ -116,6 +152,12 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
     }
     if let Some(send) = request.body_as_send_request() {
         return handle_send(shard, connection, id, send).await;
+    }
+    if request.body_as_broker_status_request().is_some() {
+        return super::admin::broker_status(shard, id).await;
+    }
+    if request.body_as_group_list_request().is_some() {
+        return super::admin::group_list(shard, id).await;
     }
     if let Some(pull) = request.body_as_pull_request() {
         return handle_pull(shard, id, pull).await;
@@ -358,8 +400,37 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
         found.truncate(max_results);
         return encode_query(shard, id, found);
     }
+    if let Some(r) = request.body_as_send_half_request() {
+        return super::transaction::handle_send_half(shard, connection, id, r).await;
+    }
+    if let Some(r) = request.body_as_end_transaction_request() {
+        return super::transaction::handle_end_transaction(shard, id, r).await;
+    }
+    if let Some(r) = request.body_as_lock_batch_request() {
+        return super::queue_locks::handle_lock_batch(shard, connection, id, r).await;
+    }
+    if let Some(r) = request.body_as_unlock_batch_request() {
+        return super::queue_locks::handle_unlock_batch(shard, connection, id, r).await;
+    }
     if let Some(r) = request.body_as_query_by_id_request() {
         return handle_query_by_id(shard, id, r).await;
+    }
+    if let Some(r) = request.body_as_consumer_send_back_request() {
+        let outcome = crate::retry::send_back(shard, r)
+            .await
+            .map_err(|e| refuse(e.status, e.message))?;
+        return encode_ok(shard, id, |b| {
+            let topic = b.create_string(&outcome.topic);
+            let body = wire::ConsumerSendBackResponse::create(
+                b,
+                &wire::ConsumerSendBackResponseArgs {
+                    topic: Some(topic),
+                    reconsume_times: outcome.reconsume_times,
+                    is_dead_letter: outcome.is_dead_letter,
+                },
+            );
+            (wire::Body::ConsumerSendBackResponse, body.as_union_value())
+        });
     }
     Err(refuse(
         wire::Status::UNKNOWN_REQUEST,
@@ -450,7 +521,10 @@ fn handshake_answer(
 }
 
 /// The topic's config if the topic may be written by users.
-fn writable_topic(shard: &NetworkShard, topic: &str) -> Result<Option<TopicConfig>, Refusal> {
+pub(super) fn writable_topic(
+    shard: &NetworkShard,
+    topic: &str,
+) -> Result<Option<TopicConfig>, Refusal> {
     check_topic_name(topic).map_err(invalid)?;
     if is_system_topic(topic) {
         return Err(refuse(
@@ -527,13 +601,29 @@ async fn handle_send(
         }
     };
     let store_host = shard.store_host.get();
+    // A delayed or timer message waits in a schedule queue on its real queue's storage shard.
+    let scheduled = crate::schedule::ScheduledSend::for_send(
+        &shard.config,
+        shard.storage_shards(),
+        topic,
+        queue_id,
+        messages
+            .iter()
+            .map(|m| (m.delay_level(), m.deliver_at_ms(), m.delay_ms())),
+    )
+    .map_err(invalid)?;
+    let (store_topic, store_queue, scheduling) = match &scheduled {
+        Some(s) => (s.topic, s.queue_id, s.property_pairs()),
+        None => (topic, queue_id, Vec::new()),
+    };
     let batch = encode_batch(
         shard,
         connection.peer,
         store_host,
-        topic,
-        queue_id,
+        store_topic,
+        store_queue,
         messages,
+        &scheduling,
     )?;
     let unique_ids: Vec<String> = messages
         .iter()
@@ -545,7 +635,10 @@ async fn handle_send(
         .await??;
     let status = match outcome.status {
         AppendStatus::Ok => wire::Status::OK,
-        AppendStatus::FlushDiskTimeout => wire::Status::FLUSH_DISK_TIMEOUT,
+        AppendStatus::FlushDiskTimeout => {
+            crate::metrics::broker().sync_flush_timeouts.inc();
+            wire::Status::FLUSH_DISK_TIMEOUT
+        }
     };
     let message = if status == wire::Status::OK {
         ""
@@ -602,13 +695,14 @@ async fn handle_send(
 }
 
 /// Turns wire messages into stored records (the per-byte work of the send path).
-fn encode_batch(
+pub(super) fn encode_batch(
     shard: &NetworkShard,
     born_host: SocketAddr,
     store_host: SocketAddr,
     topic: &str,
     queue_id: u32,
     messages: flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<wire::Message<'_>>>,
+    scheduling: &[(&str, &str)],
 ) -> Result<EncodedBatch, Refusal> {
     let mut batch = EncodedBatch::new();
     for (index, message) in messages.iter().enumerate() {
@@ -622,11 +716,6 @@ fn encode_batch(
                     shard.config.max_message_bytes
                 ),
             ));
-        }
-        if message.delay_level() != 0 || message.deliver_at_ms() != 0 {
-            return Err(invalid(format!(
-                "message {index}: delayed and timed delivery are not supported by this broker version"
-            )));
         }
         let mut keys_joined = String::new();
         if let Some(keys) = message.keys() {
@@ -663,6 +752,7 @@ fn encode_batch(
                 properties.push((key, pair.value().unwrap_or_default()));
             }
         }
+        properties.extend_from_slice(scheduling);
         let sys_flag = if message.compression() == wire::Compression::NONE {
             0
         } else {
@@ -728,6 +818,7 @@ async fn handle_pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>) ->
         },
         filter: TagFilter::parse(expression),
     };
+    let metrics_topic = query.topic.clone();
     let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
     let storage = shard.shard_of(&query.topic, queue_id);
     let slot = if suspend_ms > 0 {
@@ -779,6 +870,11 @@ async fn handle_pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>) ->
         }
         _ => result,
     };
+    crate::metrics::broker().pulled(
+        &metrics_topic,
+        result.records.len(),
+        result.records.iter().map(Bytes::len).sum(),
+    );
     encode_pull(shard, id, result, offset)
 }
 
@@ -1098,21 +1194,26 @@ pub fn parse_offset_message_id(id: &str) -> Option<(SocketAddr, usize, u64)> {
     ))
 }
 
-fn frame_error(error: FrameError) -> Refusal {
+pub(super) fn frame_error(error: FrameError) -> Refusal {
     refuse(
         wire::Status::SYSTEM_ERROR,
         format!("answer could not be encoded: {error}"),
     )
 }
 
-fn encode_status(shard: &NetworkShard, id: u64, status: wire::Status, message: &str) -> Answer {
+pub(super) fn encode_status(
+    shard: &NetworkShard,
+    id: u64,
+    status: wire::Status,
+    message: &str,
+) -> Answer {
     shard
         .with_encoder(|e| e.encode_error_response(id, status, message))
         .map(|frame| vec![frame])
         .map_err(frame_error)
 }
 
-fn encode_ok(
+pub(super) fn encode_ok(
     shard: &NetworkShard,
     id: u64,
     body: impl FnOnce(

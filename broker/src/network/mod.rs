@@ -7,9 +7,13 @@
 //! requests without a round trip. Module map: `connection` (framing, pipelining, writing),
 //! `handlers` (one function per request kind), `parking` (long-poll waiters).
 
+pub mod admin;
+pub mod client_calls;
 pub mod connection;
 pub mod handlers;
 pub mod parking;
+pub mod queue_locks;
+pub mod transaction;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -66,6 +70,8 @@ pub struct NetworkShard {
     encoders: RefCell<Vec<FrameEncoder>>,
     inflight_requests: Cell<usize>,
     pub idle: LocalNotify,
+    /// Requests this shard sent to clients, waiting for their answers.
+    pub client_calls: client_calls::ClientCalls,
 }
 
 pub struct ConnectionEntry {
@@ -100,7 +106,11 @@ impl NetworkShard {
                 glommio::GlommioError::Closed(_) => AskError::Gone,
                 _ => AskError::Busy,
             })?;
-        answer.await.map_err(|_| AskError::Gone)
+        let waiting = &crate::metrics::broker().storage_requests_waiting;
+        crate::metrics::BrokerMetrics::shard_gauge_add(waiting, shard, 1);
+        let answer = answer.await.map_err(|_| AskError::Gone);
+        crate::metrics::BrokerMetrics::shard_gauge_add(waiting, shard, -1);
+        answer
     }
 
     /// Sends a request that has no answer (best effort).
@@ -137,6 +147,7 @@ impl NetworkShard {
                 push,
             },
         );
+        crate::metrics::broker().connections_changed(self.id, self.connection_count(), 1);
         id
     }
 
@@ -146,6 +157,14 @@ impl NetworkShard {
             network_shard: self.id,
             connection_id,
         }
+    }
+
+    /// The writer channel of this shard's connection `connection_id`, while it is open.
+    pub fn connection_push(&self, connection_id: u64) -> Option<Rc<LocalSender<Outbound>>> {
+        self.connections
+            .borrow()
+            .get(&connection_id)
+            .map(|entry| entry.push.clone())
     }
 
     pub fn connection_count(&self) -> usize {
@@ -167,6 +186,9 @@ impl NetworkShard {
     /// Forgets a closed connection; its client leaves its groups.
     pub fn unregister_connection(&self, connection: u64) {
         let entry = self.connections.borrow_mut().remove(&connection);
+        if entry.is_some() {
+            crate::metrics::broker().connections_changed(self.id, self.connection_count(), -1);
+        }
         if let Some(ConnectionEntry {
             client_id: Some(client_id),
             ..
@@ -210,6 +232,9 @@ impl NetworkShard {
             }
             NetworkEvent::Arrival { topic, queue_id } => self.parking.wake(&topic, queue_id),
             NetworkEvent::ConsumerIdsChanged { group } => self.push_consumer_ids_changed(&group),
+            NetworkEvent::TransactionCheck(_) => {
+                debug_assert!(false, "transaction checks are served by the event loop");
+            }
         }
     }
 
@@ -292,14 +317,33 @@ pub async fn run(
         encoders: RefCell::new(Vec::new()),
         inflight_requests: Cell::new(0),
         idle: LocalNotify::default(),
+        client_calls: client_calls::ClientCalls::default(),
     });
+    shard.parking.network_shard.set(id);
+    // Every gauge of this shard is exported from the start, at zero.
+    let metrics = crate::metrics::broker();
+    metrics.parked_changed(id, 0);
+    metrics.connections_changed(id, 0, 0);
+    for storage in 0..shard.storage_shards() {
+        crate::metrics::BrokerMetrics::shard_gauge_add(
+            &metrics.storage_requests_waiting,
+            storage,
+            0,
+        );
+    }
     let mut event_tasks = Vec::new();
     for receiver in event_receivers {
         let shard = shard.clone();
         event_tasks.push(
             glommio::spawn_local(async move {
                 while let Some(event) = receiver.recv().await {
-                    shard.on_event(event);
+                    match event {
+                        // Needs a task of its own (it waits for the client's answer).
+                        NetworkEvent::TransactionCheck(check) => {
+                            transaction::spawn_check_back(&shard, check)
+                        }
+                        event => shard.on_event(event),
+                    }
                 }
             })
             .detach(),
@@ -344,6 +388,12 @@ pub async fn run(
 
     let registration = (id == 0 && !config.namesrv.is_empty())
         .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
+    let metrics_server = match config.metrics_listen_addr()? {
+        Some(addr) if id == 0 => {
+            Some(glommio::spawn_local(crate::metrics::serve(shard.clone(), addr)).detach())
+        }
+        _ => None,
+    };
 
     accept_loop(&shard, &listener).await;
 
@@ -362,6 +412,9 @@ pub async fn run(
     if let Some(task) = registration {
         // The registration task unregisters from the namesrvs when it sees `stopping`.
         task.await;
+    }
+    if let Some(task) = metrics_server {
+        task.cancel();
     }
     shard.close_storage_channels();
     for task in event_tasks {

@@ -14,6 +14,8 @@ use crate::store::notify::LocalNotify;
 pub struct Parking {
     queues: RefCell<HashMap<String, HashMap<u32, Rc<LocalNotify>>>>,
     parked: Cell<usize>,
+    /// The owning network shard, for the `parked_pulls` metric.
+    pub network_shard: Cell<usize>,
 }
 
 /// Holds a parked slot; releases it when dropped.
@@ -25,6 +27,7 @@ pub struct ParkedSlot<'a> {
 impl Drop for ParkedSlot<'_> {
     fn drop(&mut self) {
         self.parking.parked.set(self.parking.parked.get() - 1);
+        crate::metrics::broker().parked_changed(self.parking.network_shard.get(), -1);
     }
 }
 
@@ -35,6 +38,7 @@ impl Parking {
             return None;
         }
         self.parked.set(self.parked.get() + 1);
+        crate::metrics::broker().parked_changed(self.network_shard.get(), 1);
         let notify = self
             .queues
             .borrow_mut()

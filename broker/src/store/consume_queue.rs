@@ -70,6 +70,9 @@ pub struct ConsumeQueue {
     /// Next queue offset to hand to an append; ahead of `max_offset` while appends wait for
     /// their flush under sync flush.
     next_assign: Cell<u64>,
+    /// One past the newest entry found on disk at open, kept or not: recovery must dispatch
+    /// the queue at least this far again, or entries were lost to damage.
+    on_disk_end: Cell<u64>,
 }
 
 /// What opening a queue found and repaired.
@@ -77,6 +80,9 @@ pub struct ConsumeQueue {
 pub struct ConsumeQueueRepair {
     pub entries_dropped: u64,
     pub files_dropped: u64,
+    /// Why the queue's files cannot be trusted (an entry out of order, or valid entries after
+    /// a bad one): the caller rebuilds derived files from the CommitLog.
+    pub damage: Option<String>,
 }
 
 impl ConsumeQueue {
@@ -89,6 +95,7 @@ impl ConsumeQueue {
             min_offset: Cell::new(0),
             max_offset: Cell::new(0),
             next_assign: Cell::new(0),
+            on_disk_end: Cell::new(0),
         }
     }
 
@@ -112,6 +119,7 @@ impl ConsumeQueue {
         names.sort();
         let mut expected_start: Option<u64> = None;
         let mut is_cut = false;
+        let mut previous_offset: Option<u64> = None;
         for (start, path) in names {
             let is_misplaced =
                 start % entries_per_file != 0 || expected_start.is_some_and(|e| e != start);
@@ -124,7 +132,16 @@ impl ConsumeQueue {
                 is_cut = true;
                 continue;
             }
-            let valid_entries = count_valid_entries(&path, entries_per_file, keep_below)?;
+            let (valid_entries, damage) =
+                scan_entries(&path, entries_per_file, keep_below, &mut previous_offset)?;
+            let present = count_entries_after(&path, 0)?;
+            queue
+                .on_disk_end
+                .set(queue.on_disk_end.get().max(start + present));
+            if let Some(why) = damage {
+                repair.damage = Some(format!("{}: {why}", path.display()));
+                return Ok((queue, repair));
+            }
             let on_disk_bytes = std::fs::metadata(&path)?.len();
             let valid_bytes = valid_entries * CONSUME_QUEUE_ENTRY_BYTES;
             if on_disk_bytes > valid_bytes {
@@ -159,6 +176,11 @@ impl ConsumeQueue {
     /// One past the newest dispatched entry.
     pub fn max_offset(&self) -> u64 {
         self.max_offset.get()
+    }
+
+    /// One past the newest entry that was on disk when the queue was opened.
+    pub fn on_disk_end(&self) -> u64 {
+        self.on_disk_end.get()
     }
 
     /// Hands out the next queue offset for an append.
@@ -307,29 +329,71 @@ impl ConsumeQueue {
     }
 }
 
-/// Counts the dense run of entries at the start of a file that point below `keep_below`. A full
-/// file whose last entry qualifies is taken whole without reading the rest of it.
-fn count_valid_entries(path: &Path, entries_per_file: u64, keep_below: u64) -> io::Result<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)?;
+/// Counts the dense run of entries at the start of a file that point below `keep_below` in
+/// increasing CommitLog order (holes aside), continuing from `previous_offset` (the last
+/// entry of the files before). Entries after that run must all be newer than `keep_below`
+/// (written after the checkpoint) or padding; anything else is damage, returned as the reason.
+fn scan_entries(
+    path: &Path,
+    entries_per_file: u64,
+    keep_below: u64,
+    previous_offset: &mut Option<u64>,
+) -> io::Result<(u64, Option<String>)> {
+    use std::io::Read;
     let full_bytes = entries_per_file * CONSUME_QUEUE_ENTRY_BYTES;
-    if file.metadata()?.len() >= full_bytes {
-        let mut last = [0u8; CONSUME_QUEUE_ENTRY_BYTES as usize];
-        file.seek(SeekFrom::Start(full_bytes - CONSUME_QUEUE_ENTRY_BYTES))?;
-        file.read_exact(&mut last)?;
-        if ConsumeQueueEntry::decode(&last).is_some_and(|e| e.commitlog_offset < keep_below) {
-            return Ok(entries_per_file);
-        }
-        file.seek(SeekFrom::Start(0))?;
-    }
     let mut raw = Vec::new();
-    file.take(full_bytes).read_to_end(&mut raw)?;
-    Ok(raw
+    std::fs::File::open(path)?
+        .take(full_bytes)
+        .read_to_end(&mut raw)?;
+    let mut entries = raw
         .chunks_exact(CONSUME_QUEUE_ENTRY_BYTES as usize)
-        .take_while(|chunk| {
-            ConsumeQueueEntry::decode(chunk).is_some_and(|e| e.commitlog_offset < keep_below)
-        })
-        .count() as u64)
+        .map(ConsumeQueueEntry::decode)
+        .enumerate();
+    let mut valid = 0u64;
+    for (index, entry) in entries.by_ref() {
+        let Some(entry) = entry else { break };
+        if entry == ConsumeQueueEntry::HOLE {
+            if previous_offset.is_some() {
+                return Ok((
+                    valid,
+                    Some(format!("entry {index} is a hole after real entries")),
+                ));
+            }
+            valid += 1;
+            continue;
+        }
+        if entry.commitlog_offset >= keep_below {
+            // The first entry written after the checkpoint: the rest must be too.
+            let later_older = raw[index * CONSUME_QUEUE_ENTRY_BYTES as usize..]
+                .chunks_exact(CONSUME_QUEUE_ENTRY_BYTES as usize)
+                .filter_map(ConsumeQueueEntry::decode)
+                .any(|e| e.commitlog_offset < keep_below && e != ConsumeQueueEntry::HOLE);
+            let damage = later_older.then(|| {
+                format!("entry {index} points at {} past the checkpoint's {keep_below}, yet older entries follow it", entry.commitlog_offset)
+            });
+            return Ok((valid, damage));
+        }
+        if previous_offset.is_some_and(|p| entry.commitlog_offset <= p) {
+            return Ok((
+                valid,
+                Some(format!(
+                    "entry {index} points at CommitLog offset {}, not after the entry before it ({})",
+                    entry.commitlog_offset,
+                    previous_offset.unwrap_or_default()
+                )),
+            ));
+        }
+        *previous_offset = Some(entry.commitlog_offset);
+        valid += 1;
+    }
+    // After padding, nothing but padding.
+    if entries.any(|(_, entry)| entry.is_some()) {
+        return Ok((
+            valid,
+            Some(format!("entries follow padding after entry {valid}")),
+        ));
+    }
+    Ok((valid, None))
 }
 
 fn count_entries_after(path: &Path, from_bytes: u64) -> io::Result<u64> {

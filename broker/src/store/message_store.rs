@@ -240,6 +240,8 @@ pub struct RecoveryReport {
     pub checkpoint_problem: Option<String>,
     pub commitlog: RecoveryScan,
     pub consume_queue_entries_dropped: u64,
+    /// A damaged ConsumeQueue found on open (then every derived file is rebuilt).
+    pub consume_queue_damage: Option<String>,
     pub records_redispatched: u64,
     /// Derived files were inconsistent and rebuilt from the whole CommitLog.
     pub rebuilt_derived: bool,
@@ -276,7 +278,12 @@ struct Inner {
     flush_error: RefCell<Option<String>>,
     disk_used_ratio: Cell<f64>,
     is_closed: Cell<bool>,
+    /// Told the duration of each CommitLog group commit (for metrics; the store keeps none).
+    flush_observer: RefCell<Option<FlushObserver>>,
 }
+
+/// Receives the duration of each CommitLog group commit.
+pub type FlushObserver = Box<dyn Fn(std::time::Duration)>;
 
 /// See the module documentation. Cloning shares the same store.
 #[derive(Clone)]
@@ -331,13 +338,19 @@ impl MessageStore {
                 }
                 report.rebuilt_derived = true;
                 report.records_redispatched = 0;
-                Inner::recover(&config, 0, &mut report)
+                let first_scan = report.commitlog.clone();
+                let inner = Inner::recover(&config, 0, &mut report)
                     .await?
                     .ok_or_else(|| {
                         StoreError::Corrupt(
                             "CommitLog records disagree with their own queue offsets".into(),
                         )
-                    })?
+                    })?;
+                if report.commitlog.truncated_at.is_none() {
+                    report.commitlog.truncated_at = first_scan.truncated_at;
+                    report.commitlog.discarded_bytes += first_scan.discarded_bytes;
+                }
+                inner
             }
         };
         let inner = Rc::new(inner);
@@ -606,6 +619,16 @@ impl MessageStore {
         self.inner.read_record_at(physical_offset).await
     }
 
+    /// Completes once every CommitLog byte appended before this call is durable (flushed and
+    /// synced), as the flush loop gets to it; never if the store closes first.
+    pub async fn wait_durable_to_current_end(&self) {
+        let inner = &self.inner;
+        let end = inner.commit_log.write_offset();
+        while inner.durable_offset.get() < end {
+            inner.flushed.notified().await;
+        }
+    }
+
     /// Completes when a message is next made visible on this shard (for long polling).
     pub fn arrival(&self) -> impl std::future::Future<Output = ()> + '_ {
         self.inner.arrivals.notified()
@@ -619,6 +642,16 @@ impl MessageStore {
             log.write_offset(),
             self.inner.durable_offset.get(),
         )
+    }
+
+    /// Bytes of CommitLog segments on disk.
+    pub fn commitlog_disk_bytes(&self) -> u64 {
+        self.inner.commit_log.disk_bytes()
+    }
+
+    /// Sets what is told the duration of each CommitLog group commit.
+    pub fn set_flush_observer(&self, observer: FlushObserver) {
+        *self.inner.flush_observer.borrow_mut() = Some(observer);
     }
 
     /// Runs one retention pass now (it also runs every `retention_interval_ms`).
@@ -716,6 +749,9 @@ impl Inner {
             report,
         )
         .await?;
+        if report.consume_queue_damage.is_some() && keep_below > 0 {
+            return Ok(None);
+        }
         let index = MessageIndex::open(
             dir.join("index"),
             config.index_max_entries_per_file,
@@ -759,8 +795,27 @@ impl Inner {
             .await
             .map_err(io_error("commitlog"))?
         };
+        // Kept even when this pass gives up: the rebuild's scan then finds the log already
+        // cut and must not lose the news.
+        report.commitlog = scan.clone();
         if has_gap {
             return Ok(None);
+        }
+        // Entries dropped at open must have come back from the CommitLog scan; a queue that
+        // ends short of what its files held lost entries to damage, not to a crash.
+        for (topic, by_queue) in queue_map.borrow().iter() {
+            for (queue_id, queue) in by_queue {
+                if queue.max_offset() < queue.on_disk_end() {
+                    let why = format!(
+                        "{topic}/{queue_id} held entries up to {} but only {} are backed by the CommitLog after the checkpoint",
+                        queue.on_disk_end(),
+                        queue.max_offset()
+                    );
+                    warn!(%why, "ConsumeQueue is damaged");
+                    report.consume_queue_damage = Some(why);
+                    return Ok(None);
+                }
+            }
         }
         for info in &pending {
             for &hash in &info.index_hashes {
@@ -802,6 +857,7 @@ impl Inner {
             flushed: LocalNotify::default(),
             arrivals: LocalNotify::default(),
             closing: LocalNotify::default(),
+            flush_observer: RefCell::new(None),
             flush_error: RefCell::new(None),
             disk_used_ratio: Cell::new(0.0),
             is_closed: Cell::new(false),
@@ -928,7 +984,12 @@ impl Inner {
     /// One group commit: write and sync everything appended so far, then dispatch what it
     /// covered and wake the waiters.
     async fn flush_commitlog_once(&self) -> Result<(), StoreError> {
-        match self.commit_log.flush(true).await {
+        let started = std::time::Instant::now();
+        let flushed = self.commit_log.flush(true).await;
+        if let Some(observe) = self.flush_observer.borrow().as_ref() {
+            observe(started.elapsed());
+        }
+        match flushed {
             Ok(durable) => {
                 self.durable_offset.set(durable);
                 if self.flush_error.borrow_mut().take().is_some() {
@@ -1090,14 +1151,42 @@ impl Inner {
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
     ) -> Result<Bytes, StoreError> {
-        let bytes = self
+        let read = |size: u64| {
+            let commit_log = &self.commit_log;
+            async move {
+                commit_log
+                    .read(entry.commitlog_offset, size)
+                    .await
+                    .map_err(io_error(format!(
+                        "CommitLog read at {}",
+                        entry.commitlog_offset
+                    )))
+            }
+        };
+        let readable = self
             .commit_log
-            .read(entry.commitlog_offset, u64::from(entry.size))
-            .await
-            .map_err(io_error(format!(
-                "CommitLog read at {}",
-                entry.commitlog_offset
-            )))?;
+            .write_offset()
+            .saturating_sub(entry.commitlog_offset);
+        let mut bytes = read(u64::from(entry.size).min(readable)).await?;
+        // The CommitLog is the truth: when the entry's size disagrees with the record's own
+        // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
+        // a cut record or the next record's bytes.
+        let own_size = bytes
+            .get(..4)
+            .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
+        if let Some(own_size) = own_size.filter(|&n| n != bytes.len() as u64) {
+            if own_size > 0 && own_size <= readable {
+                warn!(
+                    topic,
+                    queue_id,
+                    queue_offset,
+                    entry_size = entry.size,
+                    record_size = own_size,
+                    "ConsumeQueue entry size disagrees with its record; serving the record by its own size (run `shardmq-broker verify`)"
+                );
+                bytes = read(own_size).await?;
+            }
+        }
         // Full validation (both CRCs): a record damaged on disk is reported, never served.
         let view = decode_message(&bytes).map_err(|e| {
             StoreError::Corrupt(format!(
@@ -1112,6 +1201,14 @@ impl Inner {
             return Err(StoreError::Corrupt(format!(
                 "ConsumeQueue {topic}/{queue_id} entry {queue_offset} points at CommitLog offset {} which holds another record",
                 entry.commitlog_offset
+            )));
+        }
+        if view.total_size() as usize != bytes.len() {
+            return Err(StoreError::Corrupt(format!(
+                "ConsumeQueue {topic}/{queue_id} entry {queue_offset} covers {} bytes but the record at CommitLog offset {} is {} bytes",
+                bytes.len(),
+                entry.commitlog_offset,
+                view.total_size()
             )));
         }
         Ok(bytes)
@@ -1251,6 +1348,10 @@ async fn open_consume_queues(
                     .await
                     .map_err(io_error(queue_entry.path().display().to_string()))?;
             report.consume_queue_entries_dropped += repair.entries_dropped;
+            if let Some(why) = repair.damage {
+                warn!(%topic, queue_id, %why, "ConsumeQueue is damaged");
+                report.consume_queue_damage = Some(why);
+            }
             queues
                 .entry(topic.clone())
                 .or_default()

@@ -49,6 +49,18 @@ pub const CRC_PROPERTY_BYTES: usize = PROPERTY_CRC32.len() + 1 + CRC_TRAILER_BYT
 pub const PROPERTY_KEYS: &str = "KEYS";
 pub const PROPERTY_TAGS: &str = "TAGS";
 pub const PROPERTY_UNIQUE_KEY: &str = "UNIQ_KEY";
+/// Delay level of a message waiting in `SCHEDULE_TOPIC_XXXX`.
+pub const PROPERTY_DELAY: &str = "DELAY";
+/// Topic and queue a scheduled (delayed, timer, retry) message is delivered to.
+pub const PROPERTY_REAL_TOPIC: &str = "REAL_TOPIC";
+pub const PROPERTY_REAL_QUEUE_ID: &str = "REAL_QID";
+/// Due time (ms since the epoch) of a timer message (RocketMQ 5's name).
+pub const PROPERTY_TIMER_DELIVER_MS: &str = "TIMER_DELIVER_MS";
+/// A retry or dead-letter copy's original topic, first message id and redelivery count.
+pub const PROPERTY_RETRY_TOPIC: &str = "RETRY_TOPIC";
+pub const PROPERTY_ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+pub const PROPERTY_RECONSUME_TIME: &str = "RECONSUME_TIME";
+pub const PROPERTY_MAX_RECONSUME_TIMES: &str = "MAX_RECONSUME_TIMES";
 
 /// Largest topic a version-1 record can hold (1-byte length) and RocketMQ's limit.
 pub const MAX_TOPIC_BYTES: usize = 127;
@@ -98,6 +110,8 @@ pub enum RecordError {
     WrongPhysicalOffset { stored: u64, expected: u64 },
     #[error("body is {0} bytes, over the largest a record holds (2^31 - 1)")]
     BodyTooLong(usize),
+    #[error("properties are not UTF-8 `name 0x01 value 0x02` pairs")]
+    MalformedProperties,
 }
 
 /// What a producer message turns into; filled by the network shard.
@@ -519,6 +533,17 @@ impl<'a> RecordView<'a> {
         let computed = crc32fast::hash(&self.bytes[..self.bytes.len() - CRC_TRAILER_BYTES]);
         if stored != computed {
             return Err(RecordError::RecordCrc { stored, computed });
+        }
+        // The encoder never writes anything else; a crafted record with valid CRCs must not be
+        // served to clients that would refuse it.
+        let user_properties = &props[..props.len() - CRC_PROPERTY_BYTES];
+        let is_well_formed = std::str::from_utf8(user_properties).is_ok_and(|text| {
+            text.split(PROPERTY_SEPARATOR as char)
+                .filter(|pair| !pair.is_empty())
+                .all(|pair| pair.contains(NAME_VALUE_SEPARATOR as char))
+        });
+        if !is_well_formed {
+            return Err(RecordError::MalformedProperties);
         }
         Ok(())
     }

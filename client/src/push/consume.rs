@@ -3,20 +3,25 @@
 //! (ConsumeMessageOrderlyService).
 //!
 //! Owns: the bounded worker pool (a semaphore of `consume_threads` permits held for each
-//! listener call), turning listener results into offset progress, and local redelivery of
-//! `ReconsumeLater` messages after a delay (they stay cached meanwhile, so the offset cannot
-//! pass them and nothing is lost). A listener that panics counts as `ReconsumeLater`. Never:
-//! pulling or persisting offsets.
+//! listener call), turning listener results into offset progress, sending `ReconsumeLater`
+//! messages back to the broker for retry (concurrent listeners in clustering mode: the broker
+//! redelivers them through `%RETRY%<group>`, then `%DLQ%<group>`), and local redelivery after
+//! a delay when the send-back fails, in broadcasting mode, and for orderly listeners (the
+//! messages stay cached meanwhile, so the offset cannot pass them and nothing is lost). A
+//! listener that panics, or a concurrent call past `consume_timeout`, counts as
+//! `ReconsumeLater`. Messages from the retry topic reach the listener with their original
+//! topic. Never: pulling or persisting offsets.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::process_queue::ProcessQueue;
-use super::{ConsumeResult, ConsumerCore, Listener, ListenerFn};
+use super::{ConsumeResult, ConsumerCore, Listener, ListenerFn, MessageModel, RETRY_TOPIC_PREFIX};
 use crate::message::MessageExt;
 use crate::route::MessageQueue;
+use crate::send_back::SendBackArgs;
 
 /// Hands newly cached messages of `queue` to the listener.
 pub(super) fn dispatch(
@@ -88,7 +93,19 @@ async fn consume_concurrently(
         return;
     }
     let offsets: Vec<i64> = messages.iter().map(|m| m.queue_offset).collect();
-    match call_listener(listener_of(&core.listener), messages).await {
+    let call = call_listener(listener_of(&core.listener), as_originally_sent(&messages));
+    let result = match tokio::time::timeout(core.config.consume_timeout, call).await {
+        Ok(result) => result,
+        Err(_) => {
+            warn!(
+                %queue,
+                timeout_s = core.config.consume_timeout.as_secs(),
+                "listener call ran past consume_timeout; its messages are sent back for retry"
+            );
+            ConsumeResult::ReconsumeLater
+        }
+    };
+    match result {
         ConsumeResult::Success => {
             let offset = process_queue.remove(&offsets);
             if !process_queue.is_dropped() {
@@ -96,6 +113,10 @@ async fn consume_concurrently(
             }
         }
         ConsumeResult::ReconsumeLater => {
+            let offsets = send_back_or_keep(&core, &queue, &process_queue, &messages).await;
+            if offsets.is_empty() {
+                return;
+            }
             let again = process_queue.prepare_redelivery(&offsets);
             let Some(failed_deliveries) = again.iter().map(|m| m.reconsume_times).max() else {
                 return;
@@ -112,6 +133,89 @@ async fn consume_concurrently(
     }
 }
 
+/// The messages as the listener sees them: a redelivery from the retry topic shows the topic
+/// the message was first sent to (RocketMQ's `resetRetryTopic`).
+fn as_originally_sent(messages: &[MessageExt]) -> Vec<MessageExt> {
+    messages
+        .iter()
+        .map(|message| {
+            let mut message = message.clone();
+            if message.topic.starts_with(RETRY_TOPIC_PREFIX) {
+                if let Some(original) = message.retry_topic() {
+                    message.topic = original.to_owned();
+                }
+            }
+            message
+        })
+        .collect()
+}
+
+/// Clustering: sends each message back to its broker for retry and takes the ones the broker
+/// accepted out of the cache (the offset may pass them now). Returns the offsets to redeliver
+/// locally: the ones whose send-back failed, or every one in broadcasting mode.
+async fn send_back_or_keep(
+    core: &Arc<ConsumerCore>,
+    queue: &MessageQueue,
+    process_queue: &Arc<ProcessQueue>,
+    messages: &[MessageExt],
+) -> Vec<i64> {
+    if core.config.model == MessageModel::Broadcasting {
+        return messages.iter().map(|m| m.queue_offset).collect();
+    }
+    let mut kept = Vec::new();
+    let mut sent = Vec::new();
+    for message in messages {
+        match send_back(core, queue, message).await {
+            Ok(()) => sent.push(message.queue_offset),
+            Err(error) => {
+                warn!(%queue, offset = message.queue_offset, %error, "send-back failed; redelivering locally");
+                kept.push(message.queue_offset);
+            }
+        }
+    }
+    if !sent.is_empty() {
+        let offset = process_queue.remove(&sent);
+        if !process_queue.is_dropped() {
+            core.offsets.advance(queue, offset);
+        }
+    }
+    kept
+}
+
+async fn send_back(
+    core: &ConsumerCore,
+    queue: &MessageQueue,
+    message: &MessageExt,
+) -> crate::error::Result<()> {
+    let address = core.instance.broker_address(queue, false).await?;
+    let unique_id = message
+        .property(crate::message::PROPERTY_UNIQUE_ID)
+        .unwrap_or_default();
+    let args = SendBackArgs {
+        group: &core.config.group,
+        topic: &queue.topic,
+        queue_id: queue.queue_id,
+        commit_log_offset: message.commit_log_offset,
+        unique_id,
+        delay_level: 0,
+        max_reconsume_times: core.config.max_reconsume_times,
+    };
+    let answer = core
+        .instance
+        .pool
+        .send_back(&address, core.instance.request_timeout(), &args)
+        .await?;
+    debug!(
+        %queue,
+        offset = message.queue_offset,
+        to = %answer.topic,
+        reconsume_times = answer.reconsume_times,
+        is_dead_letter = answer.is_dead_letter,
+        "message sent back"
+    );
+    Ok(())
+}
+
 async fn consume_orderly(
     core: Arc<ConsumerCore>,
     queue: MessageQueue,
@@ -126,8 +230,24 @@ async fn consume_orderly(
             process_queue.stop_consuming_if_empty();
             return;
         };
+        // Held for the call: a rebalance giving the queue up waits for it (queue_lock.rs).
+        let consuming = process_queue.consuming().lock().await;
+        if process_queue.is_dropped() || core.is_stopping() {
+            drop(consuming);
+            drop(permit);
+            process_queue.stop_consuming_if_empty();
+            return;
+        }
+        if core.uses_queue_locks() && !process_queue.is_locked(core.config.orderly_lock_ttl) {
+            // Only the holder of the queue's broker lock consumes it; the pull loop re-locks.
+            drop(consuming);
+            drop(permit);
+            tokio::time::sleep(super::queue_lock::LOCK_RETRY_PAUSE).await;
+            continue;
+        }
         let messages = process_queue.first_messages(core.config.consume_batch_max);
         if messages.is_empty() {
+            drop(consuming);
             drop(permit);
             if process_queue.stop_consuming_if_empty() {
                 return;
@@ -135,16 +255,18 @@ async fn consume_orderly(
             continue;
         }
         let offsets: Vec<i64> = messages.iter().map(|m| m.queue_offset).collect();
-        match call_listener(listener_of(&core.listener), messages).await {
+        match call_listener(listener_of(&core.listener), as_originally_sent(&messages)).await {
             ConsumeResult::Success => {
                 let offset = process_queue.remove(&offsets);
                 if !process_queue.is_dropped() {
                     core.offsets.advance(&queue, offset);
                 }
+                drop(consuming);
                 drop(permit);
             }
             ConsumeResult::ReconsumeLater => {
                 process_queue.prepare_redelivery(&offsets);
+                drop(consuming);
                 drop(permit);
                 tokio::time::sleep(core.config.orderly_suspend).await;
             }

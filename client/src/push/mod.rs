@@ -21,6 +21,7 @@ mod allocate;
 mod consume;
 mod offset_store;
 mod process_queue;
+mod queue_lock;
 mod rebalance;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,7 @@ use tracing::{debug, warn};
 
 pub use allocate::allocate_averagely;
 pub use process_queue::FlowLimits;
+pub use queue_lock::{DEFAULT_ORDERLY_LOCK_INTERVAL, DEFAULT_ORDERLY_LOCK_TTL};
 
 use crate::api::HeartbeatGroup;
 use crate::connection::Notice;
@@ -67,6 +69,18 @@ pub const DEFAULT_CONSUME_THREADS: usize = 20;
 /// How long an orderly queue waits before redelivering after `ReconsumeLater`
 /// (`suspendCurrentQueueTimeMillis`).
 pub const DEFAULT_ORDERLY_SUSPEND: Duration = Duration::from_secs(1);
+
+/// Redeliveries through the retry topic before a message goes to the group's dead-letter topic
+/// (`maxReconsumeTimes`).
+pub const DEFAULT_MAX_RECONSUME_TIMES: i32 = 16;
+
+/// How long a listener call may hold a message before it is sent back for retry
+/// (`consumeTimeout`, concurrent mode).
+pub const DEFAULT_CONSUME_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// How often queues are shared out again while the group's retry topic has no route yet (the
+/// broker creates it at the first heartbeat and registers it moments later).
+const RETRY_ROUTE_POLL: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for listener calls in progress.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
@@ -105,9 +119,16 @@ pub enum ConsumeFrom {
 pub enum ConsumeResult {
     /// Consumed; the offset may move past them.
     Success,
-    /// Not consumed: deliver again later. The messages stay cached (the offset does not move
-    /// past them) and are redelivered by this instance after a delay, with
-    /// `reconsume_times` one higher. A panicking listener counts as this.
+    /// Not consumed: deliver again later. Concurrent listeners in clustering mode send the
+    /// messages back to the broker, which redelivers them through the group's retry topic
+    /// (`%RETRY%<group>`) after delay level `3 + reconsume_times` (10 s, 30 s, 1 min, … 2 h),
+    /// and after `max_reconsume_times` redeliveries moves them to `%DLQ%<group>`; the
+    /// redelivered message shows its original topic and a `reconsume_times` one higher. When
+    /// the send-back fails, and in broadcasting mode, the messages stay cached (the offset does
+    /// not move past them) and this instance redelivers them after that delay. Orderly
+    /// listeners never send back: the queue pauses (`orderly_suspend`) and the same messages
+    /// come again, in order. A panicking listener, and a concurrent call that runs past
+    /// `consume_timeout`, count as this.
     ReconsumeLater,
 }
 
@@ -142,6 +163,10 @@ struct ConsumerConfig {
     flow_limits: FlowLimits,
     reconsume_delay: Option<Duration>,
     orderly_suspend: Duration,
+    orderly_lock_interval: Duration,
+    orderly_lock_ttl: Duration,
+    max_reconsume_times: i32,
+    consume_timeout: Duration,
     rebalance_interval: Duration,
     persist_interval: Duration,
     pull_wait: Duration,
@@ -240,8 +265,9 @@ impl PushConsumerBuilder {
         self
     }
 
-    /// A fixed wait before a `ReconsumeLater` message is redelivered (default: RocketMQ's
-    /// retry schedule, 10 s, 30 s, 1 min, … up to 2 h).
+    /// A fixed wait before a `ReconsumeLater` message is redelivered locally: in broadcasting
+    /// mode, and when sending it back to the broker failed (default: RocketMQ's retry schedule,
+    /// 10 s, 30 s, 1 min, … up to 2 h). Messages sent back wait the broker's delay levels.
     #[must_use]
     pub fn reconsume_delay(mut self, delay: Duration) -> Self {
         self.config.reconsume_delay = Some(delay);
@@ -253,6 +279,39 @@ impl PushConsumerBuilder {
     #[must_use]
     pub fn orderly_suspend(mut self, delay: Duration) -> Self {
         self.config.orderly_suspend = delay;
+        self
+    }
+
+    /// Redeliveries through `%RETRY%<group>` before a failed message goes to `%DLQ%<group>`
+    /// (default 16; clustering, concurrent listeners).
+    #[must_use]
+    pub fn max_reconsume_times(mut self, times: u32) -> Self {
+        self.config.max_reconsume_times = i32::try_from(times).unwrap_or(i32::MAX);
+        self
+    }
+
+    /// How long a concurrent listener call may take before its messages are sent back for
+    /// retry (default 15 min). The call itself is not interrupted; its result is ignored.
+    #[must_use]
+    pub fn consume_timeout(mut self, timeout: Duration) -> Self {
+        self.config.consume_timeout = timeout;
+        self
+    }
+
+    /// Orderly mode: how often the broker-side locks of this instance's queues are renewed
+    /// (default 20 s).
+    #[must_use]
+    pub fn orderly_lock_interval(mut self, interval: Duration) -> Self {
+        self.config.orderly_lock_interval = interval;
+        self
+    }
+
+    /// Orderly mode: how long a granted queue lock lets this instance consume the queue
+    /// without a renewal (default 30 s). Keep it below the broker's `queue_lock_expiry_ms`
+    /// (60 s) and above `orderly_lock_interval`.
+    #[must_use]
+    pub fn orderly_lock_ttl(mut self, ttl: Duration) -> Self {
+        self.config.orderly_lock_ttl = ttl;
         self
     }
 
@@ -294,8 +353,9 @@ impl PushConsumerBuilder {
 
     /// The listener, called orderly: one call at a time per queue, messages in queue order;
     /// after `ReconsumeLater` the queue pauses (`orderly_suspend`) and the same messages come
-    /// again. (Without broker-side queue locks, two members may overlap on a queue for a
-    /// moment while a rebalance moves it.)
+    /// again. In clustering mode a queue is consumed only while this instance holds its
+    /// broker-side lock, so no two members consume one queue at once, also while a rebalance
+    /// moves it (the new owner waits until the old one releases the lock or it expires).
     #[must_use]
     pub fn listen_orderly<F, Fut>(mut self, listener: F) -> Self
     where
@@ -334,6 +394,18 @@ impl PushConsumerBuilder {
                 "consume_threads, consume_batch_max and pull_batch must be at least 1".to_owned(),
             ));
         }
+        if config.consume_timeout.is_zero() || config.max_reconsume_times <= 0 {
+            return Err(Error::Config(
+                "consume_timeout and max_reconsume_times must be positive".to_owned(),
+            ));
+        }
+        if config.orderly_lock_interval.is_zero()
+            || config.orderly_lock_ttl <= config.orderly_lock_interval
+        {
+            return Err(Error::Config(
+                "orderly_lock_interval must be positive and below orderly_lock_ttl".to_owned(),
+            ));
+        }
         if config.rebalance_interval.is_zero() || config.persist_interval.is_zero() {
             return Err(Error::Config(
                 "rebalance_interval and persist_interval must be positive".to_owned(),
@@ -345,7 +417,11 @@ impl PushConsumerBuilder {
     /// Checks the settings, joins the group (heartbeat), takes this instance's share of the
     /// queues and starts consuming.
     pub async fn start(self) -> Result<PushConsumer> {
-        let (group, subscriptions, listener) = self.validate()?;
+        let (group, mut subscriptions, listener) = self.validate()?;
+        if self.config.model == MessageModel::Clustering {
+            // Sent-back messages come back through the group's retry topic (as in RocketMQ).
+            subscriptions.insert(retry_topic_of(&group), TagExpression::all());
+        }
         let (instance, notices) = ClientInstance::start(self.options, true)?;
         let backend = match self.config.model {
             MessageModel::Clustering => OffsetBackend::Broker,
@@ -385,6 +461,13 @@ impl PushConsumerBuilder {
         Ok(PushConsumer { core })
     }
 }
+
+/// The group's retry topic, `%RETRY%<group>`.
+pub(crate) fn retry_topic_of(group: &str) -> String {
+    format!("{RETRY_TOPIC_PREFIX}{group}")
+}
+
+pub(crate) const RETRY_TOPIC_PREFIX: &str = "%RETRY%";
 
 fn default_offset_store_dir() -> PathBuf {
     std::env::var_os("HOME")
@@ -427,6 +510,21 @@ impl ConsumerCore {
         self.assigned
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Clustering: whether the group's retry topic has no queue assigned yet, because its route
+    /// is still unknown (its queue is then taken at the next, quicker, rebalance).
+    fn is_retry_route_missing(&self) -> bool {
+        if self.config.model != MessageModel::Clustering {
+            return false;
+        }
+        let retry_topic = retry_topic_of(&self.config.group);
+        !self
+            .instance
+            .namesrv
+            .cached_routes()
+            .iter()
+            .any(|route| route.topic == retry_topic)
     }
 
     fn assigned_queues(&self) -> Vec<MessageQueue> {
@@ -483,7 +581,12 @@ impl ConsumerCore {
     async fn heartbeat_all(&self) {
         for topic in self.subscriptions.keys() {
             if let Err(error) = self.instance.namesrv.route(topic).await {
-                warn!(%topic, %error, "no route for a subscribed topic yet");
+                if topic.starts_with(RETRY_TOPIC_PREFIX) {
+                    // Created by the broker at this heartbeat; routed moments later.
+                    debug!(%topic, %error, "no route for the retry topic yet");
+                } else {
+                    warn!(%topic, %error, "no route for a subscribed topic yet");
+                }
             }
         }
         for address in self.broker_addresses() {
@@ -502,8 +605,13 @@ impl ConsumerCore {
         let core = Arc::clone(self);
         self.spawn(async move {
             loop {
+                let interval = if core.is_retry_route_missing() {
+                    RETRY_ROUTE_POLL.min(core.config.rebalance_interval)
+                } else {
+                    core.config.rebalance_interval
+                };
                 tokio::select! {
-                    () = tokio::time::sleep(core.config.rebalance_interval) => {}
+                    () = tokio::time::sleep(interval) => {}
                     () = core.rebalance_now.notified() => {}
                 }
                 core.rebalance().await;
@@ -518,6 +626,15 @@ impl ConsumerCore {
                 core.heartbeat_all().await;
             }
         });
+        if self.uses_queue_locks() {
+            let core = Arc::clone(self);
+            self.spawn(async move {
+                loop {
+                    tokio::time::sleep(core.config.orderly_lock_interval).await;
+                    core.renew_locks().await;
+                }
+            });
+        }
         let core = Arc::clone(self);
         self.spawn(async move {
             let mut ticks = tokio::time::interval(core.config.persist_interval);
@@ -625,6 +742,10 @@ impl PushConsumer {
                 flow_limits: FlowLimits::default(),
                 reconsume_delay: None,
                 orderly_suspend: DEFAULT_ORDERLY_SUSPEND,
+                orderly_lock_interval: DEFAULT_ORDERLY_LOCK_INTERVAL,
+                orderly_lock_ttl: DEFAULT_ORDERLY_LOCK_TTL,
+                max_reconsume_times: DEFAULT_MAX_RECONSUME_TIMES,
+                consume_timeout: DEFAULT_CONSUME_TIMEOUT,
                 rebalance_interval: REBALANCE_INTERVAL,
                 persist_interval: PERSIST_OFFSETS_INTERVAL,
                 pull_wait: PULL_WAIT,
@@ -644,10 +765,14 @@ impl PushConsumer {
         self.core.instance.client_id()
     }
 
-    /// The queues this instance consumes now, sorted.
+    /// The queues of the subscribed topics this instance consumes now, sorted. The group's
+    /// retry queue (`%RETRY%<group>`, subscribed automatically in clustering mode) is not
+    /// listed, though one member consumes it.
     #[must_use]
     pub fn assigned_queues(&self) -> Vec<MessageQueue> {
-        self.core.assigned_queues()
+        let mut queues = self.core.assigned_queues();
+        queues.retain(|queue| !queue.topic.starts_with(RETRY_TOPIC_PREFIX));
+        queues
     }
 
     /// Shares out the queues again now (as the 20 s timer and membership notices do).
@@ -681,6 +806,11 @@ impl PushConsumer {
         core.offsets.persist(&core.instance, Some(&queues)).await;
         for assigned in core.assigned().values() {
             assigned.process_queue.mark_dropped();
+        }
+        if core.uses_queue_locks() {
+            // Every listener call has ended and the offsets are persisted: the next owners
+            // may start now rather than when the locks expire.
+            core.unlock_queues(&queues).await;
         }
         for address in core.broker_addresses() {
             if let Err(error) = core

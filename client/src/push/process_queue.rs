@@ -4,12 +4,15 @@
 //! Owns: the messages pulled and not yet consumed successfully (by offset), their count and
 //! bytes for flow control, how far the queue has been pulled, the offset that may be committed
 //! (the lowest unfinished message, or how far it was pulled when none is unfinished), and for
-//! orderly consumption whether a consume loop runs. Never: pulling, calling the listener or
-//! committing; the pull loop and the consume tasks do, through these methods.
+//! orderly consumption whether a consume loop runs, when the broker last granted this instance
+//! the queue's lock, and the lock that keeps a listener call and the queue's hand-over apart.
+//! Never: pulling, calling the listener or committing; the pull loop and the consume tasks do,
+//! through these methods.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::message::MessageExt;
 
@@ -44,6 +47,10 @@ struct State {
     pulled_up_to: i64,
     /// Orderly mode: a consume loop is running for this queue.
     is_consuming: bool,
+    /// Orderly mode: when the broker last granted (or renewed) this instance the queue's lock.
+    locked_at: Option<Instant>,
+    /// Orderly mode: whether the start offset was read again after the first lock.
+    is_offset_checked: bool,
 }
 
 /// The cached messages of one assigned queue.
@@ -51,6 +58,9 @@ struct State {
 pub(crate) struct ProcessQueue {
     state: Mutex<State>,
     is_dropped: AtomicBool,
+    /// Orderly mode: held for each listener call, and by a rebalance that gives the queue up
+    /// (so the offset it persists covers every call, and no call starts after it).
+    consuming: tokio::sync::Mutex<()>,
 }
 
 impl ProcessQueue {
@@ -62,7 +72,35 @@ impl ProcessQueue {
                 ..State::default()
             }),
             is_dropped: AtomicBool::new(false),
+            consuming: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Orderly mode: the lock held for a listener call and for giving the queue up.
+    pub(crate) fn consuming(&self) -> &tokio::sync::Mutex<()> {
+        &self.consuming
+    }
+
+    /// Orderly mode: the broker granted or renewed the queue's lock at `at` (`None`: it refused).
+    pub(crate) fn set_locked(&self, at: Option<Instant>) {
+        self.state().locked_at = at;
+    }
+
+    /// Orderly mode: whether this instance holds the queue's lock: granted within `ttl`, which
+    /// is shorter than the broker's expiry, so the broker never gives the queue to another
+    /// member while this one still consumes it.
+    pub(crate) fn is_locked(&self, ttl: Duration) -> bool {
+        self.state().locked_at.is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    /// Orderly mode: whether the start offset must be read again (the first time the queue is
+    /// locked: the previous owner commits its offset before it releases the lock).
+    pub(crate) fn needs_offset_check(&self) -> bool {
+        !self.state().is_offset_checked
+    }
+
+    pub(crate) fn mark_offset_checked(&self) {
+        self.state().is_offset_checked = true;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

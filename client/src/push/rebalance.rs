@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::allocate::allocate_averagely;
 use super::consume::dispatch;
 use super::process_queue::ProcessQueue;
-use super::{Assigned, ConsumeFrom, ConsumerCore, Listener, MessageModel};
+use super::{Assigned, ConsumeFrom, ConsumerCore, Listener, MessageModel, RETRY_TOPIC_PREFIX};
 use crate::api::PullArgs;
 use crate::error::{Error, Result};
 use crate::pull_consumer::PullStatus;
@@ -43,6 +43,9 @@ impl ConsumerCore {
             match self.queues_for(topic).await {
                 Ok(Some(queues)) => self.apply_assignment(topic, queues).await,
                 Ok(None) => {}
+                Err(error) if topic.starts_with(RETRY_TOPIC_PREFIX) => {
+                    debug!(%topic, group = %self.config.group, %error, "retry topic not routed yet");
+                }
                 Err(error) => {
                     warn!(%topic, group = %self.config.group, %error, "rebalance skipped")
                 }
@@ -96,11 +99,15 @@ impl ConsumerCore {
                 .collect()
         };
         for (queue, entry) in lost {
-            entry.process_queue.mark_dropped();
             entry.puller.abort();
-            self.offsets
-                .persist_and_remove(&self.instance, &queue)
-                .await;
+            if self.uses_queue_locks() {
+                self.hand_over(&queue, &entry.process_queue).await;
+            } else {
+                entry.process_queue.mark_dropped();
+                self.offsets
+                    .persist_and_remove(&self.instance, &queue)
+                    .await;
+            }
             info!(%queue, group = %self.config.group, "queue given up");
         }
         let held: BTreeSet<MessageQueue> = self.assigned().keys().cloned().collect();
@@ -125,7 +132,13 @@ impl ConsumerCore {
         let address = self.instance.broker_address(queue, false).await?;
         let pool = &self.instance.pool;
         let timeout = self.instance.request_timeout();
-        match self.config.consume_from {
+        // A retry queue holds only this group's sent-back messages: always from its start.
+        let consume_from = if queue.topic.starts_with(RETRY_TOPIC_PREFIX) {
+            ConsumeFrom::FirstOffset
+        } else {
+            self.config.consume_from
+        };
+        match consume_from {
             ConsumeFrom::FirstOffset => Ok(pool
                 .queue_offsets(&address, timeout, &queue.topic, queue.queue_id)
                 .await?
@@ -149,7 +162,12 @@ impl ConsumerCore {
 
     fn take_queue(self: &Arc<Self>, queue: MessageQueue, offset: i64) {
         info!(%queue, offset, group = %self.config.group, "queue taken");
-        self.offsets.set(&queue, offset);
+        // A locking consumer records the offset only once it holds the queue's lock
+        // (`take_lock`): committing this early read could overwrite the progress the previous
+        // owner persists before it releases the queue.
+        if !self.uses_queue_locks() {
+            self.offsets.set(&queue, offset);
+        }
         let process_queue = Arc::new(ProcessQueue::new(offset));
         let puller = tokio::spawn(pull_loop(
             Arc::clone(self),
@@ -175,7 +193,12 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
         .cloned()
         .unwrap_or_else(crate::subscription::TagExpression::all);
     let mut flow_control_pauses: u64 = 0;
+    let uses_queue_locks = core.uses_queue_locks();
     while !process_queue.is_dropped() && !core.is_stopping() {
+        if uses_queue_locks && !take_lock(&core, &queue, &process_queue).await {
+            tokio::time::sleep(super::queue_lock::LOCK_RETRY_PAUSE).await;
+            continue;
+        }
         if let Some(reason) = process_queue.over_limit(&core.config.flow_limits, is_span_limited) {
             if flow_control_pauses == 0 {
                 debug!(%queue, %reason, "flow control: pulling paused");
@@ -254,4 +277,34 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             }
         }
     }
+}
+
+/// Orderly (clustering) mode: whether this instance holds `queue`'s broker-side lock, asking for
+/// it when not. The first time it is granted, the start offset is read again: the previous
+/// owner persisted its offset before it released the lock.
+async fn take_lock(
+    core: &ConsumerCore,
+    queue: &MessageQueue,
+    process_queue: &ProcessQueue,
+) -> bool {
+    if !process_queue.is_locked(core.config.orderly_lock_ttl)
+        && !core.lock_queue(queue, process_queue).await
+    {
+        return false;
+    }
+    if process_queue.needs_offset_check() {
+        match core.start_offset(queue).await {
+            Ok(offset) => {
+                debug!(%queue, offset, "queue locked; consuming from the group's offset");
+                process_queue.reset(offset);
+                core.offsets.set(queue, offset);
+                process_queue.mark_offset_checked();
+            }
+            Err(error) => {
+                warn!(%queue, %error, "cannot read the queue's offset after locking it");
+                return false;
+            }
+        }
+    }
+    true
 }

@@ -406,6 +406,98 @@ impl<'a> ::flatbuffers::Verifiable for MessageModel {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for MessageModel {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_TRANSACTION_RESOLUTION: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_TRANSACTION_RESOLUTION: u8 = 2;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_TRANSACTION_RESOLUTION: [TransactionResolution; 3] = [
+  TransactionResolution::UNKNOWN,
+  TransactionResolution::COMMIT,
+  TransactionResolution::ROLLBACK,
+];
+
+/// How a producer's local transaction ended (RocketMQ's LocalTransactionState).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct TransactionResolution(pub u8);
+#[allow(non_upper_case_globals)]
+impl TransactionResolution {
+  /// Not known yet: the broker keeps the half message and checks back later.
+  pub const UNKNOWN: Self = Self(0);
+  /// Deliver the message: the broker stores it in its real topic, once.
+  pub const COMMIT: Self = Self(1);
+  /// Drop the message: it never becomes visible.
+  pub const ROLLBACK: Self = Self(2);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::UNKNOWN,
+    Self::COMMIT,
+    Self::ROLLBACK,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::UNKNOWN => Some("UNKNOWN"),
+      Self::COMMIT => Some("COMMIT"),
+      Self::ROLLBACK => Some("ROLLBACK"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for TransactionResolution {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for TransactionResolution {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for TransactionResolution {
+    type Output = TransactionResolution;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for TransactionResolution {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for TransactionResolution {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for TransactionResolution {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_FRAME_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_FRAME_KIND: u8 = 2;
@@ -501,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 35;
+pub const ENUM_MAX_BODY: u8 = 48;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 36] = [
+pub const ENUM_VALUES_BODY: [Body; 49] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -541,6 +633,19 @@ pub const ENUM_VALUES_BODY: [Body; 36] = [
   Body::ConsumerIdsChangedNotice,
   Body::ClusterInfoRequest,
   Body::ClusterInfoResponse,
+  Body::SendHalfRequest,
+  Body::EndTransactionRequest,
+  Body::CheckTransactionStateRequest,
+  Body::CheckTransactionStateResponse,
+  Body::LockBatchRequest,
+  Body::LockBatchResponse,
+  Body::UnlockBatchRequest,
+  Body::ConsumerSendBackRequest,
+  Body::ConsumerSendBackResponse,
+  Body::BrokerStatusRequest,
+  Body::BrokerStatusResponse,
+  Body::GroupListRequest,
+  Body::GroupListResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -587,9 +692,22 @@ impl Body {
   pub const ConsumerIdsChangedNotice: Self = Self(33);
   pub const ClusterInfoRequest: Self = Self(34);
   pub const ClusterInfoResponse: Self = Self(35);
+  pub const SendHalfRequest: Self = Self(36);
+  pub const EndTransactionRequest: Self = Self(37);
+  pub const CheckTransactionStateRequest: Self = Self(38);
+  pub const CheckTransactionStateResponse: Self = Self(39);
+  pub const LockBatchRequest: Self = Self(40);
+  pub const LockBatchResponse: Self = Self(41);
+  pub const UnlockBatchRequest: Self = Self(42);
+  pub const ConsumerSendBackRequest: Self = Self(43);
+  pub const ConsumerSendBackResponse: Self = Self(44);
+  pub const BrokerStatusRequest: Self = Self(45);
+  pub const BrokerStatusResponse: Self = Self(46);
+  pub const GroupListRequest: Self = Self(47);
+  pub const GroupListResponse: Self = Self(48);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 35;
+  pub const ENUM_MAX: u8 = 48;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -627,6 +745,19 @@ impl Body {
     Self::ConsumerIdsChangedNotice,
     Self::ClusterInfoRequest,
     Self::ClusterInfoResponse,
+    Self::SendHalfRequest,
+    Self::EndTransactionRequest,
+    Self::CheckTransactionStateRequest,
+    Self::CheckTransactionStateResponse,
+    Self::LockBatchRequest,
+    Self::LockBatchResponse,
+    Self::UnlockBatchRequest,
+    Self::ConsumerSendBackRequest,
+    Self::ConsumerSendBackResponse,
+    Self::BrokerStatusRequest,
+    Self::BrokerStatusResponse,
+    Self::GroupListRequest,
+    Self::GroupListResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -667,6 +798,19 @@ impl Body {
       Self::ConsumerIdsChangedNotice => Some("ConsumerIdsChangedNotice"),
       Self::ClusterInfoRequest => Some("ClusterInfoRequest"),
       Self::ClusterInfoResponse => Some("ClusterInfoResponse"),
+      Self::SendHalfRequest => Some("SendHalfRequest"),
+      Self::EndTransactionRequest => Some("EndTransactionRequest"),
+      Self::CheckTransactionStateRequest => Some("CheckTransactionStateRequest"),
+      Self::CheckTransactionStateResponse => Some("CheckTransactionStateResponse"),
+      Self::LockBatchRequest => Some("LockBatchRequest"),
+      Self::LockBatchResponse => Some("LockBatchResponse"),
+      Self::UnlockBatchRequest => Some("UnlockBatchRequest"),
+      Self::ConsumerSendBackRequest => Some("ConsumerSendBackRequest"),
+      Self::ConsumerSendBackResponse => Some("ConsumerSendBackResponse"),
+      Self::BrokerStatusRequest => Some("BrokerStatusRequest"),
+      Self::BrokerStatusResponse => Some("BrokerStatusResponse"),
+      Self::GroupListRequest => Some("GroupListRequest"),
+      Self::GroupListResponse => Some("GroupListResponse"),
       _ => None,
     }
   }
@@ -763,6 +907,19 @@ pub enum BodyT {
   ConsumerIdsChangedNotice(alloc::boxed::Box<ConsumerIdsChangedNoticeT>),
   ClusterInfoRequest(alloc::boxed::Box<ClusterInfoRequestT>),
   ClusterInfoResponse(alloc::boxed::Box<ClusterInfoResponseT>),
+  SendHalfRequest(alloc::boxed::Box<SendHalfRequestT>),
+  EndTransactionRequest(alloc::boxed::Box<EndTransactionRequestT>),
+  CheckTransactionStateRequest(alloc::boxed::Box<CheckTransactionStateRequestT>),
+  CheckTransactionStateResponse(alloc::boxed::Box<CheckTransactionStateResponseT>),
+  LockBatchRequest(alloc::boxed::Box<LockBatchRequestT>),
+  LockBatchResponse(alloc::boxed::Box<LockBatchResponseT>),
+  UnlockBatchRequest(alloc::boxed::Box<UnlockBatchRequestT>),
+  ConsumerSendBackRequest(alloc::boxed::Box<ConsumerSendBackRequestT>),
+  ConsumerSendBackResponse(alloc::boxed::Box<ConsumerSendBackResponseT>),
+  BrokerStatusRequest(alloc::boxed::Box<BrokerStatusRequestT>),
+  BrokerStatusResponse(alloc::boxed::Box<BrokerStatusResponseT>),
+  GroupListRequest(alloc::boxed::Box<GroupListRequestT>),
+  GroupListResponse(alloc::boxed::Box<GroupListResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -808,6 +965,19 @@ impl BodyT {
       Self::ConsumerIdsChangedNotice(_) => Body::ConsumerIdsChangedNotice,
       Self::ClusterInfoRequest(_) => Body::ClusterInfoRequest,
       Self::ClusterInfoResponse(_) => Body::ClusterInfoResponse,
+      Self::SendHalfRequest(_) => Body::SendHalfRequest,
+      Self::EndTransactionRequest(_) => Body::EndTransactionRequest,
+      Self::CheckTransactionStateRequest(_) => Body::CheckTransactionStateRequest,
+      Self::CheckTransactionStateResponse(_) => Body::CheckTransactionStateResponse,
+      Self::LockBatchRequest(_) => Body::LockBatchRequest,
+      Self::LockBatchResponse(_) => Body::LockBatchResponse,
+      Self::UnlockBatchRequest(_) => Body::UnlockBatchRequest,
+      Self::ConsumerSendBackRequest(_) => Body::ConsumerSendBackRequest,
+      Self::ConsumerSendBackResponse(_) => Body::ConsumerSendBackResponse,
+      Self::BrokerStatusRequest(_) => Body::BrokerStatusRequest,
+      Self::BrokerStatusResponse(_) => Body::BrokerStatusResponse,
+      Self::GroupListRequest(_) => Body::GroupListRequest,
+      Self::GroupListResponse(_) => Body::GroupListResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -848,6 +1018,19 @@ impl BodyT {
       Self::ConsumerIdsChangedNotice(v) => Some(v.pack(fbb).as_union_value()),
       Self::ClusterInfoRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ClusterInfoResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::SendHalfRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::EndTransactionRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::CheckTransactionStateRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::CheckTransactionStateResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::LockBatchRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::LockBatchResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::UnlockBatchRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ConsumerSendBackRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ConsumerSendBackResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::BrokerStatusRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::BrokerStatusResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::GroupListRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::GroupListResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -1584,6 +1767,279 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ClusterInfoResponseT.
   pub fn as_cluster_info_response_mut(&mut self) -> Option<&mut ClusterInfoResponseT> {
     if let Self::ClusterInfoResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned SendHalfRequestT, setting the union to NONE.
+  pub fn take_send_half_request(&mut self) -> Option<alloc::boxed::Box<SendHalfRequestT>> {
+    if let Self::SendHalfRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::SendHalfRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the SendHalfRequestT.
+  pub fn as_send_half_request(&self) -> Option<&SendHalfRequestT> {
+    if let Self::SendHalfRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the SendHalfRequestT.
+  pub fn as_send_half_request_mut(&mut self) -> Option<&mut SendHalfRequestT> {
+    if let Self::SendHalfRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned EndTransactionRequestT, setting the union to NONE.
+  pub fn take_end_transaction_request(&mut self) -> Option<alloc::boxed::Box<EndTransactionRequestT>> {
+    if let Self::EndTransactionRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::EndTransactionRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the EndTransactionRequestT.
+  pub fn as_end_transaction_request(&self) -> Option<&EndTransactionRequestT> {
+    if let Self::EndTransactionRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the EndTransactionRequestT.
+  pub fn as_end_transaction_request_mut(&mut self) -> Option<&mut EndTransactionRequestT> {
+    if let Self::EndTransactionRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned CheckTransactionStateRequestT, setting the union to NONE.
+  pub fn take_check_transaction_state_request(&mut self) -> Option<alloc::boxed::Box<CheckTransactionStateRequestT>> {
+    if let Self::CheckTransactionStateRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::CheckTransactionStateRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the CheckTransactionStateRequestT.
+  pub fn as_check_transaction_state_request(&self) -> Option<&CheckTransactionStateRequestT> {
+    if let Self::CheckTransactionStateRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the CheckTransactionStateRequestT.
+  pub fn as_check_transaction_state_request_mut(&mut self) -> Option<&mut CheckTransactionStateRequestT> {
+    if let Self::CheckTransactionStateRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned CheckTransactionStateResponseT, setting the union to NONE.
+  pub fn take_check_transaction_state_response(&mut self) -> Option<alloc::boxed::Box<CheckTransactionStateResponseT>> {
+    if let Self::CheckTransactionStateResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::CheckTransactionStateResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the CheckTransactionStateResponseT.
+  pub fn as_check_transaction_state_response(&self) -> Option<&CheckTransactionStateResponseT> {
+    if let Self::CheckTransactionStateResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the CheckTransactionStateResponseT.
+  pub fn as_check_transaction_state_response_mut(&mut self) -> Option<&mut CheckTransactionStateResponseT> {
+    if let Self::CheckTransactionStateResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned LockBatchRequestT, setting the union to NONE.
+  pub fn take_lock_batch_request(&mut self) -> Option<alloc::boxed::Box<LockBatchRequestT>> {
+    if let Self::LockBatchRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::LockBatchRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the LockBatchRequestT.
+  pub fn as_lock_batch_request(&self) -> Option<&LockBatchRequestT> {
+    if let Self::LockBatchRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the LockBatchRequestT.
+  pub fn as_lock_batch_request_mut(&mut self) -> Option<&mut LockBatchRequestT> {
+    if let Self::LockBatchRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned LockBatchResponseT, setting the union to NONE.
+  pub fn take_lock_batch_response(&mut self) -> Option<alloc::boxed::Box<LockBatchResponseT>> {
+    if let Self::LockBatchResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::LockBatchResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the LockBatchResponseT.
+  pub fn as_lock_batch_response(&self) -> Option<&LockBatchResponseT> {
+    if let Self::LockBatchResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the LockBatchResponseT.
+  pub fn as_lock_batch_response_mut(&mut self) -> Option<&mut LockBatchResponseT> {
+    if let Self::LockBatchResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned UnlockBatchRequestT, setting the union to NONE.
+  pub fn take_unlock_batch_request(&mut self) -> Option<alloc::boxed::Box<UnlockBatchRequestT>> {
+    if let Self::UnlockBatchRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::UnlockBatchRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the UnlockBatchRequestT.
+  pub fn as_unlock_batch_request(&self) -> Option<&UnlockBatchRequestT> {
+    if let Self::UnlockBatchRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the UnlockBatchRequestT.
+  pub fn as_unlock_batch_request_mut(&mut self) -> Option<&mut UnlockBatchRequestT> {
+    if let Self::UnlockBatchRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ConsumerSendBackRequestT, setting the union to NONE.
+  pub fn take_consumer_send_back_request(&mut self) -> Option<alloc::boxed::Box<ConsumerSendBackRequestT>> {
+    if let Self::ConsumerSendBackRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ConsumerSendBackRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ConsumerSendBackRequestT.
+  pub fn as_consumer_send_back_request(&self) -> Option<&ConsumerSendBackRequestT> {
+    if let Self::ConsumerSendBackRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ConsumerSendBackRequestT.
+  pub fn as_consumer_send_back_request_mut(&mut self) -> Option<&mut ConsumerSendBackRequestT> {
+    if let Self::ConsumerSendBackRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ConsumerSendBackResponseT, setting the union to NONE.
+  pub fn take_consumer_send_back_response(&mut self) -> Option<alloc::boxed::Box<ConsumerSendBackResponseT>> {
+    if let Self::ConsumerSendBackResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ConsumerSendBackResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ConsumerSendBackResponseT.
+  pub fn as_consumer_send_back_response(&self) -> Option<&ConsumerSendBackResponseT> {
+    if let Self::ConsumerSendBackResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ConsumerSendBackResponseT.
+  pub fn as_consumer_send_back_response_mut(&mut self) -> Option<&mut ConsumerSendBackResponseT> {
+    if let Self::ConsumerSendBackResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned BrokerStatusRequestT, setting the union to NONE.
+  pub fn take_broker_status_request(&mut self) -> Option<alloc::boxed::Box<BrokerStatusRequestT>> {
+    if let Self::BrokerStatusRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::BrokerStatusRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the BrokerStatusRequestT.
+  pub fn as_broker_status_request(&self) -> Option<&BrokerStatusRequestT> {
+    if let Self::BrokerStatusRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the BrokerStatusRequestT.
+  pub fn as_broker_status_request_mut(&mut self) -> Option<&mut BrokerStatusRequestT> {
+    if let Self::BrokerStatusRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned BrokerStatusResponseT, setting the union to NONE.
+  pub fn take_broker_status_response(&mut self) -> Option<alloc::boxed::Box<BrokerStatusResponseT>> {
+    if let Self::BrokerStatusResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::BrokerStatusResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the BrokerStatusResponseT.
+  pub fn as_broker_status_response(&self) -> Option<&BrokerStatusResponseT> {
+    if let Self::BrokerStatusResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the BrokerStatusResponseT.
+  pub fn as_broker_status_response_mut(&mut self) -> Option<&mut BrokerStatusResponseT> {
+    if let Self::BrokerStatusResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned GroupListRequestT, setting the union to NONE.
+  pub fn take_group_list_request(&mut self) -> Option<alloc::boxed::Box<GroupListRequestT>> {
+    if let Self::GroupListRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::GroupListRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the GroupListRequestT.
+  pub fn as_group_list_request(&self) -> Option<&GroupListRequestT> {
+    if let Self::GroupListRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the GroupListRequestT.
+  pub fn as_group_list_request_mut(&mut self) -> Option<&mut GroupListRequestT> {
+    if let Self::GroupListRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned GroupListResponseT, setting the union to NONE.
+  pub fn take_group_list_response(&mut self) -> Option<alloc::boxed::Box<GroupListResponseT>> {
+    if let Self::GroupListResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::GroupListResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the GroupListResponseT.
+  pub fn as_group_list_response(&self) -> Option<&GroupListResponseT> {
+    if let Self::GroupListResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the GroupListResponseT.
+  pub fn as_group_list_response_mut(&mut self) -> Option<&mut GroupListResponseT> {
+    if let Self::GroupListResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 pub enum KeyValueOffset {}
@@ -2473,6 +2929,7 @@ impl<'a> Message<'a> {
   pub const VT_DELAY_LEVEL: ::flatbuffers::VOffsetT = 18;
   pub const VT_DELIVER_AT_MS: ::flatbuffers::VOffsetT = 20;
   pub const VT_COMPRESSION: ::flatbuffers::VOffsetT = 22;
+  pub const VT_DELAY_MS: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2484,6 +2941,7 @@ impl<'a> Message<'a> {
     args: &'args MessageArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Message<'bldr>> {
     let mut builder = MessageBuilder::new(_fbb);
+    builder.add_delay_ms(args.delay_ms);
     builder.add_deliver_at_ms(args.deliver_at_ms);
     builder.add_born_timestamp_ms(args.born_timestamp_ms);
     builder.add_delay_level(args.delay_level);
@@ -2518,6 +2976,7 @@ impl<'a> Message<'a> {
     let delay_level = self.delay_level();
     let deliver_at_ms = self.deliver_at_ms();
     let compression = self.compression();
+    let delay_ms = self.delay_ms();
     MessageT {
       body,
       tags,
@@ -2529,6 +2988,7 @@ impl<'a> Message<'a> {
       delay_level,
       deliver_at_ms,
       compression,
+      delay_ms,
     }
   }
 
@@ -2613,6 +3073,15 @@ impl<'a> Message<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<Compression>(Message::VT_COMPRESSION, Some(Compression::NONE)).unwrap()}
   }
+  /// Deliver this many ms after the broker stores the message (timer message, measured on the
+  /// broker's clock); 0 for none. Set at most one of delay_level, deliver_at_ms and delay_ms.
+  #[inline]
+  pub fn delay_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(Message::VT_DELAY_MS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Message<'_> {
@@ -2631,6 +3100,7 @@ impl ::flatbuffers::Verifiable for Message<'_> {
      .visit_field::<i32>("delay_level", Self::VT_DELAY_LEVEL, false)?
      .visit_field::<i64>("deliver_at_ms", Self::VT_DELIVER_AT_MS, false)?
      .visit_field::<Compression>("compression", Self::VT_COMPRESSION, false)?
+     .visit_field::<i64>("delay_ms", Self::VT_DELAY_MS, false)?
      .finish();
     Ok(())
   }
@@ -2646,6 +3116,7 @@ pub struct MessageArgs<'a> {
     pub delay_level: i32,
     pub deliver_at_ms: i64,
     pub compression: Compression,
+    pub delay_ms: i64,
 }
 impl<'a> Default for MessageArgs<'a> {
   #[inline]
@@ -2661,6 +3132,7 @@ impl<'a> Default for MessageArgs<'a> {
       delay_level: 0,
       deliver_at_ms: 0,
       compression: Compression::NONE,
+      delay_ms: 0,
     }
   }
 }
@@ -2711,6 +3183,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> MessageBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<Compression>(Message::VT_COMPRESSION, compression, Compression::NONE);
   }
   #[inline]
+  pub fn add_delay_ms(&mut self, delay_ms: i64) {
+    self.fbb_.push_slot::<i64>(Message::VT_DELAY_MS, delay_ms, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> MessageBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     MessageBuilder {
@@ -2738,6 +3214,7 @@ impl ::core::fmt::Debug for Message<'_> {
       ds.field("delay_level", &self.delay_level());
       ds.field("deliver_at_ms", &self.deliver_at_ms());
       ds.field("compression", &self.compression());
+      ds.field("delay_ms", &self.delay_ms());
       ds.finish()
   }
 }
@@ -2754,6 +3231,7 @@ pub struct MessageT {
   pub delay_level: i32,
   pub deliver_at_ms: i64,
   pub compression: Compression,
+  pub delay_ms: i64,
 }
 impl Default for MessageT {
   fn default() -> Self {
@@ -2768,6 +3246,7 @@ impl Default for MessageT {
       delay_level: 0,
       deliver_at_ms: 0,
       compression: Compression::NONE,
+      delay_ms: 0,
     }
   }
 }
@@ -2796,6 +3275,7 @@ impl MessageT {
     let delay_level = self.delay_level;
     let deliver_at_ms = self.deliver_at_ms;
     let compression = self.compression;
+    let delay_ms = self.delay_ms;
     Message::create(_fbb, &MessageArgs{
       body,
       tags,
@@ -2807,6 +3287,7 @@ impl MessageT {
       delay_level,
       deliver_at_ms,
       compression,
+      delay_ms,
     })
   }
 }
@@ -10016,6 +10497,3011 @@ impl ConsumerIdsChangedNoticeT {
     })
   }
 }
+pub enum BrokerStatusRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Ask a broker for its runtime status. No fields.
+pub struct BrokerStatusRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BrokerStatusRequest<'a> {
+  type Inner = BrokerStatusRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BrokerStatusRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BrokerStatusRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args BrokerStatusRequestArgs
+  ) -> ::flatbuffers::WIPOffset<BrokerStatusRequest<'bldr>> {
+    let mut builder = BrokerStatusRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> BrokerStatusRequestT {
+    BrokerStatusRequestT {
+    }
+  }
+}
+
+impl ::flatbuffers::Verifiable for BrokerStatusRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BrokerStatusRequestArgs {
+}
+impl<'a> Default for BrokerStatusRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    BrokerStatusRequestArgs {
+    }
+  }
+}
+
+pub struct BrokerStatusRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerStatusRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerStatusRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BrokerStatusRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BrokerStatusRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BrokerStatusRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BrokerStatusRequest");
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerStatusRequestT {
+}
+impl Default for BrokerStatusRequestT {
+  fn default() -> Self {
+    Self {
+    }
+  }
+}
+impl BrokerStatusRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<BrokerStatusRequest<'b>> {
+    BrokerStatusRequest::create(_fbb, &BrokerStatusRequestArgs{
+    })
+  }
+}
+pub enum BrokerStatusResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A broker's runtime status. Totals count since the broker started; a reader computes rates
+/// from two samples.
+pub struct BrokerStatusResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BrokerStatusResponse<'a> {
+  type Inner = BrokerStatusResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BrokerStatusResponse<'a> {
+  pub const VT_CLUSTER_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_VERSION: ::flatbuffers::VOffsetT = 8;
+  pub const VT_UPTIME_MS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_STORAGE_SHARDS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_NETWORK_SHARDS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_PLACEMENT: ::flatbuffers::VOffsetT = 16;
+  pub const VT_FLUSH: ::flatbuffers::VOffsetT = 18;
+  pub const VT_MESSAGES_IN: ::flatbuffers::VOffsetT = 20;
+  pub const VT_BYTES_IN: ::flatbuffers::VOffsetT = 22;
+  pub const VT_MESSAGES_OUT: ::flatbuffers::VOffsetT = 24;
+  pub const VT_BYTES_OUT: ::flatbuffers::VOffsetT = 26;
+  pub const VT_CONNECTIONS: ::flatbuffers::VOffsetT = 28;
+  pub const VT_PARKED_PULLS: ::flatbuffers::VOffsetT = 30;
+  pub const VT_TOPICS: ::flatbuffers::VOffsetT = 32;
+  pub const VT_COMMITLOG_BYTES: ::flatbuffers::VOffsetT = 34;
+  pub const VT_DISK_TOTAL_BYTES: ::flatbuffers::VOffsetT = 36;
+  pub const VT_DISK_FREE_BYTES: ::flatbuffers::VOffsetT = 38;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BrokerStatusResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BrokerStatusResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BrokerStatusResponse<'bldr>> {
+    let mut builder = BrokerStatusResponseBuilder::new(_fbb);
+    builder.add_disk_free_bytes(args.disk_free_bytes);
+    builder.add_disk_total_bytes(args.disk_total_bytes);
+    builder.add_commitlog_bytes(args.commitlog_bytes);
+    builder.add_parked_pulls(args.parked_pulls);
+    builder.add_connections(args.connections);
+    builder.add_bytes_out(args.bytes_out);
+    builder.add_messages_out(args.messages_out);
+    builder.add_bytes_in(args.bytes_in);
+    builder.add_messages_in(args.messages_in);
+    builder.add_uptime_ms(args.uptime_ms);
+    builder.add_topics(args.topics);
+    if let Some(x) = args.flush { builder.add_flush(x); }
+    if let Some(x) = args.placement { builder.add_placement(x); }
+    builder.add_network_shards(args.network_shards);
+    builder.add_storage_shards(args.storage_shards);
+    if let Some(x) = args.version { builder.add_version(x); }
+    if let Some(x) = args.broker_name { builder.add_broker_name(x); }
+    if let Some(x) = args.cluster_name { builder.add_cluster_name(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> BrokerStatusResponseT {
+    let cluster_name = self.cluster_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_name = self.broker_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let version = self.version().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let uptime_ms = self.uptime_ms();
+    let storage_shards = self.storage_shards();
+    let network_shards = self.network_shards();
+    let placement = self.placement().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let flush = self.flush().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let messages_in = self.messages_in();
+    let bytes_in = self.bytes_in();
+    let messages_out = self.messages_out();
+    let bytes_out = self.bytes_out();
+    let connections = self.connections();
+    let parked_pulls = self.parked_pulls();
+    let topics = self.topics();
+    let commitlog_bytes = self.commitlog_bytes();
+    let disk_total_bytes = self.disk_total_bytes();
+    let disk_free_bytes = self.disk_free_bytes();
+    BrokerStatusResponseT {
+      cluster_name,
+      broker_name,
+      version,
+      uptime_ms,
+      storage_shards,
+      network_shards,
+      placement,
+      flush,
+      messages_in,
+      bytes_in,
+      messages_out,
+      bytes_out,
+      connections,
+      parked_pulls,
+      topics,
+      commitlog_bytes,
+      disk_total_bytes,
+      disk_free_bytes,
+    }
+  }
+
+  #[inline]
+  pub fn cluster_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_CLUSTER_NAME, None)}
+  }
+  #[inline]
+  pub fn broker_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_BROKER_NAME, None)}
+  }
+  /// Software version of the broker.
+  #[inline]
+  pub fn version(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_VERSION, None)}
+  }
+  #[inline]
+  pub fn uptime_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_UPTIME_MS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn storage_shards(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(BrokerStatusResponse::VT_STORAGE_SHARDS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn network_shards(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(BrokerStatusResponse::VT_NETWORK_SHARDS, Some(0)).unwrap()}
+  }
+  /// Which shards run on which core, e.g. `core 0: storage-0; core 1: network-0`.
+  #[inline]
+  pub fn placement(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_PLACEMENT, None)}
+  }
+  /// `sync` or `async`.
+  #[inline]
+  pub fn flush(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_FLUSH, None)}
+  }
+  #[inline]
+  pub fn messages_in(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_MESSAGES_IN, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn bytes_in(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_BYTES_IN, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn messages_out(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_MESSAGES_OUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn bytes_out(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_BYTES_OUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn connections(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_CONNECTIONS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn parked_pulls(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_PARKED_PULLS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn topics(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(BrokerStatusResponse::VT_TOPICS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn commitlog_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_COMMITLOG_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn disk_total_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_DISK_TOTAL_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn disk_free_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_DISK_FREE_BYTES, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_name", Self::VT_CLUSTER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("broker_name", Self::VT_BROKER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("version", Self::VT_VERSION, false)?
+     .visit_field::<u64>("uptime_ms", Self::VT_UPTIME_MS, false)?
+     .visit_field::<u32>("storage_shards", Self::VT_STORAGE_SHARDS, false)?
+     .visit_field::<u32>("network_shards", Self::VT_NETWORK_SHARDS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("placement", Self::VT_PLACEMENT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("flush", Self::VT_FLUSH, false)?
+     .visit_field::<u64>("messages_in", Self::VT_MESSAGES_IN, false)?
+     .visit_field::<u64>("bytes_in", Self::VT_BYTES_IN, false)?
+     .visit_field::<u64>("messages_out", Self::VT_MESSAGES_OUT, false)?
+     .visit_field::<u64>("bytes_out", Self::VT_BYTES_OUT, false)?
+     .visit_field::<u64>("connections", Self::VT_CONNECTIONS, false)?
+     .visit_field::<u64>("parked_pulls", Self::VT_PARKED_PULLS, false)?
+     .visit_field::<u32>("topics", Self::VT_TOPICS, false)?
+     .visit_field::<u64>("commitlog_bytes", Self::VT_COMMITLOG_BYTES, false)?
+     .visit_field::<u64>("disk_total_bytes", Self::VT_DISK_TOTAL_BYTES, false)?
+     .visit_field::<u64>("disk_free_bytes", Self::VT_DISK_FREE_BYTES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BrokerStatusResponseArgs<'a> {
+    pub cluster_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub version: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub uptime_ms: u64,
+    pub storage_shards: u32,
+    pub network_shards: u32,
+    pub placement: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub flush: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub messages_in: u64,
+    pub bytes_in: u64,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    pub connections: u64,
+    pub parked_pulls: u64,
+    pub topics: u32,
+    pub commitlog_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub disk_free_bytes: u64,
+}
+impl<'a> Default for BrokerStatusResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BrokerStatusResponseArgs {
+      cluster_name: None,
+      broker_name: None,
+      version: None,
+      uptime_ms: 0,
+      storage_shards: 0,
+      network_shards: 0,
+      placement: None,
+      flush: None,
+      messages_in: 0,
+      bytes_in: 0,
+      messages_out: 0,
+      bytes_out: 0,
+      connections: 0,
+      parked_pulls: 0,
+      topics: 0,
+      commitlog_bytes: 0,
+      disk_total_bytes: 0,
+      disk_free_bytes: 0,
+    }
+  }
+}
+
+pub struct BrokerStatusResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerStatusResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cluster_name(&mut self, cluster_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_CLUSTER_NAME, cluster_name);
+  }
+  #[inline]
+  pub fn add_broker_name(&mut self, broker_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_BROKER_NAME, broker_name);
+  }
+  #[inline]
+  pub fn add_version(&mut self, version: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_VERSION, version);
+  }
+  #[inline]
+  pub fn add_uptime_ms(&mut self, uptime_ms: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_UPTIME_MS, uptime_ms, 0);
+  }
+  #[inline]
+  pub fn add_storage_shards(&mut self, storage_shards: u32) {
+    self.fbb_.push_slot::<u32>(BrokerStatusResponse::VT_STORAGE_SHARDS, storage_shards, 0);
+  }
+  #[inline]
+  pub fn add_network_shards(&mut self, network_shards: u32) {
+    self.fbb_.push_slot::<u32>(BrokerStatusResponse::VT_NETWORK_SHARDS, network_shards, 0);
+  }
+  #[inline]
+  pub fn add_placement(&mut self, placement: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_PLACEMENT, placement);
+  }
+  #[inline]
+  pub fn add_flush(&mut self, flush: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_FLUSH, flush);
+  }
+  #[inline]
+  pub fn add_messages_in(&mut self, messages_in: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_MESSAGES_IN, messages_in, 0);
+  }
+  #[inline]
+  pub fn add_bytes_in(&mut self, bytes_in: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_BYTES_IN, bytes_in, 0);
+  }
+  #[inline]
+  pub fn add_messages_out(&mut self, messages_out: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_MESSAGES_OUT, messages_out, 0);
+  }
+  #[inline]
+  pub fn add_bytes_out(&mut self, bytes_out: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_BYTES_OUT, bytes_out, 0);
+  }
+  #[inline]
+  pub fn add_connections(&mut self, connections: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_CONNECTIONS, connections, 0);
+  }
+  #[inline]
+  pub fn add_parked_pulls(&mut self, parked_pulls: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_PARKED_PULLS, parked_pulls, 0);
+  }
+  #[inline]
+  pub fn add_topics(&mut self, topics: u32) {
+    self.fbb_.push_slot::<u32>(BrokerStatusResponse::VT_TOPICS, topics, 0);
+  }
+  #[inline]
+  pub fn add_commitlog_bytes(&mut self, commitlog_bytes: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_COMMITLOG_BYTES, commitlog_bytes, 0);
+  }
+  #[inline]
+  pub fn add_disk_total_bytes(&mut self, disk_total_bytes: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_DISK_TOTAL_BYTES, disk_total_bytes, 0);
+  }
+  #[inline]
+  pub fn add_disk_free_bytes(&mut self, disk_free_bytes: u64) {
+    self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_DISK_FREE_BYTES, disk_free_bytes, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerStatusResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BrokerStatusResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BrokerStatusResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BrokerStatusResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BrokerStatusResponse");
+      ds.field("cluster_name", &self.cluster_name());
+      ds.field("broker_name", &self.broker_name());
+      ds.field("version", &self.version());
+      ds.field("uptime_ms", &self.uptime_ms());
+      ds.field("storage_shards", &self.storage_shards());
+      ds.field("network_shards", &self.network_shards());
+      ds.field("placement", &self.placement());
+      ds.field("flush", &self.flush());
+      ds.field("messages_in", &self.messages_in());
+      ds.field("bytes_in", &self.bytes_in());
+      ds.field("messages_out", &self.messages_out());
+      ds.field("bytes_out", &self.bytes_out());
+      ds.field("connections", &self.connections());
+      ds.field("parked_pulls", &self.parked_pulls());
+      ds.field("topics", &self.topics());
+      ds.field("commitlog_bytes", &self.commitlog_bytes());
+      ds.field("disk_total_bytes", &self.disk_total_bytes());
+      ds.field("disk_free_bytes", &self.disk_free_bytes());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerStatusResponseT {
+  pub cluster_name: Option<alloc::string::String>,
+  pub broker_name: Option<alloc::string::String>,
+  pub version: Option<alloc::string::String>,
+  pub uptime_ms: u64,
+  pub storage_shards: u32,
+  pub network_shards: u32,
+  pub placement: Option<alloc::string::String>,
+  pub flush: Option<alloc::string::String>,
+  pub messages_in: u64,
+  pub bytes_in: u64,
+  pub messages_out: u64,
+  pub bytes_out: u64,
+  pub connections: u64,
+  pub parked_pulls: u64,
+  pub topics: u32,
+  pub commitlog_bytes: u64,
+  pub disk_total_bytes: u64,
+  pub disk_free_bytes: u64,
+}
+impl Default for BrokerStatusResponseT {
+  fn default() -> Self {
+    Self {
+      cluster_name: None,
+      broker_name: None,
+      version: None,
+      uptime_ms: 0,
+      storage_shards: 0,
+      network_shards: 0,
+      placement: None,
+      flush: None,
+      messages_in: 0,
+      bytes_in: 0,
+      messages_out: 0,
+      bytes_out: 0,
+      connections: 0,
+      parked_pulls: 0,
+      topics: 0,
+      commitlog_bytes: 0,
+      disk_total_bytes: 0,
+      disk_free_bytes: 0,
+    }
+  }
+}
+impl BrokerStatusResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<BrokerStatusResponse<'b>> {
+    let cluster_name = self.cluster_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_name = self.broker_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let version = self.version.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let uptime_ms = self.uptime_ms;
+    let storage_shards = self.storage_shards;
+    let network_shards = self.network_shards;
+    let placement = self.placement.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let flush = self.flush.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let messages_in = self.messages_in;
+    let bytes_in = self.bytes_in;
+    let messages_out = self.messages_out;
+    let bytes_out = self.bytes_out;
+    let connections = self.connections;
+    let parked_pulls = self.parked_pulls;
+    let topics = self.topics;
+    let commitlog_bytes = self.commitlog_bytes;
+    let disk_total_bytes = self.disk_total_bytes;
+    let disk_free_bytes = self.disk_free_bytes;
+    BrokerStatusResponse::create(_fbb, &BrokerStatusResponseArgs{
+      cluster_name,
+      broker_name,
+      version,
+      uptime_ms,
+      storage_shards,
+      network_shards,
+      placement,
+      flush,
+      messages_in,
+      bytes_in,
+      messages_out,
+      bytes_out,
+      connections,
+      parked_pulls,
+      topics,
+      commitlog_bytes,
+      disk_total_bytes,
+      disk_free_bytes,
+    })
+  }
+}
+pub enum GroupListRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Ask a broker for the consumer groups it knows (live members or committed offsets).
+pub struct GroupListRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupListRequest<'a> {
+  type Inner = GroupListRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupListRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupListRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args GroupListRequestArgs
+  ) -> ::flatbuffers::WIPOffset<GroupListRequest<'bldr>> {
+    let mut builder = GroupListRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> GroupListRequestT {
+    GroupListRequestT {
+    }
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupListRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupListRequestArgs {
+}
+impl<'a> Default for GroupListRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    GroupListRequestArgs {
+    }
+  }
+}
+
+pub struct GroupListRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupListRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupListRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupListRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupListRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupListRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupListRequest");
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupListRequestT {
+}
+impl Default for GroupListRequestT {
+  fn default() -> Self {
+    Self {
+    }
+  }
+}
+impl GroupListRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<GroupListRequest<'b>> {
+    GroupListRequest::create(_fbb, &GroupListRequestArgs{
+    })
+  }
+}
+pub enum GroupSummaryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One consumer group as a broker knows it.
+pub struct GroupSummary<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupSummary<'a> {
+  type Inner = GroupSummary<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupSummary<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_TOPICS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LAG: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupSummary { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupSummaryArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupSummary<'bldr>> {
+    let mut builder = GroupSummaryBuilder::new(_fbb);
+    builder.add_lag(args.lag);
+    if let Some(x) = args.topics { builder.add_topics(x); }
+    builder.add_members(args.members);
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> GroupSummaryT {
+    let group = self.group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let members = self.members();
+    let topics = self.topics().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    let lag = self.lag();
+    GroupSummaryT {
+      group,
+      members,
+      topics,
+      lag,
+    }
+  }
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupSummary::VT_GROUP, None)}
+  }
+  /// Live members (clients that heartbeat with the group).
+  #[inline]
+  pub fn members(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GroupSummary::VT_MEMBERS, Some(0)).unwrap()}
+  }
+  /// Topics the group subscribes to or has committed offsets for, sorted.
+  #[inline]
+  pub fn topics(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(GroupSummary::VT_TOPICS, None)}
+  }
+  /// Messages stored and not yet committed, over the queues with committed offsets.
+  #[inline]
+  pub fn lag(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GroupSummary::VT_LAG, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupSummary<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<u32>("members", Self::VT_MEMBERS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("topics", Self::VT_TOPICS, false)?
+     .visit_field::<u64>("lag", Self::VT_LAG, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupSummaryArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: u32,
+    pub topics: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub lag: u64,
+}
+impl<'a> Default for GroupSummaryArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupSummaryArgs {
+      group: None,
+      members: 0,
+      topics: None,
+      lag: 0,
+    }
+  }
+}
+
+pub struct GroupSummaryBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupSummaryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupSummary::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: u32) {
+    self.fbb_.push_slot::<u32>(GroupSummary::VT_MEMBERS, members, 0);
+  }
+  #[inline]
+  pub fn add_topics(&mut self, topics: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupSummary::VT_TOPICS, topics);
+  }
+  #[inline]
+  pub fn add_lag(&mut self, lag: u64) {
+    self.fbb_.push_slot::<u64>(GroupSummary::VT_LAG, lag, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupSummaryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupSummaryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupSummary<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupSummary<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupSummary");
+      ds.field("group", &self.group());
+      ds.field("members", &self.members());
+      ds.field("topics", &self.topics());
+      ds.field("lag", &self.lag());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSummaryT {
+  pub group: Option<alloc::string::String>,
+  pub members: u32,
+  pub topics: Option<alloc::vec::Vec<alloc::string::String>>,
+  pub lag: u64,
+}
+impl Default for GroupSummaryT {
+  fn default() -> Self {
+    Self {
+      group: None,
+      members: 0,
+      topics: None,
+      lag: 0,
+    }
+  }
+}
+impl GroupSummaryT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<GroupSummary<'b>> {
+    let group = self.group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let members = self.members;
+    let topics = self.topics.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    let lag = self.lag;
+    GroupSummary::create(_fbb, &GroupSummaryArgs{
+      group,
+      members,
+      topics,
+      lag,
+    })
+  }
+}
+pub enum GroupListResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupListResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupListResponse<'a> {
+  type Inner = GroupListResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupListResponse<'a> {
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupListResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupListResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupListResponse<'bldr>> {
+    let mut builder = GroupListResponseBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> GroupListResponseT {
+    let groups = self.groups().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    GroupListResponseT {
+      groups,
+    }
+  }
+
+  /// Sorted by group name.
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary>>>>(GroupListResponse::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupListResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupSummary>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupListResponseArgs<'a> {
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary<'a>>>>>,
+}
+impl<'a> Default for GroupListResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupListResponseArgs {
+      groups: None,
+    }
+  }
+}
+
+pub struct GroupListResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupListResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupSummary<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupListResponse::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupListResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupListResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupListResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupListResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupListResponse");
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupListResponseT {
+  pub groups: Option<alloc::vec::Vec<GroupSummaryT>>,
+}
+impl Default for GroupListResponseT {
+  fn default() -> Self {
+    Self {
+      groups: None,
+    }
+  }
+}
+impl GroupListResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<GroupListResponse<'b>> {
+    let groups = self.groups.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    GroupListResponse::create(_fbb, &GroupListResponseArgs{
+      groups,
+    })
+  }
+}
+pub enum SendHalfRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Store a half message: invisible to consumers until an EndTransactionRequest (or the answer
+/// to a check-back) commits it. Answered with a SendResponse whose `queue_id` is the real queue
+/// the message will be committed to and whose single result describes the stored half message:
+/// `queue_offset` in the half queue and `commit_log_offset`, the two numbers
+/// EndTransactionRequest names it by.
+pub struct SendHalfRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SendHalfRequest<'a> {
+  type Inner = SendHalfRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SendHalfRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PRODUCER_GROUP: ::flatbuffers::VOffsetT = 8;
+  pub const VT_MESSAGES: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SendHalfRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SendHalfRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SendHalfRequest<'bldr>> {
+    let mut builder = SendHalfRequestBuilder::new(_fbb);
+    if let Some(x) = args.messages { builder.add_messages(x); }
+    if let Some(x) = args.producer_group { builder.add_producer_group(x); }
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> SendHalfRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let producer_group = self.producer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let messages = self.messages().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    SendHalfRequestT {
+      topic,
+      queue_id,
+      producer_group,
+      messages,
+    }
+  }
+
+  /// The real topic the message is for.
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendHalfRequest::VT_TOPIC, None)}
+  }
+  /// Real queue; -1 lets the broker choose one of the topic's write queues.
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(SendHalfRequest::VT_QUEUE_ID, Some(-1)).unwrap()}
+  }
+  /// The producer group; check-backs go to a live member of it. Required.
+  #[inline]
+  pub fn producer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendHalfRequest::VT_PRODUCER_GROUP, None)}
+  }
+  /// Exactly one message (a vector so that it is encoded as in SendRequest); its `unique_id`
+  /// is required (commits are de-duplicated by it), and it may carry neither a delay level nor
+  /// a delivery time.
+  #[inline]
+  pub fn messages(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Message<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Message>>>>(SendHalfRequest::VT_MESSAGES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SendHalfRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_group", Self::VT_PRODUCER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Message>>>>("messages", Self::VT_MESSAGES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SendHalfRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+    pub producer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub messages: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Message<'a>>>>>,
+}
+impl<'a> Default for SendHalfRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SendHalfRequestArgs {
+      topic: None,
+      queue_id: -1,
+      producer_group: None,
+      messages: None,
+    }
+  }
+}
+
+pub struct SendHalfRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SendHalfRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendHalfRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(SendHalfRequest::VT_QUEUE_ID, queue_id, -1);
+  }
+  #[inline]
+  pub fn add_producer_group(&mut self, producer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendHalfRequest::VT_PRODUCER_GROUP, producer_group);
+  }
+  #[inline]
+  pub fn add_messages(&mut self, messages: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<Message<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendHalfRequest::VT_MESSAGES, messages);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SendHalfRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SendHalfRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SendHalfRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SendHalfRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SendHalfRequest");
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("producer_group", &self.producer_group());
+      ds.field("messages", &self.messages());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendHalfRequestT {
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+  pub producer_group: Option<alloc::string::String>,
+  pub messages: Option<alloc::vec::Vec<MessageT>>,
+}
+impl Default for SendHalfRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queue_id: -1,
+      producer_group: None,
+      messages: None,
+    }
+  }
+}
+impl SendHalfRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<SendHalfRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let producer_group = self.producer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let messages = self.messages.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    SendHalfRequest::create(_fbb, &SendHalfRequestArgs{
+      topic,
+      queue_id,
+      producer_group,
+      messages,
+    })
+  }
+}
+pub enum EndTransactionRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// End a transaction: commit or roll back the half message. Answered with status OK and no
+/// body, also when the half message was already resolved (ending twice is harmless);
+/// UNKNOWN changes nothing and is answered OK.
+pub struct EndTransactionRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for EndTransactionRequest<'a> {
+  type Inner = EndTransactionRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> EndTransactionRequest<'a> {
+  pub const VT_PRODUCER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_HALF_QUEUE_OFFSET: ::flatbuffers::VOffsetT = 6;
+  pub const VT_HALF_COMMIT_LOG_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_UNIQUE_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_RESOLUTION: ::flatbuffers::VOffsetT = 12;
+  pub const VT_IS_FROM_CHECK: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    EndTransactionRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EndTransactionRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<EndTransactionRequest<'bldr>> {
+    let mut builder = EndTransactionRequestBuilder::new(_fbb);
+    builder.add_half_commit_log_offset(args.half_commit_log_offset);
+    builder.add_half_queue_offset(args.half_queue_offset);
+    if let Some(x) = args.unique_id { builder.add_unique_id(x); }
+    if let Some(x) = args.producer_group { builder.add_producer_group(x); }
+    builder.add_is_from_check(args.is_from_check);
+    builder.add_resolution(args.resolution);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> EndTransactionRequestT {
+    let producer_group = self.producer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let half_queue_offset = self.half_queue_offset();
+    let half_commit_log_offset = self.half_commit_log_offset();
+    let unique_id = self.unique_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let resolution = self.resolution();
+    let is_from_check = self.is_from_check();
+    EndTransactionRequestT {
+      producer_group,
+      half_queue_offset,
+      half_commit_log_offset,
+      unique_id,
+      resolution,
+      is_from_check,
+    }
+  }
+
+  #[inline]
+  pub fn producer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EndTransactionRequest::VT_PRODUCER_GROUP, None)}
+  }
+  /// The half message's offset in the half queue (SendResult.queue_offset of the half send).
+  #[inline]
+  pub fn half_queue_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(EndTransactionRequest::VT_HALF_QUEUE_OFFSET, Some(-1)).unwrap()}
+  }
+  /// The half message's CommitLog offset (SendResult.commit_log_offset of the half send).
+  #[inline]
+  pub fn half_commit_log_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(EndTransactionRequest::VT_HALF_COMMIT_LOG_OFFSET, Some(-1)).unwrap()}
+  }
+  /// The message's unique id, for the broker's log.
+  #[inline]
+  pub fn unique_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EndTransactionRequest::VT_UNIQUE_ID, None)}
+  }
+  #[inline]
+  pub fn resolution(&self) -> TransactionResolution {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<TransactionResolution>(EndTransactionRequest::VT_RESOLUTION, Some(TransactionResolution::UNKNOWN)).unwrap()}
+  }
+  /// Whether this answers a check-back rather than ending the producer's own transaction.
+  #[inline]
+  pub fn is_from_check(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(EndTransactionRequest::VT_IS_FROM_CHECK, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for EndTransactionRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_group", Self::VT_PRODUCER_GROUP, false)?
+     .visit_field::<i64>("half_queue_offset", Self::VT_HALF_QUEUE_OFFSET, false)?
+     .visit_field::<i64>("half_commit_log_offset", Self::VT_HALF_COMMIT_LOG_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("unique_id", Self::VT_UNIQUE_ID, false)?
+     .visit_field::<TransactionResolution>("resolution", Self::VT_RESOLUTION, false)?
+     .visit_field::<bool>("is_from_check", Self::VT_IS_FROM_CHECK, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EndTransactionRequestArgs<'a> {
+    pub producer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub half_queue_offset: i64,
+    pub half_commit_log_offset: i64,
+    pub unique_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub resolution: TransactionResolution,
+    pub is_from_check: bool,
+}
+impl<'a> Default for EndTransactionRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    EndTransactionRequestArgs {
+      producer_group: None,
+      half_queue_offset: -1,
+      half_commit_log_offset: -1,
+      unique_id: None,
+      resolution: TransactionResolution::UNKNOWN,
+      is_from_check: false,
+    }
+  }
+}
+
+pub struct EndTransactionRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EndTransactionRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_producer_group(&mut self, producer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EndTransactionRequest::VT_PRODUCER_GROUP, producer_group);
+  }
+  #[inline]
+  pub fn add_half_queue_offset(&mut self, half_queue_offset: i64) {
+    self.fbb_.push_slot::<i64>(EndTransactionRequest::VT_HALF_QUEUE_OFFSET, half_queue_offset, -1);
+  }
+  #[inline]
+  pub fn add_half_commit_log_offset(&mut self, half_commit_log_offset: i64) {
+    self.fbb_.push_slot::<i64>(EndTransactionRequest::VT_HALF_COMMIT_LOG_OFFSET, half_commit_log_offset, -1);
+  }
+  #[inline]
+  pub fn add_unique_id(&mut self, unique_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EndTransactionRequest::VT_UNIQUE_ID, unique_id);
+  }
+  #[inline]
+  pub fn add_resolution(&mut self, resolution: TransactionResolution) {
+    self.fbb_.push_slot::<TransactionResolution>(EndTransactionRequest::VT_RESOLUTION, resolution, TransactionResolution::UNKNOWN);
+  }
+  #[inline]
+  pub fn add_is_from_check(&mut self, is_from_check: bool) {
+    self.fbb_.push_slot::<bool>(EndTransactionRequest::VT_IS_FROM_CHECK, is_from_check, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EndTransactionRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EndTransactionRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<EndTransactionRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for EndTransactionRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("EndTransactionRequest");
+      ds.field("producer_group", &self.producer_group());
+      ds.field("half_queue_offset", &self.half_queue_offset());
+      ds.field("half_commit_log_offset", &self.half_commit_log_offset());
+      ds.field("unique_id", &self.unique_id());
+      ds.field("resolution", &self.resolution());
+      ds.field("is_from_check", &self.is_from_check());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndTransactionRequestT {
+  pub producer_group: Option<alloc::string::String>,
+  pub half_queue_offset: i64,
+  pub half_commit_log_offset: i64,
+  pub unique_id: Option<alloc::string::String>,
+  pub resolution: TransactionResolution,
+  pub is_from_check: bool,
+}
+impl Default for EndTransactionRequestT {
+  fn default() -> Self {
+    Self {
+      producer_group: None,
+      half_queue_offset: -1,
+      half_commit_log_offset: -1,
+      unique_id: None,
+      resolution: TransactionResolution::UNKNOWN,
+      is_from_check: false,
+    }
+  }
+}
+impl EndTransactionRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<EndTransactionRequest<'b>> {
+    let producer_group = self.producer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let half_queue_offset = self.half_queue_offset;
+    let half_commit_log_offset = self.half_commit_log_offset;
+    let unique_id = self.unique_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let resolution = self.resolution;
+    let is_from_check = self.is_from_check;
+    EndTransactionRequest::create(_fbb, &EndTransactionRequestArgs{
+      producer_group,
+      half_queue_offset,
+      half_commit_log_offset,
+      unique_id,
+      resolution,
+      is_from_check,
+    })
+  }
+}
+pub enum CheckTransactionStateRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Broker to client, REQUEST: a half message has been unresolved longer than the broker's
+/// transaction timeout; the client runs its check_local_transaction callback and answers with
+/// a CheckTransactionStateResponse.
+pub struct CheckTransactionStateRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CheckTransactionStateRequest<'a> {
+  type Inner = CheckTransactionStateRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CheckTransactionStateRequest<'a> {
+  pub const VT_PRODUCER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_HALF_QUEUE_OFFSET: ::flatbuffers::VOffsetT = 6;
+  pub const VT_HALF_COMMIT_LOG_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_RECORDS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CheckTransactionStateRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CheckTransactionStateRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CheckTransactionStateRequest<'bldr>> {
+    let mut builder = CheckTransactionStateRequestBuilder::new(_fbb);
+    builder.add_half_commit_log_offset(args.half_commit_log_offset);
+    builder.add_half_queue_offset(args.half_queue_offset);
+    if let Some(x) = args.records { builder.add_records(x); }
+    if let Some(x) = args.producer_group { builder.add_producer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> CheckTransactionStateRequestT {
+    let producer_group = self.producer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let half_queue_offset = self.half_queue_offset();
+    let half_commit_log_offset = self.half_commit_log_offset();
+    let records = self.records().map(|x| {
+      x.into_iter().collect()
+    });
+    CheckTransactionStateRequestT {
+      producer_group,
+      half_queue_offset,
+      half_commit_log_offset,
+      records,
+    }
+  }
+
+  #[inline]
+  pub fn producer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CheckTransactionStateRequest::VT_PRODUCER_GROUP, None)}
+  }
+  #[inline]
+  pub fn half_queue_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(CheckTransactionStateRequest::VT_HALF_QUEUE_OFFSET, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn half_commit_log_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(CheckTransactionStateRequest::VT_HALF_COMMIT_LOG_OFFSET, Some(-1)).unwrap()}
+  }
+  /// The half message as stored (one CommitLog record, layout as in PullResponse.records);
+  /// its properties REAL_TOPIC and REAL_QID name the real topic and queue.
+  #[inline]
+  pub fn records(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(CheckTransactionStateRequest::VT_RECORDS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CheckTransactionStateRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_group", Self::VT_PRODUCER_GROUP, false)?
+     .visit_field::<i64>("half_queue_offset", Self::VT_HALF_QUEUE_OFFSET, false)?
+     .visit_field::<i64>("half_commit_log_offset", Self::VT_HALF_COMMIT_LOG_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("records", Self::VT_RECORDS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CheckTransactionStateRequestArgs<'a> {
+    pub producer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub half_queue_offset: i64,
+    pub half_commit_log_offset: i64,
+    pub records: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for CheckTransactionStateRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CheckTransactionStateRequestArgs {
+      producer_group: None,
+      half_queue_offset: -1,
+      half_commit_log_offset: -1,
+      records: None,
+    }
+  }
+}
+
+pub struct CheckTransactionStateRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CheckTransactionStateRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_producer_group(&mut self, producer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CheckTransactionStateRequest::VT_PRODUCER_GROUP, producer_group);
+  }
+  #[inline]
+  pub fn add_half_queue_offset(&mut self, half_queue_offset: i64) {
+    self.fbb_.push_slot::<i64>(CheckTransactionStateRequest::VT_HALF_QUEUE_OFFSET, half_queue_offset, -1);
+  }
+  #[inline]
+  pub fn add_half_commit_log_offset(&mut self, half_commit_log_offset: i64) {
+    self.fbb_.push_slot::<i64>(CheckTransactionStateRequest::VT_HALF_COMMIT_LOG_OFFSET, half_commit_log_offset, -1);
+  }
+  #[inline]
+  pub fn add_records(&mut self, records: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CheckTransactionStateRequest::VT_RECORDS, records);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CheckTransactionStateRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CheckTransactionStateRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CheckTransactionStateRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CheckTransactionStateRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CheckTransactionStateRequest");
+      ds.field("producer_group", &self.producer_group());
+      ds.field("half_queue_offset", &self.half_queue_offset());
+      ds.field("half_commit_log_offset", &self.half_commit_log_offset());
+      ds.field("records", &self.records());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckTransactionStateRequestT {
+  pub producer_group: Option<alloc::string::String>,
+  pub half_queue_offset: i64,
+  pub half_commit_log_offset: i64,
+  pub records: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for CheckTransactionStateRequestT {
+  fn default() -> Self {
+    Self {
+      producer_group: None,
+      half_queue_offset: -1,
+      half_commit_log_offset: -1,
+      records: None,
+    }
+  }
+}
+impl CheckTransactionStateRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<CheckTransactionStateRequest<'b>> {
+    let producer_group = self.producer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let half_queue_offset = self.half_queue_offset;
+    let half_commit_log_offset = self.half_commit_log_offset;
+    let records = self.records.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    CheckTransactionStateRequest::create(_fbb, &CheckTransactionStateRequestArgs{
+      producer_group,
+      half_queue_offset,
+      half_commit_log_offset,
+      records,
+    })
+  }
+}
+pub enum CheckTransactionStateResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Client to broker, RESPONSE to CheckTransactionStateRequest.
+pub struct CheckTransactionStateResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CheckTransactionStateResponse<'a> {
+  type Inner = CheckTransactionStateResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CheckTransactionStateResponse<'a> {
+  pub const VT_RESOLUTION: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CheckTransactionStateResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CheckTransactionStateResponseArgs
+  ) -> ::flatbuffers::WIPOffset<CheckTransactionStateResponse<'bldr>> {
+    let mut builder = CheckTransactionStateResponseBuilder::new(_fbb);
+    builder.add_resolution(args.resolution);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> CheckTransactionStateResponseT {
+    let resolution = self.resolution();
+    CheckTransactionStateResponseT {
+      resolution,
+    }
+  }
+
+  #[inline]
+  pub fn resolution(&self) -> TransactionResolution {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<TransactionResolution>(CheckTransactionStateResponse::VT_RESOLUTION, Some(TransactionResolution::UNKNOWN)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CheckTransactionStateResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<TransactionResolution>("resolution", Self::VT_RESOLUTION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CheckTransactionStateResponseArgs {
+    pub resolution: TransactionResolution,
+}
+impl<'a> Default for CheckTransactionStateResponseArgs {
+  #[inline]
+  fn default() -> Self {
+    CheckTransactionStateResponseArgs {
+      resolution: TransactionResolution::UNKNOWN,
+    }
+  }
+}
+
+pub struct CheckTransactionStateResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CheckTransactionStateResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_resolution(&mut self, resolution: TransactionResolution) {
+    self.fbb_.push_slot::<TransactionResolution>(CheckTransactionStateResponse::VT_RESOLUTION, resolution, TransactionResolution::UNKNOWN);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CheckTransactionStateResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CheckTransactionStateResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CheckTransactionStateResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CheckTransactionStateResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CheckTransactionStateResponse");
+      ds.field("resolution", &self.resolution());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckTransactionStateResponseT {
+  pub resolution: TransactionResolution,
+}
+impl Default for CheckTransactionStateResponseT {
+  fn default() -> Self {
+    Self {
+      resolution: TransactionResolution::UNKNOWN,
+    }
+  }
+}
+impl CheckTransactionStateResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<CheckTransactionStateResponse<'b>> {
+    let resolution = self.resolution;
+    CheckTransactionStateResponse::create(_fbb, &CheckTransactionStateResponseArgs{
+      resolution,
+    })
+  }
+}
+pub enum QueueRefOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One queue of a topic on this broker.
+pub struct QueueRef<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueueRef<'a> {
+  type Inner = QueueRef<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueueRef<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueueRef { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueueRefArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueueRef<'bldr>> {
+    let mut builder = QueueRefBuilder::new(_fbb);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> QueueRefT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    QueueRefT {
+      topic,
+      queue_id,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueueRef::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(QueueRef::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueueRef<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueueRefArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+}
+impl<'a> Default for QueueRefArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueueRefArgs {
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+
+pub struct QueueRefBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueRefBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueueRef::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(QueueRef::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueRefBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueueRefBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueueRef<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueueRef<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueueRef");
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueRefT {
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+}
+impl Default for QueueRefT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queue_id: 0,
+    }
+  }
+}
+impl QueueRefT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<QueueRef<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    QueueRef::create(_fbb, &QueueRefArgs{
+      topic,
+      queue_id,
+    })
+  }
+}
+pub enum LockBatchRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Lock queues for orderly consumption by one member of a consumer group (RocketMQ's
+/// LOCK_BATCH_MQ). A queue is granted when it is unlocked, its lock has expired, or the client
+/// already holds it (which renews it). Answered with a LockBatchResponse.
+pub struct LockBatchRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LockBatchRequest<'a> {
+  type Inner = LockBatchRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LockBatchRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LockBatchRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LockBatchRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LockBatchRequest<'bldr>> {
+    let mut builder = LockBatchRequestBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> LockBatchRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let client_id = self.client_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queues = self.queues().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    LockBatchRequestT {
+      consumer_group,
+      client_id,
+      queues,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LockBatchRequest::VT_CONSUMER_GROUP, None)}
+  }
+  /// The client taking the locks; the connection's handshake client id when absent.
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LockBatchRequest::VT_CLIENT_ID, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef>>>>(LockBatchRequest::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LockBatchRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueRef>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LockBatchRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>>>,
+}
+impl<'a> Default for LockBatchRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LockBatchRequestArgs {
+      consumer_group: None,
+      client_id: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct LockBatchRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LockBatchRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LockBatchRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LockBatchRequest::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueRef<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LockBatchRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LockBatchRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LockBatchRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LockBatchRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LockBatchRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LockBatchRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.field("client_id", &self.client_id());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockBatchRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+  pub client_id: Option<alloc::string::String>,
+  pub queues: Option<alloc::vec::Vec<QueueRefT>>,
+}
+impl Default for LockBatchRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+      client_id: None,
+      queues: None,
+    }
+  }
+}
+impl LockBatchRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<LockBatchRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let client_id = self.client_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queues = self.queues.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    LockBatchRequest::create(_fbb, &LockBatchRequestArgs{
+      consumer_group,
+      client_id,
+      queues,
+    })
+  }
+}
+pub enum LockBatchResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to LockBatchRequest: the queues the client holds now (a subset of those asked).
+pub struct LockBatchResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LockBatchResponse<'a> {
+  type Inner = LockBatchResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LockBatchResponse<'a> {
+  pub const VT_LOCKED: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LockBatchResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LockBatchResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LockBatchResponse<'bldr>> {
+    let mut builder = LockBatchResponseBuilder::new(_fbb);
+    if let Some(x) = args.locked { builder.add_locked(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> LockBatchResponseT {
+    let locked = self.locked().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    LockBatchResponseT {
+      locked,
+    }
+  }
+
+  #[inline]
+  pub fn locked(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef>>>>(LockBatchResponse::VT_LOCKED, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LockBatchResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueRef>>>>("locked", Self::VT_LOCKED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LockBatchResponseArgs<'a> {
+    pub locked: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>>>,
+}
+impl<'a> Default for LockBatchResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LockBatchResponseArgs {
+      locked: None,
+    }
+  }
+}
+
+pub struct LockBatchResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LockBatchResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_locked(&mut self, locked: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueRef<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LockBatchResponse::VT_LOCKED, locked);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LockBatchResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LockBatchResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LockBatchResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LockBatchResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LockBatchResponse");
+      ds.field("locked", &self.locked());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockBatchResponseT {
+  pub locked: Option<alloc::vec::Vec<QueueRefT>>,
+}
+impl Default for LockBatchResponseT {
+  fn default() -> Self {
+    Self {
+      locked: None,
+    }
+  }
+}
+impl LockBatchResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<LockBatchResponse<'b>> {
+    let locked = self.locked.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    LockBatchResponse::create(_fbb, &LockBatchResponseArgs{
+      locked,
+    })
+  }
+}
+pub enum UnlockBatchRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Release queue locks the client holds (rebalance, shutdown); locks held by another client
+/// are left alone. Answered with status OK and no body.
+pub struct UnlockBatchRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for UnlockBatchRequest<'a> {
+  type Inner = UnlockBatchRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> UnlockBatchRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    UnlockBatchRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UnlockBatchRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<UnlockBatchRequest<'bldr>> {
+    let mut builder = UnlockBatchRequestBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> UnlockBatchRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let client_id = self.client_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queues = self.queues().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    UnlockBatchRequestT {
+      consumer_group,
+      client_id,
+      queues,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UnlockBatchRequest::VT_CONSUMER_GROUP, None)}
+  }
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UnlockBatchRequest::VT_CLIENT_ID, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef>>>>(UnlockBatchRequest::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for UnlockBatchRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueRef>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnlockBatchRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueRef<'a>>>>>,
+}
+impl<'a> Default for UnlockBatchRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UnlockBatchRequestArgs {
+      consumer_group: None,
+      client_id: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct UnlockBatchRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UnlockBatchRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnlockBatchRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnlockBatchRequest::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueRef<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UnlockBatchRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UnlockBatchRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UnlockBatchRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<UnlockBatchRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for UnlockBatchRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("UnlockBatchRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.field("client_id", &self.client_id());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnlockBatchRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+  pub client_id: Option<alloc::string::String>,
+  pub queues: Option<alloc::vec::Vec<QueueRefT>>,
+}
+impl Default for UnlockBatchRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+      client_id: None,
+      queues: None,
+    }
+  }
+}
+impl UnlockBatchRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<UnlockBatchRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let client_id = self.client_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queues = self.queues.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    UnlockBatchRequest::create(_fbb, &UnlockBatchRequestArgs{
+      consumer_group,
+      client_id,
+      queues,
+    })
+  }
+}
+pub enum ConsumerSendBackRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Hand a consumed-and-failed message back to the broker that stored it. The broker reads the
+/// stored record (the pulled queue names its storage shard, the offset the record) and stores a
+/// copy for `%RETRY%<consumer_group>` (queue 0) after delay level `3 + reconsume times` (or
+/// `delay_level` when positive), with `reconsume_times` one higher; once the record has been
+/// redelivered `max_reconsume_times` times, or when `delay_level` is -1, the copy goes to
+/// `%DLQ%<consumer_group>` instead, which nothing consumes automatically.
+pub struct ConsumerSendBackRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerSendBackRequest<'a> {
+  type Inner = ConsumerSendBackRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerSendBackRequest<'a> {
+  pub const VT_CONSUMER_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_COMMIT_LOG_OFFSET: ::flatbuffers::VOffsetT = 10;
+  pub const VT_UNIQUE_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_DELAY_LEVEL: ::flatbuffers::VOffsetT = 14;
+  pub const VT_MAX_RECONSUME_TIMES: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerSendBackRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerSendBackRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerSendBackRequest<'bldr>> {
+    let mut builder = ConsumerSendBackRequestBuilder::new(_fbb);
+    builder.add_commit_log_offset(args.commit_log_offset);
+    builder.add_max_reconsume_times(args.max_reconsume_times);
+    builder.add_delay_level(args.delay_level);
+    if let Some(x) = args.unique_id { builder.add_unique_id(x); }
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    if let Some(x) = args.consumer_group { builder.add_consumer_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerSendBackRequestT {
+    let consumer_group = self.consumer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let commit_log_offset = self.commit_log_offset();
+    let unique_id = self.unique_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let delay_level = self.delay_level();
+    let max_reconsume_times = self.max_reconsume_times();
+    ConsumerSendBackRequestT {
+      consumer_group,
+      topic,
+      queue_id,
+      commit_log_offset,
+      unique_id,
+      delay_level,
+      max_reconsume_times,
+    }
+  }
+
+  #[inline]
+  pub fn consumer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerSendBackRequest::VT_CONSUMER_GROUP, None)}
+  }
+  /// The topic and queue the message was pulled from (for a redelivery: the retry topic).
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerSendBackRequest::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ConsumerSendBackRequest::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+  /// Physical offset of the pulled record in its storage shard's CommitLog.
+  #[inline]
+  pub fn commit_log_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ConsumerSendBackRequest::VT_COMMIT_LOG_OFFSET, Some(-1)).unwrap()}
+  }
+  /// The message's unique id (UNIQ_KEY); when set, the stored record must carry it.
+  #[inline]
+  pub fn unique_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerSendBackRequest::VT_UNIQUE_ID, None)}
+  }
+  /// 0: the broker picks 3 + reconsume times; n > 0: level n; -1: straight to the DLQ.
+  #[inline]
+  pub fn delay_level(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ConsumerSendBackRequest::VT_DELAY_LEVEL, Some(0)).unwrap()}
+  }
+  /// Redeliveries before the dead-letter topic; 0 or less: the broker's default, 16.
+  #[inline]
+  pub fn max_reconsume_times(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ConsumerSendBackRequest::VT_MAX_RECONSUME_TIMES, Some(16)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerSendBackRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("consumer_group", Self::VT_CONSUMER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<i64>("commit_log_offset", Self::VT_COMMIT_LOG_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("unique_id", Self::VT_UNIQUE_ID, false)?
+     .visit_field::<i32>("delay_level", Self::VT_DELAY_LEVEL, false)?
+     .visit_field::<i32>("max_reconsume_times", Self::VT_MAX_RECONSUME_TIMES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerSendBackRequestArgs<'a> {
+    pub consumer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+    pub commit_log_offset: i64,
+    pub unique_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub delay_level: i32,
+    pub max_reconsume_times: i32,
+}
+impl<'a> Default for ConsumerSendBackRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerSendBackRequestArgs {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+      commit_log_offset: -1,
+      unique_id: None,
+      delay_level: 0,
+      max_reconsume_times: 16,
+    }
+  }
+}
+
+pub struct ConsumerSendBackRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerSendBackRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_consumer_group(&mut self, consumer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerSendBackRequest::VT_CONSUMER_GROUP, consumer_group);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerSendBackRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(ConsumerSendBackRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn add_commit_log_offset(&mut self, commit_log_offset: i64) {
+    self.fbb_.push_slot::<i64>(ConsumerSendBackRequest::VT_COMMIT_LOG_OFFSET, commit_log_offset, -1);
+  }
+  #[inline]
+  pub fn add_unique_id(&mut self, unique_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerSendBackRequest::VT_UNIQUE_ID, unique_id);
+  }
+  #[inline]
+  pub fn add_delay_level(&mut self, delay_level: i32) {
+    self.fbb_.push_slot::<i32>(ConsumerSendBackRequest::VT_DELAY_LEVEL, delay_level, 0);
+  }
+  #[inline]
+  pub fn add_max_reconsume_times(&mut self, max_reconsume_times: i32) {
+    self.fbb_.push_slot::<i32>(ConsumerSendBackRequest::VT_MAX_RECONSUME_TIMES, max_reconsume_times, 16);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerSendBackRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerSendBackRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerSendBackRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerSendBackRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerSendBackRequest");
+      ds.field("consumer_group", &self.consumer_group());
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("commit_log_offset", &self.commit_log_offset());
+      ds.field("unique_id", &self.unique_id());
+      ds.field("delay_level", &self.delay_level());
+      ds.field("max_reconsume_times", &self.max_reconsume_times());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerSendBackRequestT {
+  pub consumer_group: Option<alloc::string::String>,
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+  pub commit_log_offset: i64,
+  pub unique_id: Option<alloc::string::String>,
+  pub delay_level: i32,
+  pub max_reconsume_times: i32,
+}
+impl Default for ConsumerSendBackRequestT {
+  fn default() -> Self {
+    Self {
+      consumer_group: None,
+      topic: None,
+      queue_id: 0,
+      commit_log_offset: -1,
+      unique_id: None,
+      delay_level: 0,
+      max_reconsume_times: 16,
+    }
+  }
+}
+impl ConsumerSendBackRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerSendBackRequest<'b>> {
+    let consumer_group = self.consumer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let commit_log_offset = self.commit_log_offset;
+    let unique_id = self.unique_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let delay_level = self.delay_level;
+    let max_reconsume_times = self.max_reconsume_times;
+    ConsumerSendBackRequest::create(_fbb, &ConsumerSendBackRequestArgs{
+      consumer_group,
+      topic,
+      queue_id,
+      commit_log_offset,
+      unique_id,
+      delay_level,
+      max_reconsume_times,
+    })
+  }
+}
+pub enum ConsumerSendBackResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to ConsumerSendBackRequest, present with status OK.
+pub struct ConsumerSendBackResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerSendBackResponse<'a> {
+  type Inner = ConsumerSendBackResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerSendBackResponse<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_RECONSUME_TIMES: ::flatbuffers::VOffsetT = 6;
+  pub const VT_IS_DEAD_LETTER: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerSendBackResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerSendBackResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerSendBackResponse<'bldr>> {
+    let mut builder = ConsumerSendBackResponseBuilder::new(_fbb);
+    builder.add_reconsume_times(args.reconsume_times);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_is_dead_letter(args.is_dead_letter);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerSendBackResponseT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let reconsume_times = self.reconsume_times();
+    let is_dead_letter = self.is_dead_letter();
+    ConsumerSendBackResponseT {
+      topic,
+      reconsume_times,
+      is_dead_letter,
+    }
+  }
+
+  /// Where the copy went: `%RETRY%<group>` or `%DLQ%<group>`.
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerSendBackResponse::VT_TOPIC, None)}
+  }
+  /// The copy's redelivery count.
+  #[inline]
+  pub fn reconsume_times(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ConsumerSendBackResponse::VT_RECONSUME_TIMES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn is_dead_letter(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ConsumerSendBackResponse::VT_IS_DEAD_LETTER, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerSendBackResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("reconsume_times", Self::VT_RECONSUME_TIMES, false)?
+     .visit_field::<bool>("is_dead_letter", Self::VT_IS_DEAD_LETTER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerSendBackResponseArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub reconsume_times: i32,
+    pub is_dead_letter: bool,
+}
+impl<'a> Default for ConsumerSendBackResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerSendBackResponseArgs {
+      topic: None,
+      reconsume_times: 0,
+      is_dead_letter: false,
+    }
+  }
+}
+
+pub struct ConsumerSendBackResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerSendBackResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerSendBackResponse::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_reconsume_times(&mut self, reconsume_times: i32) {
+    self.fbb_.push_slot::<i32>(ConsumerSendBackResponse::VT_RECONSUME_TIMES, reconsume_times, 0);
+  }
+  #[inline]
+  pub fn add_is_dead_letter(&mut self, is_dead_letter: bool) {
+    self.fbb_.push_slot::<bool>(ConsumerSendBackResponse::VT_IS_DEAD_LETTER, is_dead_letter, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerSendBackResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerSendBackResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerSendBackResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerSendBackResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerSendBackResponse");
+      ds.field("topic", &self.topic());
+      ds.field("reconsume_times", &self.reconsume_times());
+      ds.field("is_dead_letter", &self.is_dead_letter());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerSendBackResponseT {
+  pub topic: Option<alloc::string::String>,
+  pub reconsume_times: i32,
+  pub is_dead_letter: bool,
+}
+impl Default for ConsumerSendBackResponseT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      reconsume_times: 0,
+      is_dead_letter: false,
+    }
+  }
+}
+impl ConsumerSendBackResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerSendBackResponse<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let reconsume_times = self.reconsume_times;
+    let is_dead_letter = self.is_dead_letter;
+    ConsumerSendBackResponse::create(_fbb, &ConsumerSendBackResponseArgs{
+      topic,
+      reconsume_times,
+      is_dead_letter,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -10242,6 +13728,71 @@ impl<'a> Frame<'a> {
       Body::ClusterInfoResponse => BodyT::ClusterInfoResponse(alloc::boxed::Box::new(
         self.body_as_cluster_info_response()
             .expect("Invalid union table, expected `Body::ClusterInfoResponse`.")
+            .unpack()
+      )),
+      Body::SendHalfRequest => BodyT::SendHalfRequest(alloc::boxed::Box::new(
+        self.body_as_send_half_request()
+            .expect("Invalid union table, expected `Body::SendHalfRequest`.")
+            .unpack()
+      )),
+      Body::EndTransactionRequest => BodyT::EndTransactionRequest(alloc::boxed::Box::new(
+        self.body_as_end_transaction_request()
+            .expect("Invalid union table, expected `Body::EndTransactionRequest`.")
+            .unpack()
+      )),
+      Body::CheckTransactionStateRequest => BodyT::CheckTransactionStateRequest(alloc::boxed::Box::new(
+        self.body_as_check_transaction_state_request()
+            .expect("Invalid union table, expected `Body::CheckTransactionStateRequest`.")
+            .unpack()
+      )),
+      Body::CheckTransactionStateResponse => BodyT::CheckTransactionStateResponse(alloc::boxed::Box::new(
+        self.body_as_check_transaction_state_response()
+            .expect("Invalid union table, expected `Body::CheckTransactionStateResponse`.")
+            .unpack()
+      )),
+      Body::LockBatchRequest => BodyT::LockBatchRequest(alloc::boxed::Box::new(
+        self.body_as_lock_batch_request()
+            .expect("Invalid union table, expected `Body::LockBatchRequest`.")
+            .unpack()
+      )),
+      Body::LockBatchResponse => BodyT::LockBatchResponse(alloc::boxed::Box::new(
+        self.body_as_lock_batch_response()
+            .expect("Invalid union table, expected `Body::LockBatchResponse`.")
+            .unpack()
+      )),
+      Body::UnlockBatchRequest => BodyT::UnlockBatchRequest(alloc::boxed::Box::new(
+        self.body_as_unlock_batch_request()
+            .expect("Invalid union table, expected `Body::UnlockBatchRequest`.")
+            .unpack()
+      )),
+      Body::ConsumerSendBackRequest => BodyT::ConsumerSendBackRequest(alloc::boxed::Box::new(
+        self.body_as_consumer_send_back_request()
+            .expect("Invalid union table, expected `Body::ConsumerSendBackRequest`.")
+            .unpack()
+      )),
+      Body::ConsumerSendBackResponse => BodyT::ConsumerSendBackResponse(alloc::boxed::Box::new(
+        self.body_as_consumer_send_back_response()
+            .expect("Invalid union table, expected `Body::ConsumerSendBackResponse`.")
+            .unpack()
+      )),
+      Body::BrokerStatusRequest => BodyT::BrokerStatusRequest(alloc::boxed::Box::new(
+        self.body_as_broker_status_request()
+            .expect("Invalid union table, expected `Body::BrokerStatusRequest`.")
+            .unpack()
+      )),
+      Body::BrokerStatusResponse => BodyT::BrokerStatusResponse(alloc::boxed::Box::new(
+        self.body_as_broker_status_response()
+            .expect("Invalid union table, expected `Body::BrokerStatusResponse`.")
+            .unpack()
+      )),
+      Body::GroupListRequest => BodyT::GroupListRequest(alloc::boxed::Box::new(
+        self.body_as_group_list_request()
+            .expect("Invalid union table, expected `Body::GroupListRequest`.")
+            .unpack()
+      )),
+      Body::GroupListResponse => BodyT::GroupListResponse(alloc::boxed::Box::new(
+        self.body_as_group_list_response()
+            .expect("Invalid union table, expected `Body::GroupListResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -10827,6 +14378,201 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_send_half_request(&self) -> Option<SendHalfRequest<'a>> {
+    if self.body_type() == Body::SendHalfRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { SendHalfRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_end_transaction_request(&self) -> Option<EndTransactionRequest<'a>> {
+    if self.body_type() == Body::EndTransactionRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { EndTransactionRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_check_transaction_state_request(&self) -> Option<CheckTransactionStateRequest<'a>> {
+    if self.body_type() == Body::CheckTransactionStateRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { CheckTransactionStateRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_check_transaction_state_response(&self) -> Option<CheckTransactionStateResponse<'a>> {
+    if self.body_type() == Body::CheckTransactionStateResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { CheckTransactionStateResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_lock_batch_request(&self) -> Option<LockBatchRequest<'a>> {
+    if self.body_type() == Body::LockBatchRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { LockBatchRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_lock_batch_response(&self) -> Option<LockBatchResponse<'a>> {
+    if self.body_type() == Body::LockBatchResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { LockBatchResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_unlock_batch_request(&self) -> Option<UnlockBatchRequest<'a>> {
+    if self.body_type() == Body::UnlockBatchRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { UnlockBatchRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_consumer_send_back_request(&self) -> Option<ConsumerSendBackRequest<'a>> {
+    if self.body_type() == Body::ConsumerSendBackRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerSendBackRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_consumer_send_back_response(&self) -> Option<ConsumerSendBackResponse<'a>> {
+    if self.body_type() == Body::ConsumerSendBackResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ConsumerSendBackResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_broker_status_request(&self) -> Option<BrokerStatusRequest<'a>> {
+    if self.body_type() == Body::BrokerStatusRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { BrokerStatusRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_broker_status_response(&self) -> Option<BrokerStatusResponse<'a>> {
+    if self.body_type() == Body::BrokerStatusResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { BrokerStatusResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_group_list_request(&self) -> Option<GroupListRequest<'a>> {
+    if self.body_type() == Body::GroupListRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { GroupListRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_group_list_response(&self) -> Option<GroupListResponse<'a>> {
+    if self.body_type() == Body::GroupListResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { GroupListResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -10876,6 +14622,19 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ConsumerIdsChangedNotice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerIdsChangedNotice>>("Body::ConsumerIdsChangedNotice", pos),
           Body::ClusterInfoRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ClusterInfoRequest>>("Body::ClusterInfoRequest", pos),
           Body::ClusterInfoResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ClusterInfoResponse>>("Body::ClusterInfoResponse", pos),
+          Body::SendHalfRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendHalfRequest>>("Body::SendHalfRequest", pos),
+          Body::EndTransactionRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<EndTransactionRequest>>("Body::EndTransactionRequest", pos),
+          Body::CheckTransactionStateRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<CheckTransactionStateRequest>>("Body::CheckTransactionStateRequest", pos),
+          Body::CheckTransactionStateResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<CheckTransactionStateResponse>>("Body::CheckTransactionStateResponse", pos),
+          Body::LockBatchRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<LockBatchRequest>>("Body::LockBatchRequest", pos),
+          Body::LockBatchResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<LockBatchResponse>>("Body::LockBatchResponse", pos),
+          Body::UnlockBatchRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<UnlockBatchRequest>>("Body::UnlockBatchRequest", pos),
+          Body::ConsumerSendBackRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerSendBackRequest>>("Body::ConsumerSendBackRequest", pos),
+          Body::ConsumerSendBackResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ConsumerSendBackResponse>>("Body::ConsumerSendBackResponse", pos),
+          Body::BrokerStatusRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<BrokerStatusRequest>>("Body::BrokerStatusRequest", pos),
+          Body::BrokerStatusResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<BrokerStatusResponse>>("Body::BrokerStatusResponse", pos),
+          Body::GroupListRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<GroupListRequest>>("Body::GroupListRequest", pos),
+          Body::GroupListResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<GroupListResponse>>("Body::GroupListResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -11198,6 +14957,97 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ClusterInfoResponse => {
           if let Some(x) = self.body_as_cluster_info_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::SendHalfRequest => {
+          if let Some(x) = self.body_as_send_half_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::EndTransactionRequest => {
+          if let Some(x) = self.body_as_end_transaction_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::CheckTransactionStateRequest => {
+          if let Some(x) = self.body_as_check_transaction_state_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::CheckTransactionStateResponse => {
+          if let Some(x) = self.body_as_check_transaction_state_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::LockBatchRequest => {
+          if let Some(x) = self.body_as_lock_batch_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::LockBatchResponse => {
+          if let Some(x) = self.body_as_lock_batch_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::UnlockBatchRequest => {
+          if let Some(x) = self.body_as_unlock_batch_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ConsumerSendBackRequest => {
+          if let Some(x) = self.body_as_consumer_send_back_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ConsumerSendBackResponse => {
+          if let Some(x) = self.body_as_consumer_send_back_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::BrokerStatusRequest => {
+          if let Some(x) = self.body_as_broker_status_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::BrokerStatusResponse => {
+          if let Some(x) = self.body_as_broker_status_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::GroupListRequest => {
+          if let Some(x) = self.body_as_group_list_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::GroupListResponse => {
+          if let Some(x) = self.body_as_group_list_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use shardmq_client::{
-    Admin, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus, TagExpression,
-    TopicConfig,
+    Admin, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus, ResetTarget,
+    TagExpression, TopicConfig,
 };
 use tokio::time::Instant;
 
@@ -27,10 +27,10 @@ const CONSUME_IDLE_PAUSE: Duration = Duration::from_millis(100);
 const CONSUME_PULL_BATCH: u32 = 32;
 
 /// Common settings of every command.
-struct Settings {
-    namesrv: String,
-    is_json: bool,
-    request_timeout: Duration,
+pub struct Settings {
+    pub namesrv: String,
+    pub is_json: bool,
+    pub request_timeout: Duration,
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
@@ -47,6 +47,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Message(command) => message(&context, command).await,
         Command::Broker(command) => broker(&context, command).await,
         Command::Cluster(ClusterCommand::List) => cluster_list(&context).await,
+        Command::Dlq(command) => crate::dlq::run(&context, command).await,
     }
 }
 
@@ -58,7 +59,7 @@ async fn admin(context: &Settings) -> Result<Admin> {
         .await?)
 }
 
-fn print_json(value: &serde_json::Value) {
+pub fn print_json(value: &serde_json::Value) {
     println!("{value}");
 }
 
@@ -176,7 +177,13 @@ async fn send(context: &Settings, args: SendArgs) -> Result<()> {
             .with_context(|| format!("property `{property}` is not NAME=VALUE"))?;
         properties.push((name.to_owned(), value.to_owned()));
     }
-    let outcome = send_all(context, &producer, &args, &properties).await;
+    let deliver_at_ms = match &args.deliver_at {
+        Some(text) => Some(output::parse_rfc3339_ms(text).with_context(|| {
+            format!("--deliver-at `{text}` is not an RFC 3339 time like 2030-01-02T03:04:05Z")
+        })?),
+        None => None,
+    };
+    let outcome = send_all(context, &producer, &args, &properties, deliver_at_ms).await;
     producer.shutdown().await;
     outcome
 }
@@ -186,6 +193,7 @@ async fn send_all(
     producer: &Producer,
     args: &SendArgs,
     properties: &[(String, String)],
+    deliver_at_ms: Option<i64>,
 ) -> Result<()> {
     for _ in 0..args.count {
         let mut message = Message::new(&args.topic, args.body.clone());
@@ -197,6 +205,15 @@ async fn send_all(
         }
         for (name, value) in properties {
             message = message.with_property(name, value);
+        }
+        if let Some(level) = args.delay_level {
+            message = message.with_delay_level(level);
+        }
+        if let Some(delay_ms) = args.delay_ms {
+            message = message.with_delay(Duration::from_millis(delay_ms));
+        }
+        if let Some(at_ms) = deliver_at_ms {
+            message = message.with_deliver_at_ms(at_ms);
         }
         let result = match &args.order_key {
             Some(key) => producer.send_ordered(message, key).await?,
@@ -330,15 +347,70 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
             }
         }
         GroupCommand::Progress { group, topic } => {
-            let progress = admin.group_progress(&group, &topic).await?;
+            let topics = match topic {
+                Some(topic) => vec![topic],
+                None => admin
+                    .group_list()
+                    .await?
+                    .into_iter()
+                    .find(|summary| summary.group == group)
+                    .map(|summary| summary.topics)
+                    .with_context(|| {
+                        format!("no broker knows group {group}: no live members and no committed offsets")
+                    })?,
+            };
+            let mut progress = Vec::new();
+            for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
+                progress.extend(admin.group_progress(&group, topic).await?);
+            }
             if context.is_json {
                 print_json(&output::progress_json(&group, &progress));
             } else {
                 println!("{}", output::progress_text(&progress));
             }
         }
+        GroupCommand::List => {
+            let groups = admin.group_list().await?;
+            if context.is_json {
+                print_json(&output::groups_json(&groups));
+            } else {
+                println!("{}", output::groups_text(&groups));
+            }
+        }
+        GroupCommand::ResetOffset {
+            group,
+            topic,
+            to,
+            force,
+        } => {
+            let target = parse_reset_target(&to)?;
+            let resets = admin.reset_offset(&group, &topic, target, force).await?;
+            if context.is_json {
+                print_json(&output::resets_json(&group, &resets));
+            } else {
+                println!("{}", output::resets_text(&resets));
+            }
+        }
     }
     Ok(())
+}
+
+/// `first`, `last`, ms since the epoch, or an RFC 3339 time.
+fn parse_reset_target(text: &str) -> Result<ResetTarget> {
+    match text {
+        "first" => Ok(ResetTarget::First),
+        "last" => Ok(ResetTarget::Last),
+        _ => match text.parse::<i64>() {
+            Ok(ms) => Ok(ResetTarget::Timestamp(ms)),
+            Err(_) => output::parse_rfc3339_ms(text)
+                .map(ResetTarget::Timestamp)
+                .with_context(|| {
+                    format!(
+                        "--to {text:?} is not first, last, ms since the epoch or an RFC 3339 time"
+                    )
+                }),
+        },
+    }
 }
 
 async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
@@ -365,6 +437,24 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
 async fn broker(context: &Settings, command: BrokerCommand) -> Result<()> {
     let admin = admin(context).await?;
     match command {
+        BrokerCommand::Status {
+            broker,
+            interval_ms,
+        } => {
+            let first = admin.broker_status(&broker).await?;
+            let rates = if interval_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+                let second = admin.broker_status(&broker).await?;
+                Some(output::StatusRates::between(&first, &second))
+            } else {
+                None
+            };
+            if context.is_json {
+                print_json(&output::broker_status_json(&first, rates.as_ref()));
+            } else {
+                println!("{}", output::broker_status_text(&first, rates.as_ref()));
+            }
+        }
         BrokerCommand::Topics { broker, system } => {
             let topics = admin.broker_topics(&broker, system).await?;
             if context.is_json {

@@ -7,6 +7,7 @@
 //! (2 for a bad command line).
 
 mod commands;
+mod dlq;
 mod output;
 
 use std::process::ExitCode;
@@ -60,6 +61,36 @@ pub enum Command {
     /// Inspect the clusters the name server knows.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Dead letters of a consumer group (`%DLQ%<group>`): list them, send them back to their
+    /// original topic.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Every message in the group's dead-letter topic, with its original topic, first id and
+    /// how often it was redelivered.
+    List {
+        #[arg(long)]
+        group: String,
+        /// Most messages to print.
+        #[arg(long, default_value_t = 1000)]
+        max: u64,
+    },
+    /// Sends dead letters again to the topic they were first sent to, under their first id
+    /// (the dead letters stay where they are; resending twice sends twice).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+    Resend {
+        #[arg(long)]
+        group: String,
+        /// The message to resend: its msg id (as `dlq list` prints it) or its first id.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Resend every dead letter of the group.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -140,6 +171,19 @@ pub struct SendArgs {
     /// Producer group.
     #[arg(long, default_value = shardmq_client::DEFAULT_PRODUCER_GROUP)]
     pub group: String,
+    /// Deliver after the broker's delay level L (1-based; RocketMQ's `1s 5s 10s 30s 1m … 2h`
+    /// unless the broker is configured otherwise).
+    #[arg(long, value_name = "L", conflicts_with_all = ["delay_ms", "deliver_at"],
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub delay_level: Option<u32>,
+    /// Deliver this many ms after the broker stores the message (up to its horizon, 3 days by
+    /// default).
+    #[arg(long, value_name = "MS", conflicts_with = "deliver_at",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub delay_ms: Option<u64>,
+    /// Deliver at this time, RFC 3339 (`2030-01-02T03:04:05Z`, `…+02:00`, fractions allowed).
+    #[arg(long, value_name = "TIME")]
+    pub deliver_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -179,17 +223,37 @@ pub enum GroupCommand {
         #[arg(long)]
         topic: String,
     },
-    /// The group's committed offset, the queue's end and the lag of every queue of a topic.
+    /// The group's committed offset, the queue's end and the lag of every queue of a topic
+    /// (default: of every topic the group subscribes to or has offsets for), and the total
+    /// lag ("diff total").
     Progress {
         group: String,
         #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Every consumer group the brokers know: live members, topics and total lag.
+    List,
+    /// Move the group's committed offsets of a topic to the first or last message or to a
+    /// time. Stop the group's consumers first (refused while it has live members unless
+    /// --force): a running consumer commits its own position over the reset.
+    ResetOffset {
+        group: String,
+        #[arg(long)]
         topic: String,
+        /// `first`, `last`, a time in ms since the epoch, or an RFC 3339 time
+        /// (2026-12-02T10:00:00Z).
+        #[arg(long, value_name = "WHERE")]
+        to: String,
+        /// Reset even while the group has live members.
+        #[arg(long)]
+        force: bool,
     },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum MessageCommand {
     /// Messages of a topic with a key.
+    #[command(alias = "query-key")]
     Key {
         topic: String,
         key: String,
@@ -198,11 +262,21 @@ pub enum MessageCommand {
         max: u32,
     },
     /// The message with a unique id (the msg id `send` prints).
+    #[command(alias = "query-id")]
     Id { topic: String, msg_id: String },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum BrokerCommand {
+    /// Runtime status of one broker: shard placement, in/out TPS over --interval-ms,
+    /// connections, parked pulls, disk use.
+    Status {
+        /// Broker address `host:port`.
+        broker: String,
+        /// Sample twice this far apart to compute rates; 0 reports totals only.
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        interval_ms: u64,
+    },
     /// Topics one broker hosts, with their configs.
     Topics {
         /// Broker address `host:port`.

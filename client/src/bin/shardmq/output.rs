@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 use shardmq_client::{
-    BrokerData, ClusterInfo, MessageExt, QueueProgress, QueueStats, SendResult, TopicConfig,
-    TopicRoute,
+    BrokerData, BrokerStatus, ClusterInfo, GroupSummary, MessageExt, OffsetReset, QueueProgress,
+    QueueStats, SendResult, TopicConfig, TopicRoute,
 };
 
 pub fn send_result_json(result: &SendResult) -> Value {
@@ -250,4 +250,265 @@ pub fn clusters_text(clusters: &[ClusterInfo]) -> String {
         }
     }
     lines.join("\n")
+}
+
+pub fn groups_json(groups: &[GroupSummary]) -> Value {
+    let groups: Vec<Value> = groups
+        .iter()
+        .map(
+            |g| json!({ "group": g.group, "members": g.members, "topics": g.topics, "lag": g.lag }),
+        )
+        .collect();
+    json!({ "groups": groups })
+}
+
+pub fn groups_text(groups: &[GroupSummary]) -> String {
+    let mut lines = vec![format!(
+        "{:<32} {:>8} {:>12}  topics",
+        "group", "members", "lag"
+    )];
+    for g in groups {
+        lines.push(format!(
+            "{:<32} {:>8} {:>12}  {}",
+            g.group,
+            g.members,
+            g.lag,
+            g.topics.join(",")
+        ));
+    }
+    lines.join("\n")
+}
+
+pub fn resets_json(group: &str, resets: &[OffsetReset]) -> Value {
+    let queues: Vec<Value> = resets
+        .iter()
+        .map(|r| {
+            json!({
+                "topic": r.queue.topic,
+                "broker_name": r.queue.broker_name,
+                "queue_id": r.queue.queue_id,
+                "previous_offset": r.previous,
+                "offset": r.offset,
+            })
+        })
+        .collect();
+    json!({ "group": group, "queues": queues })
+}
+
+pub fn resets_text(resets: &[OffsetReset]) -> String {
+    let mut lines = vec![format!(
+        "{:<30} {:>16} {:>14}",
+        "queue", "previous_offset", "offset"
+    )];
+    for r in resets {
+        lines.push(format!(
+            "{:<30} {:>16} {:>14}",
+            r.queue.to_string(),
+            r.previous.map_or_else(|| "-".to_owned(), |o| o.to_string()),
+            r.offset
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Per-second rates between two status samples of one broker.
+pub struct StatusRates {
+    pub messages_in_per_sec: f64,
+    pub messages_out_per_sec: f64,
+    pub bytes_in_per_sec: f64,
+    pub bytes_out_per_sec: f64,
+}
+
+impl StatusRates {
+    pub fn between(first: &BrokerStatus, second: &BrokerStatus) -> StatusRates {
+        let seconds = (second.uptime_ms.saturating_sub(first.uptime_ms) as f64 / 1000.0).max(1e-3);
+        let rate = |a: u64, b: u64| b.saturating_sub(a) as f64 / seconds;
+        StatusRates {
+            messages_in_per_sec: rate(first.messages_in, second.messages_in),
+            messages_out_per_sec: rate(first.messages_out, second.messages_out),
+            bytes_in_per_sec: rate(first.bytes_in, second.bytes_in),
+            bytes_out_per_sec: rate(first.bytes_out, second.bytes_out),
+        }
+    }
+}
+
+pub fn broker_status_json(status: &BrokerStatus, rates: Option<&StatusRates>) -> Value {
+    let mut value = json!({
+        "address": status.address,
+        "cluster_name": status.cluster_name,
+        "broker_name": status.broker_name,
+        "version": status.version,
+        "uptime_ms": status.uptime_ms,
+        "storage_shards": status.storage_shards,
+        "network_shards": status.network_shards,
+        "placement": status.placement,
+        "flush": status.flush,
+        "messages_in": status.messages_in,
+        "bytes_in": status.bytes_in,
+        "messages_out": status.messages_out,
+        "bytes_out": status.bytes_out,
+        "connections": status.connections,
+        "parked_pulls": status.parked_pulls,
+        "topics": status.topics,
+        "commitlog_bytes": status.commitlog_bytes,
+        "disk_total_bytes": status.disk_total_bytes,
+        "disk_free_bytes": status.disk_free_bytes,
+    });
+    if let Some(rates) = rates {
+        value["in_tps"] = json!(rates.messages_in_per_sec);
+        value["out_tps"] = json!(rates.messages_out_per_sec);
+        value["in_bytes_per_sec"] = json!(rates.bytes_in_per_sec);
+        value["out_bytes_per_sec"] = json!(rates.bytes_out_per_sec);
+    }
+    value
+}
+
+pub fn broker_status_text(status: &BrokerStatus, rates: Option<&StatusRates>) -> String {
+    let used = status
+        .disk_total_bytes
+        .saturating_sub(status.disk_free_bytes);
+    let used_percent = if status.disk_total_bytes == 0 {
+        0.0
+    } else {
+        100.0 * used as f64 / status.disk_total_bytes as f64
+    };
+    let mut lines = vec![
+        format!(
+            "broker      {}/{} at {} (version {}, up {} s)",
+            status.cluster_name,
+            status.broker_name,
+            status.address,
+            status.version,
+            status.uptime_ms / 1000
+        ),
+        format!(
+            "shards      {} storage, {} network: {}",
+            status.storage_shards, status.network_shards, status.placement
+        ),
+        format!("flush       {}", status.flush),
+        format!(
+            "messages    in {} ({} bytes), out {} ({} bytes) since start",
+            status.messages_in, status.bytes_in, status.messages_out, status.bytes_out
+        ),
+    ];
+    if let Some(rates) = rates {
+        lines.push(format!(
+            "tps         in {:.1} msg/s ({:.1} KiB/s), out {:.1} msg/s ({:.1} KiB/s)",
+            rates.messages_in_per_sec,
+            rates.bytes_in_per_sec / 1024.0,
+            rates.messages_out_per_sec,
+            rates.bytes_out_per_sec / 1024.0
+        ));
+    }
+    lines.push(format!(
+        "clients     {} connections, {} parked pulls, {} topics",
+        status.connections, status.parked_pulls, status.topics
+    ));
+    lines.push(format!(
+        "disk        commitlog {} MiB; file system {:.1}% used, {} MiB free of {} MiB",
+        status.commitlog_bytes >> 20,
+        used_percent,
+        status.disk_free_bytes >> 20,
+        status.disk_total_bytes >> 20
+    ));
+    lines.join("\n")
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time: `YYYY-MM-DDTHH:MM:SS[.fraction]` then `Z`
+/// or `±HH:MM` (a space may stand for `T`).
+pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
+    let bytes = text.as_bytes();
+    if bytes.len() < 20 {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())
+            .flatten()
+    };
+    let separators_ok = bytes[4] == b'-'
+        && bytes[7] == b'-'
+        && matches!(bytes[10], b'T' | b't' | b' ')
+        && bytes[13] == b':'
+        && bytes[16] == b':';
+    if !separators_ok {
+        return None;
+    }
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut millis = 0i64;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let padded = format!("{:0<3}", &fraction[..digits.min(3)]);
+        millis = padded.parse().ok()?;
+        rest = &fraction[digits..];
+    }
+    let offset_minutes = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && rest.as_bytes()[3] == b':' => {
+            let sign = match rest.as_bytes()[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let hours: i64 = rest.get(1..3)?.parse().ok()?;
+            let minutes: i64 = rest.get(4..6)?.parse().ok()?;
+            sign * (hours * 60 + minutes)
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let shifted_month = (month + 9) % 12;
+    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+    Some(seconds * 1000 + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rfc3339_ms;
+
+    #[test]
+    fn rfc3339_times_convert_to_epoch_milliseconds() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339_ms("2026-12-02T10:00:00.5Z"),
+            Some(1_796_205_600_500)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-12-02T12:00:00+02:00"),
+            Some(1_796_205_600_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2000-02-29 00:00:00Z"),
+            Some(951_782_400_000)
+        );
+        for bad in [
+            "2026-13-01T00:00:00Z",
+            "2026-12-02T10:00:00",
+            "yesterday",
+            "2026-12-02T10:00:00+0200",
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+    }
 }

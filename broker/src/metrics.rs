@@ -1,0 +1,531 @@
+//! The broker's Prometheus metrics: what is counted, and the `/metrics` endpoint that serves
+//! them in the Prometheus text format (`--metrics-listen ADDR`).
+//!
+//! Counters and histograms are updated where things happen (network shards for requests,
+//! storage shards for flushes) through one process-wide [`BrokerMetrics`]; its metrics are
+//! atomics, so an update costs a few uncontended atomic adds and no message passing. Values that
+//! are cheap to compute only on demand (consumer lag, disk usage) are gathered when a scrape
+//! arrives, by asking the storage shards over the mesh like any other request. The endpoint runs
+//! as a task on network shard 0: one scrape at a time, a request of at most 8 KiB, a 5 s read
+//! deadline, so a slow or hostile scraper cannot starve the shard. Every metric is described in
+//! `docs/operations.md`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tracing::{debug, info, warn};
+
+use crate::mesh::StorageRequest;
+use crate::network::NetworkShard;
+
+/// Largest scrape request read; anything longer is answered 431 and closed.
+const MAX_REQUEST_BYTES: usize = 8 << 10;
+
+/// Time a scraper has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LagLabels {
+    pub group: String,
+    pub topic: String,
+}
+
+type GaugeU64 = Gauge<u64, AtomicU64>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~6.5 s, doubling.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+/// Every metric the broker exports.
+pub struct BrokerMetrics {
+    registry: Registry,
+    pub messages_in: Family<TopicLabels, Counter>,
+    pub bytes_in: Family<TopicLabels, Counter>,
+    pub messages_out: Family<TopicLabels, Counter>,
+    pub bytes_out: Family<TopicLabels, Counter>,
+    pub send_latency: Histogram,
+    pub flush_latency: Histogram,
+    pub sync_flush_timeouts: Counter,
+    pub responses: Family<StatusLabels, Counter>,
+    pub connections: Family<ShardLabels, Gauge>,
+    pub parked_pulls: Family<ShardLabels, Gauge>,
+    pub storage_requests_waiting: Family<ShardLabels, Gauge>,
+    pub consumer_lag: Family<LagLabels, GaugeU64>,
+    pub commitlog_bytes: Family<ShardLabels, GaugeU64>,
+    pub disk_total_bytes: GaugeU64,
+    pub disk_free_bytes: GaugeU64,
+    pub scrapes: Counter,
+    /// Sums over every label, for `BrokerStatusRequest` (the families cannot be iterated).
+    pub totals: Totals,
+    /// Which shards run on which core, set once at start.
+    pub placement: OnceLock<String>,
+    started: Instant,
+}
+
+/// Whole-broker sums of the labelled metrics.
+#[derive(Default)]
+pub struct Totals {
+    pub messages_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub messages_out: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub connections: AtomicI64,
+    pub parked_pulls: AtomicI64,
+}
+
+impl BrokerMetrics {
+    fn new() -> BrokerMetrics {
+        let metrics = BrokerMetrics {
+            registry: Registry::with_prefix("shardmq"),
+            messages_in: Family::default(),
+            bytes_in: Family::default(),
+            messages_out: Family::default(),
+            bytes_out: Family::default(),
+            send_latency: latency_histogram(),
+            flush_latency: latency_histogram(),
+            sync_flush_timeouts: Counter::default(),
+            responses: Family::default(),
+            connections: Family::default(),
+            parked_pulls: Family::default(),
+            storage_requests_waiting: Family::default(),
+            consumer_lag: Family::default(),
+            commitlog_bytes: Family::default(),
+            disk_total_bytes: GaugeU64::default(),
+            disk_free_bytes: GaugeU64::default(),
+            scrapes: Counter::default(),
+            totals: Totals::default(),
+            placement: OnceLock::new(),
+            started: Instant::now(),
+        };
+        metrics.register()
+    }
+
+    fn register(mut self) -> BrokerMetrics {
+        let r = &mut self.registry;
+        r.register(
+            "messages_in",
+            "Messages stored by sends, per topic",
+            self.messages_in.clone(),
+        );
+        r.register(
+            "bytes_in",
+            "Message body bytes stored by sends, per topic",
+            self.bytes_in.clone(),
+        );
+        r.register(
+            "messages_out",
+            "Messages returned by pulls, per topic",
+            self.messages_out.clone(),
+        );
+        r.register(
+            "bytes_out",
+            "Record bytes returned by pulls, per topic",
+            self.bytes_out.clone(),
+        );
+        r.register(
+            "send_latency_seconds",
+            "Time from a send request's arrival to its answer (includes the flush wait under sync flush)",
+            self.send_latency.clone(),
+        );
+        r.register(
+            "flush_latency_seconds",
+            "Time of one CommitLog group commit (write and fdatasync)",
+            self.flush_latency.clone(),
+        );
+        r.register(
+            "sync_flush_timeouts",
+            "Sends answered FLUSH_DISK_TIMEOUT",
+            self.sync_flush_timeouts.clone(),
+        );
+        r.register(
+            "responses",
+            "Answers sent, by status code (errors are every status but OK)",
+            self.responses.clone(),
+        );
+        r.register(
+            "connections",
+            "Open client connections, per network shard",
+            self.connections.clone(),
+        );
+        r.register(
+            "parked_pulls",
+            "Pulls waiting for messages (long polling), per network shard",
+            self.parked_pulls.clone(),
+        );
+        r.register(
+            "storage_requests_waiting",
+            "Requests sent to a storage shard and not yet answered, per storage shard",
+            self.storage_requests_waiting.clone(),
+        );
+        r.register(
+            "consumer_lag_messages",
+            "Messages stored and not yet committed by a consumer group, per group and topic",
+            self.consumer_lag.clone(),
+        );
+        r.register(
+            "commitlog_bytes",
+            "Bytes of CommitLog segments on disk, per storage shard",
+            self.commitlog_bytes.clone(),
+        );
+        r.register(
+            "disk_total_bytes",
+            "Size of the file system holding the data directory",
+            self.disk_total_bytes.clone(),
+        );
+        r.register(
+            "disk_free_bytes",
+            "Bytes available to the broker on the file system holding the data directory",
+            self.disk_free_bytes.clone(),
+        );
+        r.register(
+            "scrapes",
+            "Scrapes of this endpoint served",
+            self.scrapes.clone(),
+        );
+        self
+    }
+
+    /// A send of `messages` messages of `body_bytes` bytes to `topic` was stored.
+    pub fn stored(&self, topic: &str, messages: usize, body_bytes: usize) {
+        let labels = TopicLabels {
+            topic: topic.to_owned(),
+        };
+        self.messages_in
+            .get_or_create(&labels)
+            .inc_by(messages as u64);
+        self.bytes_in
+            .get_or_create(&labels)
+            .inc_by(body_bytes as u64);
+        let totals = &self.totals;
+        totals
+            .messages_in
+            .fetch_add(messages as u64, Ordering::Relaxed);
+        totals
+            .bytes_in
+            .fetch_add(body_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Time since the broker started.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// A network shard's connection count changed by `delta` to `count`.
+    pub fn connections_changed(&self, shard: usize, count: usize, delta: i64) {
+        Self::shard_gauge(&self.connections, shard, count as i64);
+        self.totals.connections.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// A pull was parked (`delta` 1) or unparked (-1) on network shard `shard`.
+    pub fn parked_changed(&self, shard: usize, delta: i64) {
+        Self::shard_gauge_add(&self.parked_pulls, shard, delta);
+        self.totals.parked_pulls.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// A pull returned `messages` records of `bytes` bytes from `topic`.
+    pub fn pulled(&self, topic: &str, messages: usize, bytes: usize) {
+        if messages == 0 {
+            return;
+        }
+        let labels = TopicLabels {
+            topic: topic.to_owned(),
+        };
+        self.messages_out
+            .get_or_create(&labels)
+            .inc_by(messages as u64);
+        self.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
+        self.totals
+            .messages_out
+            .fetch_add(messages as u64, Ordering::Relaxed);
+        self.totals
+            .bytes_out
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// An answer with `status` was sent.
+    pub fn answered(&self, status: shardmq_schema::wire::Status) {
+        let name = status.variant_name().unwrap_or("UNKNOWN");
+        self.responses
+            .get_or_create(&StatusLabels {
+                status: name.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn shard_gauge(family: &Family<ShardLabels, Gauge>, shard: usize, value: i64) {
+        family
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .set(value);
+    }
+
+    pub fn shard_gauge_add(family: &Family<ShardLabels, Gauge>, shard: usize, delta: i64) {
+        family
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .inc_by(delta);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// The process's metrics.
+pub fn broker() -> &'static BrokerMetrics {
+    static METRICS: OnceLock<BrokerMetrics> = OnceLock::new();
+    METRICS.get_or_init(BrokerMetrics::new)
+}
+
+/// What a storage shard reports for a scrape.
+#[derive(Debug, Default, Clone)]
+pub struct StorageSnapshot {
+    /// (group, topic, messages behind) summed over the shard's queues.
+    pub consumer_lag: Vec<(String, String, u64)>,
+    pub commitlog_bytes: u64,
+    /// Storage shard 0 only: (group, live members, subscribed topics) of every consumer group
+    /// with live members.
+    pub live_groups: Vec<(String, usize, Vec<String>)>,
+}
+
+/// Serves `/metrics` on `addr` from network shard `shard` until the broker stops.
+pub async fn serve(shard: Rc<NetworkShard>, addr: SocketAddr) {
+    let listener = match TcpListener::bind(addr) {
+        Ok(listener) => listener,
+        Err(e) => {
+            warn!(%addr, error = %e, "cannot serve metrics");
+            return;
+        }
+    };
+    let actual = listener.local_addr().unwrap_or(addr);
+    info!(addr = %actual, "metrics served at http://{actual}/metrics");
+    loop {
+        if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            glommio::timer::sleep(Duration::from_millis(200)).await;
+            None
+        })
+        .await;
+        match accepted {
+            Some(Ok(stream)) => {
+                if let Err(e) = answer_scrape(&shard, stream).await {
+                    debug!(error = %e, "metrics scrape failed");
+                }
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "metrics accept failed");
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+            }
+            None => {}
+        }
+    }
+}
+
+async fn answer_scrape(shard: &NetworkShard, mut stream: TcpStream) -> std::io::Result<()> {
+    let mut request = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let is_complete = futures_lite::future::or(
+        async {
+            loop {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok::<bool, std::io::Error>(false);
+                }
+                request.extend_from_slice(&chunk[..n]);
+                if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    return Ok(true);
+                }
+                if request.len() > MAX_REQUEST_BYTES {
+                    return Ok(false);
+                }
+            }
+        },
+        async {
+            glommio::timer::sleep(REQUEST_TIMEOUT).await;
+            Ok(false)
+        },
+    )
+    .await?;
+    if !is_complete {
+        return respond(
+            &mut stream,
+            "400 Bad Request",
+            "text/plain",
+            "bad request\n",
+        )
+        .await;
+    }
+    let line = request
+        .split(|&b| b == b'\r')
+        .next()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "GET" {
+        return respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n",
+        )
+        .await;
+    }
+    if path != "/metrics" && !path.starts_with("/metrics?") {
+        return respond(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            "metrics are at /metrics\n",
+        )
+        .await;
+    }
+    gather(shard).await;
+    let metrics = broker();
+    metrics.scrapes.inc();
+    let body = metrics.render();
+    respond(
+        &mut stream,
+        "200 OK",
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        &body,
+    )
+    .await
+}
+
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let mut head = String::new();
+    let _ = write!(
+        head,
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.close().await
+}
+
+/// Every storage shard's snapshot (a shard that cannot answer is left out).
+pub async fn storage_snapshots(shard: &NetworkShard) -> Vec<StorageSnapshot> {
+    let mut snapshots = Vec::new();
+    for storage in 0..shard.storage_shards() {
+        if let Ok(snapshot) = shard
+            .ask(storage, |reply| StorageRequest::MetricsSnapshot { reply })
+            .await
+        {
+            snapshots.push(snapshot);
+        }
+    }
+    snapshots
+}
+
+/// Refreshes the on-demand gauges: consumer lag and CommitLog size from every storage shard,
+/// disk space from the file system.
+async fn gather(shard: &NetworkShard) {
+    let metrics = broker();
+    metrics.consumer_lag.clear();
+    for (storage, snapshot) in storage_snapshots(shard).await.into_iter().enumerate() {
+        for (group, topic, lag) in snapshot.consumer_lag {
+            metrics
+                .consumer_lag
+                .get_or_create(&LagLabels { group, topic })
+                .inc_by(lag);
+        }
+        metrics
+            .commitlog_bytes
+            .get_or_create(&ShardLabels {
+                shard: storage.to_string(),
+            })
+            .set(snapshot.commitlog_bytes);
+    }
+    if let Ok((total, free)) = disk_space(&shard.config.data_dir) {
+        metrics.disk_total_bytes.set(total);
+        metrics.disk_free_bytes.set(free);
+    }
+}
+
+/// (total, available) bytes of the file system holding `path`.
+pub fn disk_space(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte")
+    })?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a valid NUL-terminated string and `stat` a valid out-pointer.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fragment = stat.f_frsize as u64;
+    Ok((
+        stat.f_blocks as u64 * fragment,
+        stat.f_bavail as u64 * fragment,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_names_each_family_with_its_labels() {
+        let metrics = BrokerMetrics::new();
+        metrics.stored("Orders", 3, 300);
+        metrics.pulled("Orders", 2, 250);
+        metrics.answered(shardmq_schema::wire::Status::TOPIC_NOT_FOUND);
+        metrics.send_latency.observe(0.001);
+        let text = metrics.render();
+        for expected in [
+            "shardmq_messages_in_total{topic=\"Orders\"} 3",
+            "shardmq_bytes_in_total{topic=\"Orders\"} 300",
+            "shardmq_messages_out_total{topic=\"Orders\"} 2",
+            "shardmq_bytes_out_total{topic=\"Orders\"} 250",
+            "shardmq_responses_total{status=\"TOPIC_NOT_FOUND\"} 1",
+            "shardmq_send_latency_seconds_count 1",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from:\n{text}");
+        }
+    }
+}

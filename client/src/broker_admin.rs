@@ -1,0 +1,246 @@
+//! Operator queries of one broker: its runtime status and the consumer groups it knows, and
+//! resetting a group's offsets by time. Used by `shardmq broker status`, `group list` and
+//! `group reset-offset`.
+
+use std::time::Duration;
+
+use shardmq_schema::wire;
+
+use crate::admin::Admin;
+use crate::api::{missing_body, require_ok};
+use crate::error::{Error, Result};
+use crate::pool::ConnectionPool;
+use crate::route::MessageQueue;
+
+/// A broker's runtime status (`BrokerStatusResponse`). Totals count since the broker started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrokerStatus {
+    pub address: String,
+    pub cluster_name: String,
+    pub broker_name: String,
+    pub version: String,
+    pub uptime_ms: u64,
+    pub storage_shards: u32,
+    pub network_shards: u32,
+    pub placement: String,
+    pub flush: String,
+    pub messages_in: u64,
+    pub bytes_in: u64,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    pub connections: u64,
+    pub parked_pulls: u64,
+    pub topics: u32,
+    pub commitlog_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub disk_free_bytes: u64,
+}
+
+/// A consumer group as one broker knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSummary {
+    pub group: String,
+    /// Live members (clients heartbeating with the group).
+    pub members: u32,
+    /// Topics subscribed to or with committed offsets, sorted.
+    pub topics: Vec<String>,
+    /// Messages stored and not yet committed, over the queues with committed offsets.
+    pub lag: u64,
+}
+
+/// Where `reset_offset` moves a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetTarget {
+    /// The oldest stored message of each queue.
+    First,
+    /// Each queue's end: nothing stored so far is consumed.
+    Last,
+    /// The first message stored at or after this time (ms since the epoch).
+    Timestamp(i64),
+}
+
+/// One queue's offset change made by `reset_offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetReset {
+    pub queue: MessageQueue,
+    /// The committed offset before, if there was one.
+    pub previous: Option<i64>,
+    pub offset: i64,
+}
+
+impl ConnectionPool {
+    pub(crate) async fn broker_status(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<BrokerStatus> {
+        let frame = self
+            .request(address, "broker status", timeout, |builder| {
+                let request =
+                    wire::BrokerStatusRequest::create(builder, &wire::BrokerStatusRequestArgs {});
+                (wire::Body::BrokerStatusRequest, request.as_union_value())
+            })
+            .await?;
+        let frame = require_ok(address, frame)?;
+        let r = frame
+            .frame()
+            .body_as_broker_status_response()
+            .ok_or_else(|| missing_body(address, "BrokerStatusResponse"))?;
+        let text = |s: Option<&str>| s.unwrap_or_default().to_owned();
+        Ok(BrokerStatus {
+            address: address.to_owned(),
+            cluster_name: text(r.cluster_name()),
+            broker_name: text(r.broker_name()),
+            version: text(r.version()),
+            uptime_ms: r.uptime_ms(),
+            storage_shards: r.storage_shards(),
+            network_shards: r.network_shards(),
+            placement: text(r.placement()),
+            flush: text(r.flush()),
+            messages_in: r.messages_in(),
+            bytes_in: r.bytes_in(),
+            messages_out: r.messages_out(),
+            bytes_out: r.bytes_out(),
+            connections: r.connections(),
+            parked_pulls: r.parked_pulls(),
+            topics: r.topics(),
+            commitlog_bytes: r.commitlog_bytes(),
+            disk_total_bytes: r.disk_total_bytes(),
+            disk_free_bytes: r.disk_free_bytes(),
+        })
+    }
+
+    pub(crate) async fn group_list(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<Vec<GroupSummary>> {
+        let frame = self
+            .request(address, "group list", timeout, |builder| {
+                let request =
+                    wire::GroupListRequest::create(builder, &wire::GroupListRequestArgs {});
+                (wire::Body::GroupListRequest, request.as_union_value())
+            })
+            .await?;
+        let frame = require_ok(address, frame)?;
+        let r = frame
+            .frame()
+            .body_as_group_list_response()
+            .ok_or_else(|| missing_body(address, "GroupListResponse"))?;
+        Ok(r.groups()
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|g| GroupSummary {
+                group: g.group().unwrap_or_default().to_owned(),
+                members: g.members(),
+                topics: g
+                    .topics()
+                    .iter()
+                    .flat_map(|v| v.iter())
+                    .map(str::to_owned)
+                    .collect(),
+                lag: g.lag(),
+            })
+            .collect())
+    }
+}
+
+impl Admin {
+    /// The runtime status of the broker at `broker_address`.
+    pub async fn broker_status(&self, broker_address: &str) -> Result<BrokerStatus> {
+        crate::instance::check_address(broker_address)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.pool()
+            .broker_status(broker_address, self.timeout())
+            .await
+    }
+
+    /// The consumer groups every master broker the name servers know reports, merged by name
+    /// (members and lag summed, topics united), sorted.
+    pub async fn group_list(&self) -> Result<Vec<GroupSummary>> {
+        let mut merged: std::collections::BTreeMap<String, GroupSummary> = Default::default();
+        let addresses: std::collections::BTreeSet<String> = self
+            .cluster_info()
+            .await?
+            .iter()
+            .flat_map(crate::route::ClusterInfo::master_addresses)
+            .map(str::to_owned)
+            .collect();
+        for address in addresses {
+            for group in self.pool().group_list(&address, self.timeout()).await? {
+                let entry = merged
+                    .entry(group.group.clone())
+                    .or_insert_with(|| GroupSummary {
+                        group: group.group.clone(),
+                        ..GroupSummary::default()
+                    });
+                entry.members += group.members;
+                entry.lag += group.lag;
+                entry.topics.extend(group.topics);
+                entry.topics.sort();
+                entry.topics.dedup();
+            }
+        }
+        Ok(merged.into_values().collect())
+    }
+
+    /// Moves `group`'s committed offsets of every queue of `topic` to `target`. Refused while
+    /// the group has live members unless `is_forced`: a running consumer keeps its own
+    /// position and would commit over the reset (stop the consumers first).
+    pub async fn reset_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        target: ResetTarget,
+        is_forced: bool,
+    ) -> Result<Vec<OffsetReset>> {
+        crate::message::check_group_name(group)?;
+        if !is_forced {
+            let members = self.consumer_list(group, topic).await?;
+            if !members.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "group {group} has {} live member(s) ({}); stop its consumers first, or force the reset knowing they may commit over it",
+                    members.len(),
+                    members.join(", ")
+                )));
+            }
+        }
+        let route = self.route(topic).await?;
+        let pool = self.pool();
+        let mut resets = Vec::new();
+        for queue in route.read_queues() {
+            let Some(master) = route.master_address(&queue.broker_name) else {
+                continue;
+            };
+            let (min, max) = pool
+                .queue_offsets(master, self.timeout(), topic, queue.queue_id)
+                .await?;
+            let offset = match target {
+                ResetTarget::First => min,
+                ResetTarget::Last => max,
+                ResetTarget::Timestamp(ms) => {
+                    pool.offset_by_time(master, self.timeout(), topic, queue.queue_id, ms)
+                        .await?
+                }
+            };
+            let previous = pool
+                .query_consumer_offset(master, self.timeout(), group, topic, queue.queue_id)
+                .await?;
+            pool.commit_consumer_offset(
+                master,
+                self.timeout(),
+                group,
+                topic,
+                queue.queue_id,
+                offset,
+            )
+            .await?;
+            resets.push(OffsetReset {
+                queue,
+                previous,
+                offset,
+            });
+        }
+        Ok(resets)
+    }
+}

@@ -1,0 +1,339 @@
+//! The load generator: P producers, each its own `shardmq_client::Producer` (own client
+//! instance and connection, as P separate applications would have), each with one send in
+//! flight at a time, as RocketMQ's benchmark producer threads do.
+//!
+//! Owns pacing and send-latency measurement. Without `--rate` a producer sends its next call
+//! as soon as the previous one is answered, and a call's latency runs from the moment it is
+//! made until its answer. With `--rate R` each producer follows a fixed schedule of `R / P`
+//! messages per second and a call's latency runs from its *intended* send time on that
+//! schedule: when the broker (or the harness) falls behind, the wait for the late call counts,
+//! so queueing is not hidden (no coordinated omission, as in wrk2). The schedule uses tokio's
+//! timer, whose resolution is 1 ms: a call may start up to about a millisecond after its
+//! intended time, and that lateness is part of the rate-mode latency too.
+//!
+//! Every message carries a benchmark header (`body.rs`); acknowledged sequences are kept per
+//! producer so that consumers can count what was lost. Data leaves as a [`LoadResult`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use shardmq_client::{Message, Producer, SendStatus, MAX_BATCH_MESSAGES};
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::body::{self, wall_clock_ns, Header};
+use crate::progress::Counters;
+use crate::report;
+use crate::tracker::SequenceSet;
+
+/// Most producers one run starts.
+pub const MAX_PRODUCERS: u32 = 1_024;
+/// Most messages one run sends (the delivery bitmaps cost one bit each).
+pub const MAX_MESSAGES: u64 = 1_000_000_000;
+/// Failed calls in a row after which a producer gives up (the broker is gone).
+const MAX_CONSECUTIVE_FAILURES: u32 = 100;
+/// Failed sends logged per producer; the rest are only counted.
+const MAX_LOGGED_FAILURES: u64 = 5;
+/// The producer group benchmark producers send as.
+const PRODUCER_GROUP: &str = "shardmq-perf-producer";
+
+/// When the producers stop.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// After this many messages in total, split evenly among the producers.
+    Messages(u64),
+    /// When this much time has passed since the start (no call starts after it).
+    After(Duration),
+}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct LoadPlan {
+    pub namesrv: String,
+    pub topic: String,
+    pub producers: u32,
+    pub size: usize,
+    pub batch: u32,
+    pub stop: Stop,
+    /// Messages per second, all producers together; `None` sends as fast as answers come.
+    pub rate: Option<f64>,
+    pub run_id: u32,
+}
+
+impl LoadPlan {
+    /// Checks the plan's limits.
+    pub fn validate(&self) -> Result<()> {
+        if self.producers == 0 || self.producers > MAX_PRODUCERS {
+            bail!("--producers must be 1..={MAX_PRODUCERS}");
+        }
+        if self.batch == 0 || self.batch as usize > MAX_BATCH_MESSAGES {
+            bail!("--batch must be 1..={MAX_BATCH_MESSAGES}");
+        }
+        if let Some(rate) = self.rate {
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("--rate must be a positive number of messages per second");
+            }
+        }
+        match self.stop {
+            Stop::Messages(0) => bail!("--messages must be at least 1"),
+            Stop::Messages(messages) if messages > MAX_MESSAGES => {
+                bail!("--messages must be at most {MAX_MESSAGES}")
+            }
+            Stop::After(duration) if duration.is_zero() => bail!("--duration must be positive"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Producers started and ready to send (routes fetched), so that start-up is not measured.
+pub struct ReadyProducers {
+    plan: LoadPlan,
+    producers: Vec<Producer>,
+}
+
+/// What the producers measured.
+pub struct LoadResult {
+    /// Per call (of `batch` messages): from the call (or its intended time under `--rate`)
+    /// until its answer.
+    pub latency_ns: Histogram<u64>,
+    /// Messages acknowledged.
+    pub messages: u64,
+    pub calls: u64,
+    /// Messages in calls that failed (not acknowledged; they may or may not be stored).
+    pub failed: u64,
+    /// Messages stored but answered with a flush or replication timeout.
+    pub flush_timeouts: u64,
+    /// Acknowledged sequences, by producer index.
+    pub acknowledged: Vec<SequenceSet>,
+    /// From the first call until the last answer.
+    pub elapsed: Duration,
+}
+
+/// Starts the producers of `plan` and fetches the topic's route in each.
+pub async fn prepare(plan: LoadPlan) -> Result<ReadyProducers> {
+    plan.validate()?;
+    let mut producers = Vec::with_capacity(plan.producers as usize);
+    for _ in 0..plan.producers {
+        let producer = Producer::builder()
+            .namesrv(&plan.namesrv)
+            .group(PRODUCER_GROUP)
+            .build()
+            .await
+            .context("cannot start a producer")?;
+        producer
+            .write_queues(&plan.topic)
+            .await
+            .with_context(|| format!("no route to topic {}", plan.topic))?;
+        producers.push(producer);
+    }
+    Ok(ReadyProducers { plan, producers })
+}
+
+impl ReadyProducers {
+    /// Runs every producer to the plan's end and merges what they measured. `counters.sent`
+    /// grows as messages are acknowledged.
+    pub async fn run(self, counters: Arc<Counters>) -> Result<LoadResult> {
+        let ReadyProducers { plan, producers } = self;
+        let started = Instant::now();
+        let started_wall_ns = wall_clock_ns();
+        let count = u64::from(plan.producers);
+        let tasks: Vec<_> = producers
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(index, producer)| {
+                let index = u32::try_from(index).expect("producer count fits u32");
+                let quota = match plan.stop {
+                    Stop::Messages(total) => {
+                        Some(total / count + u64::from(u64::from(index) < total % count))
+                    }
+                    Stop::After(_) => None,
+                };
+                let worker = Worker {
+                    producer,
+                    filler: body::filler(plan.size),
+                    plan: plan.clone(),
+                    index,
+                    quota,
+                    started,
+                    started_wall_ns,
+                    counters: Arc::clone(&counters),
+                };
+                tokio::spawn(worker.run())
+            })
+            .collect();
+        let mut result = LoadResult {
+            latency_ns: report::latency_histogram()?,
+            messages: 0,
+            calls: 0,
+            failed: 0,
+            flush_timeouts: 0,
+            acknowledged: Vec::with_capacity(tasks.len()),
+            elapsed: Duration::ZERO,
+        };
+        let mut first_error = None;
+        for task in tasks {
+            match task.await.context("a producer task panicked")? {
+                Ok(worker) => {
+                    result
+                        .latency_ns
+                        .add(&worker.latency_ns)
+                        .context("cannot merge latency histograms")?;
+                    result.messages += worker.messages;
+                    result.calls += worker.calls;
+                    result.failed += worker.failed;
+                    result.flush_timeouts += worker.flush_timeouts;
+                    result.acknowledged.push(worker.acknowledged);
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                    result.acknowledged.push(SequenceSet::default());
+                }
+            }
+        }
+        result.elapsed = started.elapsed();
+        for producer in &producers {
+            producer.shutdown().await;
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(result),
+        }
+    }
+}
+
+/// One producer's loop.
+struct Worker {
+    producer: Producer,
+    /// What follows the header in every body.
+    filler: Vec<u8>,
+    plan: LoadPlan,
+    index: u32,
+    /// Messages to send; `None` under a time limit.
+    quota: Option<u64>,
+    started: Instant,
+    started_wall_ns: u64,
+    counters: Arc<Counters>,
+}
+
+/// What one producer measured.
+struct WorkerResult {
+    latency_ns: Histogram<u64>,
+    messages: u64,
+    calls: u64,
+    failed: u64,
+    flush_timeouts: u64,
+    acknowledged: SequenceSet,
+}
+
+impl Worker {
+    async fn run(self) -> Result<WorkerResult> {
+        let plan = &self.plan;
+        let mut result = WorkerResult {
+            latency_ns: report::latency_histogram()?,
+            messages: 0,
+            calls: 0,
+            failed: 0,
+            flush_timeouts: 0,
+            acknowledged: SequenceSet::default(),
+        };
+        // Seconds between two calls of this producer on the --rate schedule.
+        let call_interval_s = plan
+            .rate
+            .map(|rate| f64::from(plan.batch) * f64::from(plan.producers) / rate);
+        let deadline = match plan.stop {
+            Stop::After(duration) => Some(self.started + duration),
+            Stop::Messages(_) => None,
+        };
+        let mut sequence = 0u64;
+        let mut consecutive_failures = 0u32;
+        for call in 0u64.. {
+            let messages_in_call = match self.quota {
+                Some(quota) if sequence >= quota => break,
+                Some(quota) => (quota - sequence).min(u64::from(plan.batch)),
+                None => u64::from(plan.batch),
+            };
+            let intended = call_interval_s
+                .map(|interval| self.started + Duration::from_secs_f64(call as f64 * interval));
+            if let (Some(deadline), Some(intended)) = (deadline, intended) {
+                if intended >= deadline {
+                    break;
+                }
+            }
+            if let Some(intended) = intended {
+                tokio::time::sleep_until(intended).await;
+            }
+            let call_started = Instant::now();
+            if deadline.is_some_and(|deadline| call_started >= deadline) {
+                break;
+            }
+            let born_ns = wall_clock_ns();
+            let intended_ns = intended.map_or(born_ns, |intended| {
+                self.started_wall_ns + intended.duration_since(self.started).as_nanos() as u64
+            });
+            let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
+            let sent = if batch.len() == 1 {
+                let message = batch.into_iter().next().expect("one message");
+                self.producer.send(message).await.map(|result| vec![result])
+            } else {
+                self.producer.send_batch(batch).await
+            };
+            let answered = Instant::now();
+            report::record_latency(
+                &mut result.latency_ns,
+                answered.duration_since(intended.unwrap_or(call_started)),
+            );
+            result.calls += 1;
+            match sent {
+                Ok(results) => {
+                    consecutive_failures = 0;
+                    result.acknowledged.insert_range(sequence, messages_in_call);
+                    result.messages += messages_in_call;
+                    result.flush_timeouts += results
+                        .iter()
+                        .filter(|sent| sent.status != SendStatus::SendOk)
+                        .count() as u64;
+                    self.counters
+                        .sent
+                        .fetch_add(messages_in_call, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    result.failed += messages_in_call;
+                    consecutive_failures += 1;
+                    if result.failed <= MAX_LOGGED_FAILURES * u64::from(plan.batch) {
+                        warn!(producer = self.index, %error, "send failed");
+                    }
+                    if consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
+                        return Err(error).with_context(|| {
+                            format!(
+                                "producer {} gave up after {MAX_CONSECUTIVE_FAILURES} failed sends in a row",
+                                self.index
+                            )
+                        });
+                    }
+                }
+            }
+            sequence += messages_in_call;
+        }
+        Ok(result)
+    }
+
+    /// The messages of one call: sequences `first..first + count`.
+    fn messages(&self, first: u64, count: u64, intended_ns: u64, born_ns: u64) -> Vec<Message> {
+        (first..first + count)
+            .map(|sequence| {
+                let header = Header {
+                    run_id: self.plan.run_id,
+                    producer: self.index,
+                    sequence,
+                    intended_ns,
+                    born_ns,
+                };
+                Message::new(self.plan.topic.clone(), header.body(&self.filler))
+            })
+            .collect()
+    }
+}

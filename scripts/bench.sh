@@ -1,0 +1,409 @@
+#!/usr/bin/env bash
+# Network benchmark of a whole broker against the machine's own limits, measured in one sitting.
+#
+# 1. builds the binaries (release);
+# 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks) and the latency of
+#    fdatasync after 4 KiB O_DIRECT writes on the disk of the data directory (installing fio
+#    with apt-get when missing), and TCP loopback throughput and round trip (python3);
+# 3. for each flush mode (async, sync) starts its own name server and broker on free loopback
+#    ports over a fresh data directory, runs the fixed scenarios below with `shardmq-perf`
+#    (1 KiB messages; every produce run is read back with --verify), and stops them;
+# 4. writes the results between the `bench.sh` markers of docs/performance.md (the rest of
+#    the file is kept), with each figure's ratio to the machine's limit; the JSON and SVG
+#    report of every run go to --out.
+#
+# Usage: scripts/bench.sh [--dir PARENT] [--seconds S] [--out DIR] [--doc FILE] [--no-doc]
+#   --dir PARENT  where to make the temporary data directory (default: $TMPDIR, else /work,
+#                 else the repository's target/); it must be on the disk to measure, not tmpfs
+#   --seconds S   length of each timed scenario run (default 10)
+#   --out DIR     where the per-run reports go (default target/bench/<date>)
+#   --doc FILE    the markdown file to update (default docs/performance.md)
+#   --no-doc      print the generated section instead of writing it
+# Env: BENCH_COMMIT names the code measured in the report (default: git HEAD, + dirty mark).
+# Heavy (about 6 minutes with the defaults); not part of scripts/test.sh.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+parent=""
+seconds=10
+out_dir=""
+doc="$repo_root/docs/performance.md"
+write_doc=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) parent="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --out) out_dir="$2"; shift 2 ;;
+    --doc) doc="$2"; shift 2 ;;
+    --no-doc) write_doc=0; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+step() { printf '==> %s\n' "$*" >&2; }
+
+if [ -z "$parent" ]; then
+  if [ -n "${TMPDIR:-}" ]; then
+    parent="$TMPDIR"
+  elif [ -d /work ] && [ -w /work ]; then
+    parent=/work
+  else
+    parent="$repo_root/target"
+  fi
+fi
+mkdir -p "$parent"
+if [ "$(stat -f -c %T "$parent")" = tmpfs ]; then
+  echo "bench: $parent is on tmpfs; O_DIRECT there measures memory, not a disk. Pass --dir on a real disk." >&2
+  exit 2
+fi
+work_dir="$(mktemp -d "$parent/shardmq-bench.XXXXXX")"
+pids=()
+cleanup() {
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+  fi
+  rm -rf "$work_dir"
+}
+trap cleanup EXIT
+
+target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
+case "$target_dir" in /*) ;; *) target_dir="$repo_root/$target_dir" ;; esac
+bin="$target_dir/release"
+[ -n "$out_dir" ] || out_dir="$target_dir/bench/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out_dir"
+results="$out_dir/results.jsonl"
+: >"$results"
+
+step "building (release)"
+cargo build --release --locked --bins >&2
+
+if ! command -v fio >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "installing fio"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >&2
+  else
+    echo "bench: fio is missing; install it (e.g. apt-get install fio)" >&2
+    exit 1
+  fi
+fi
+
+# Appends {"kind": ..., "label": ..., "result": <json>} to the results.
+record() {
+  python3 -c 'import json,sys; print(json.dumps({"kind": sys.argv[1], "label": sys.argv[2], "result": json.loads(sys.stdin.read())}))' \
+    "$1" "$2" >>"$results"
+}
+
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# ---- machine limits ------------------------------------------------------------------------
+fio_engine=io_uring
+if ! fio --name=probe --rw=write --bs=4k --direct=1 --size=64k --ioengine=io_uring \
+    --filename="$work_dir/fio-probe.dat" --output=/dev/null >/dev/null 2>&1; then
+  fio_engine=libaio
+fi
+rm -f "$work_dir/fio-probe.dat"
+step "fio: sequential O_DIRECT write, 1 MiB blocks, 1 GiB ($fio_engine)"
+fio --name=seqwrite --rw=write --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
+  --iodepth=1 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
+  record fio seqwrite
+rm -f "$work_dir/fio.dat"
+step "fio: 4 KiB O_DIRECT write + fdatasync (10 s)"
+fio --name=fdatasync --rw=write --bs=4k --direct=1 --fdatasync=1 --size=16m --runtime=10 \
+  --ioengine=sync --filename="$work_dir/fio.dat" --output-format=json \
+  --output="$work_dir/fio.json" >&2
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
+  record fio fdatasync
+rm -f "$work_dir/fio.dat"
+
+step "loopback: TCP throughput (2 GiB, 1 MiB writes) and 1 KiB round trips"
+python3 - <<'PY' | record loopback tcp
+import json, multiprocessing, socket, time
+
+TOTAL = 2 << 30
+CHUNK = 1 << 20
+ROUND_TRIPS = 20000
+
+def sink(port_queue):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port_queue.put(server.getsockname()[1])
+    for _ in range(2):
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        first = conn.recv_into(view)
+        if first == 0:
+            continue
+        if buffer[0] == ord("E"):  # echo mode: answer each 1 KiB message
+            pending = first
+            while True:
+                while pending < 1024:
+                    got = conn.recv_into(view[pending:1024])
+                    if got == 0:
+                        break
+                    pending += got
+                if pending < 1024:
+                    break
+                conn.sendall(view[:1024])
+                pending = conn.recv_into(view[:1024])
+                if pending == 0:
+                    break
+        else:
+            while conn.recv_into(view):
+                pass
+        conn.close()
+
+if __name__ == "__main__":
+    queue = multiprocessing.Queue()
+    process = multiprocessing.Process(target=sink, args=(queue,))
+    process.start()
+    port = queue.get()
+    data = b"D" * CHUNK
+    client = socket.create_connection(("127.0.0.1", port))
+    started = time.perf_counter()
+    sent = 0
+    while sent < TOTAL:
+        client.sendall(data)
+        sent += CHUNK
+    client.shutdown(socket.SHUT_WR)
+    client.recv(1)
+    elapsed = time.perf_counter() - started
+    client.close()
+    echo = socket.create_connection(("127.0.0.1", port))
+    echo.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    message = b"E" * 1024
+    answer = bytearray(1024)
+    samples = []
+    for _ in range(ROUND_TRIPS):
+        begin = time.perf_counter()
+        echo.sendall(message)
+        got = 0
+        while got < 1024:
+            got += echo.recv_into(memoryview(answer)[got:])
+        samples.append(time.perf_counter() - begin)
+    echo.close()
+    process.join()
+    samples.sort()
+    percentile = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))] * 1e6
+    print(json.dumps({
+        "mib_per_sec": TOTAL / (1 << 20) / elapsed,
+        "rtt_p50_us": percentile(0.50),
+        "rtt_p99_us": percentile(0.99),
+    }))
+PY
+
+# ---- broker scenarios ----------------------------------------------------------------------
+# Waits for "<name> listening on ADDR" in FILE; prints ADDR.
+listening_addr() {
+  local name="$1" file="$2" pid="$3"
+  for _ in $(seq 1 300); do
+    local line
+    line="$(grep -m1 "^$name listening on " "$file" 2>/dev/null || true)"
+    if [ -n "$line" ]; then
+      echo "${line##* }"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "bench: $name exited; its log:" >&2
+      cat "${file%.out}.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "bench: $name did not start within 30 s" >&2
+  return 1
+}
+
+namesrv_addr=""
+start_cluster() {
+  local flush="$1" dir="$work_dir/cluster-$1"
+  mkdir -p "$dir"
+  "$bin/shardmq-namesrv" --listen 127.0.0.1:0 >"$dir/namesrv.out" 2>"$dir/namesrv.log" &
+  pids=("$!")
+  namesrv_addr="$(listening_addr shardmq-namesrv "$dir/namesrv.out" "${pids[0]}")"
+  "$bin/shardmq-broker" --namesrv "$namesrv_addr" --listen 127.0.0.1:0 --data-dir "$dir/broker" \
+    --flush "$flush" >"$dir/broker.out" 2>"$dir/broker.log" &
+  pids+=("$!")
+  listening_addr shardmq-broker "$dir/broker.out" "${pids[1]}" >/dev/null
+}
+
+stop_cluster() {
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+  pids=()
+}
+
+# Runs one shardmq-perf scenario; records its JSON line under LABEL.
+perf() {
+  local label="$1"; shift
+  local scenario="$1"; shift
+  local slug
+  slug="$(echo "$label" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-')"
+  step "$scenario: $label"
+  "$bin/shardmq-perf" "$scenario" --namesrv "$namesrv_addr" --topic "bench-$slug" --size 1024 \
+    --json --report "$out_dir/$slug" "$@" | tail -n 1 | record "$scenario" "$label"
+}
+
+json_field() {
+  python3 -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; print([r for r in rows if r["label"]==sys.argv[2]][-1]["result"][sys.argv[3]])' \
+    "$results" "$1" "$2"
+}
+
+step "broker with --flush async"
+start_cluster async
+perf "async, batch 1, 1 producer" produce --broker-flush async --batch 1 --producers 1 --duration "$seconds" --verify
+perf "async, batch 1, 16 producers" produce --broker-flush async --batch 1 --producers 16 --duration "$seconds" --verify
+perf "async, batch 32, 4 producers" produce --broker-flush async --batch 32 --producers 4 --duration "$seconds" --verify
+backlog="$(python3 -c 'import sys; print(max(10000, min(2000000, int(float(sys.argv[1]) * float(sys.argv[2])))))' \
+  "$(json_field "async, batch 32, 4 producers" msgs_per_sec)" "$seconds")"
+perf "backlog, 1 consumer" consume --broker-flush async --backlog "$backlog" --consumers 1
+perf "backlog, 2 consumers" consume --broker-flush async --backlog "$backlog" --consumers 2
+perf "e2e max, batch 1, 16 producers" e2e --broker-flush async --batch 1 --producers 16 --consumers 1 --duration "$seconds"
+half_rate="$(python3 -c 'import sys; print(round(float(sys.argv[1]) / 2))' \
+  "$(json_field "e2e max, batch 1, 16 producers" msgs_per_sec)")"
+perf "e2e at 50% load" e2e --broker-flush async --batch 1 --producers 16 --consumers 1 --duration "$seconds" --rate "$half_rate"
+perf "long-poll wake-up, 50 msg/s" e2e --broker-flush async --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
+stop_cluster
+
+step "broker with --flush sync"
+start_cluster sync
+perf "sync, batch 1, 1 producer" produce --broker-flush sync --batch 1 --producers 1 --duration "$seconds" --verify
+perf "sync, batch 1, 16 producers" produce --broker-flush sync --batch 1 --producers 16 --duration "$seconds" --verify
+perf "sync, batch 32, 4 producers" produce --broker-flush sync --batch 32 --producers 4 --duration "$seconds" --verify
+stop_cluster
+
+# ---- the report ----------------------------------------------------------------------------
+device="$(df --output=source "$work_dir" | tail -n 1)"
+export BENCH_CORES="$(nproc)"
+export BENCH_CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+export BENCH_KERNEL="$(uname -r)"
+export BENCH_DEVICE="$device"
+export BENCH_FS="$(df --output=fstype "$work_dir" | tail -n 1 | tr -d ' ')"
+export BENCH_FIO_ENGINE="$fio_engine"
+export BENCH_LOAD="$load_before -> $(cut -d' ' -f1-3 /proc/loadavg)"
+export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')}"
+export BENCH_SECONDS="$seconds"
+export BENCH_OUT="$out_dir"
+section="$out_dir/section.md"
+python3 - "$results" >"$section" <<'PY'
+import json, os, sys, time
+
+rows = [json.loads(line) for line in open(sys.argv[1])]
+env = os.environ
+
+def result(kind, label):
+    found = [r["result"] for r in rows if r["kind"] == kind and r["label"] == label]
+    return found[-1] if found else None
+
+seq = result("fio", "seqwrite")
+sync = result("fio", "fdatasync")
+loop = result("loopback", "tcp")
+seq_mib = seq["write"]["bw"] / 1024  # fio reports KiB/s
+sync_pct = sync["sync"]["lat_ns"]["percentile"]
+fdatasync_p50 = sync_pct["50.000000"] / 1000
+fdatasync_p99 = sync_pct["99.000000"] / 1000
+loop_mib = loop["mib_per_sec"]
+
+def num(value, digits=0):
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+def lost_dup(r):
+    def one(v):
+        return "–" if v is None else str(v)
+    return f"{one(r.get('lost'))} / {one(r.get('duplicates'))}"
+
+out = []
+say = out.append
+say("<!-- BEGIN bench.sh: generated by scripts/bench.sh; edit the script, not this block -->")
+say("#### Results of `scripts/bench.sh`")
+say("")
+say(f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit {env['BENCH_COMMIT']}; "
+    f"{env['BENCH_CORES']} cores ({env['BENCH_CPU']}), kernel {env['BENCH_KERNEL']}, data on "
+    f"{env['BENCH_DEVICE']} ({env['BENCH_FS']}). Broker with default options (storage shard on "
+    f"core 0, network shard on core 1); `shardmq-perf` on the same machine (tokio, unpinned). "
+    f"Each run {env['BENCH_SECONDS']} s, one run each; load average (1/5/15 min) before -> after: "
+    f"{env['BENCH_LOAD']}.")
+say("")
+say("**Machine limits** (same sitting, same disk):")
+say("")
+say("| limit | value |")
+say("|---|---:|")
+say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 1 ({env['BENCH_FIO_ENGINE']}) | {num(seq_mib)} MiB/s |")
+say(f"| fio 4 KiB O_DIRECT write + fdatasync: fdatasync p50 / p99 | {num(fdatasync_p50)} / {num(fdatasync_p99)} µs |")
+say(f"| TCP loopback, one connection, 1 MiB writes (python3) | {num(loop_mib)} MiB/s |")
+say(f"| TCP loopback 1 KiB round trip p50 / p99 (python3) | {num(loop['rtt_p50_us'])} / {num(loop['rtt_p99_us'])} µs |")
+say("")
+say("**Produce** (1 KiB bodies; latency per send call; every run read back with `--verify`). "
+    "MiB/s counts bodies only (a stored record adds ~125 B).")
+say("")
+say("| scenario | msgs/s | MiB/s | ÷ fio write | ÷ loopback | p50 µs | p99 µs | p99.9 µs | max µs | p99 ÷ fdatasync p99 | lost / dup |")
+say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+labels = [r["label"] for r in rows if r["kind"] == "produce"]
+for label in labels:
+    r = result("produce", label)
+    is_sync = r.get("broker_flush") == "sync"
+    ratio = f"{r['p99_us'] / fdatasync_p99:.1f}" if is_sync else "–"
+    say(f"| {label} | {num(r['msgs_per_sec'])} | {num(r['mb_per_sec'], 1)} | "
+        f"{r['mb_per_sec'] / seq_mib:.2f} | {r['mb_per_sec'] / loop_mib:.3f} | "
+        f"{num(r['p50_us'])} | {num(r['p99_us'])} | {num(r['p999_us'])} | {num(r['max_us'])} | "
+        f"{ratio} | {lost_dup(r)} |")
+say("")
+best_produce = max((result("produce", l) for l in labels if result("produce", l).get("broker_flush") == "async"),
+                   key=lambda r: r["msgs_per_sec"], default=None)
+say("**Consume from a backlog** (`consume --backlog N`: N messages sent first, untimed, then a "
+    "new group drains them; the clock includes the group's start-up). Age = receive time − born time.")
+say("")
+say("| scenario | messages | msgs/s | MiB/s | ÷ best async produce rate | age p50 ms | age max ms | lost / dup |")
+say("|---|---:|---:|---:|---:|---:|---:|---:|")
+for label in [r["label"] for r in rows if r["kind"] == "consume"]:
+    r = result("consume", label)
+    ratio = f"{r['msgs_per_sec'] / best_produce['msgs_per_sec']:.2f}" if best_produce else "–"
+    say(f"| {label} | {num(r['messages'])} | {num(r['msgs_per_sec'])} | {num(r['mb_per_sec'], 1)} | "
+        f"{ratio} | {num(r['p50_us'] / 1000, 1)} | {num(r['max_us'] / 1000, 1)} | {lost_dup(r)} |")
+say("")
+if best_produce:
+    say(f"(best async produce rate: {num(best_produce['msgs_per_sec'])} msgs/s.)")
+    say("")
+say("**End to end** (producers and one consumer at once; latency = receive time − send time "
+    "carried in the message: from the intended send time under `--rate`, and from the born time, "
+    "just before the send call).")
+say("")
+say("| scenario | rate asked | msgs/s | e2e p50 µs | e2e p99 µs | e2e p99.9 µs | e2e max µs | from born p50 / p99 µs | send p99 µs | lost / dup |")
+say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for label in [r["label"] for r in rows if r["kind"] == "e2e"]:
+    r = result("e2e", label)
+    say(f"| {label} | {num(r.get('rate'))} | {num(r['msgs_per_sec'])} | {num(r['p50_us'])} | "
+        f"{num(r['p99_us'])} | {num(r['p999_us'])} | {num(r['max_us'])} | "
+        f"{num(r['born_p50_us'])} / {num(r['born_p99_us'])} | {num(r['send_p99_us'])} | {lost_dup(r)} |")
+say("")
+say(f"Per-run JSON and SVG reports: `{env['BENCH_OUT']}` (not committed).")
+say("<!-- END bench.sh -->")
+print("\n".join(out))
+PY
+
+if [ "$write_doc" = 1 ]; then
+  python3 - "$doc" "$section" <<'PY'
+import re, sys
+doc_path, section_path = sys.argv[1], sys.argv[2]
+section = open(section_path).read().rstrip("\n")
+text = open(doc_path).read()
+pattern = re.compile(r"<!-- BEGIN bench.sh.*?<!-- END bench.sh -->", re.S)
+if pattern.search(text):
+    text = pattern.sub(lambda _: section, text, count=1)
+else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+open(doc_path, "w").write(text)
+PY
+  step "wrote the results into $doc (reports in $out_dir)"
+else
+  cat "$section"
+fi

@@ -1,0 +1,248 @@
+//! The operator commands of `shardmq` against a real namesrv and broker: `broker status`,
+//! `group list`, `group progress` without a topic, `group reset-offset` (and its refusal while
+//! the group has live members), and the `message query-key` alias.
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use shardmq_tests::{binary_path, wait_until, LocalCluster, ROUTE_TIMEOUT};
+use tempfile::TempDir;
+
+fn shardmq(namesrv: &str, args: &[&str]) -> Output {
+    Command::new(binary_path("shardmq"))
+        .arg("--namesrv")
+        .arg(namesrv)
+        .args(args)
+        .output()
+        .expect("shardmq runs")
+}
+
+fn json_of(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "shardmq failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout.clone()).expect("UTF-8 output");
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"))
+}
+
+fn total_lag(namesrv: &str, group: &str) -> i64 {
+    json_of(&shardmq(namesrv, &["--json", "group", "progress", group]))["total_lag"]
+        .as_i64()
+        .expect("total_lag")
+}
+
+#[test]
+fn operators_see_status_groups_and_lag_and_can_reset_offsets() {
+    const TOPIC: &str = "AdminTopic";
+    const GROUP: &str = "AdminGroup";
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    let broker = cluster.broker_addr();
+    cluster.create_topic(TOPIC, 2);
+
+    let sent = shardmq(
+        &namesrv,
+        &[
+            "send", TOPIC, "--body", "admin", "--keys", "order-7", "--count", "10",
+        ],
+    );
+    assert!(sent.status.success(), "{sent:?}");
+    let consumed = shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "consume",
+            TOPIC,
+            "--group",
+            GROUP,
+            "--count",
+            "10",
+            "--timeout-ms",
+            "10000",
+        ],
+    );
+    assert!(consumed.status.success(), "{consumed:?}");
+    let sent = shardmq(
+        &namesrv,
+        &[
+            "send", TOPIC, "--body", "later", "--keys", "order-7", "--count", "6",
+        ],
+    );
+    assert!(sent.status.success(), "{sent:?}");
+
+    // The group is known by its committed offsets; the 6 later messages are still to consume.
+    let groups = json_of(&shardmq(&namesrv, &["--json", "group", "list"]));
+    let group = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == GROUP)
+        .unwrap_or_else(|| panic!("{GROUP} missing from {groups}"));
+    assert_eq!(group["lag"], 6, "{groups}");
+    assert_eq!(
+        group["members"], 0,
+        "the consume command has exited: {groups}"
+    );
+    assert_eq!(total_lag(&namesrv, GROUP), 6);
+
+    // Reset to the first message: everything is to consume again; to the last: nothing.
+    let reset = json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "reset-offset",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--to",
+            "first",
+        ],
+    ));
+    assert_eq!(reset["queues"].as_array().unwrap().len(), 2, "{reset}");
+    assert_eq!(total_lag(&namesrv, GROUP), 16);
+    json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "reset-offset",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--to",
+            "last",
+        ],
+    ));
+    assert_eq!(total_lag(&namesrv, GROUP), 0);
+    // A time before every message is the first message again.
+    json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "reset-offset",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--to",
+            "2000-01-01T00:00:00Z",
+        ],
+    ));
+    assert_eq!(total_lag(&namesrv, GROUP), 16);
+
+    // Status: the 16 sends and 10+ pulled messages are counted; rates are reported.
+    let status = json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "broker",
+            "status",
+            &broker,
+            "--interval-ms",
+            "200",
+        ],
+    ));
+    assert_eq!(status["messages_in"], 16, "{status}");
+    assert!(status["messages_out"].as_u64().unwrap() >= 10, "{status}");
+    assert_eq!(status["storage_shards"], 1, "{status}");
+    assert!(
+        status["placement"].as_str().unwrap().contains("storage-0"),
+        "{status}"
+    );
+    assert!(status["in_tps"].is_number(), "{status}");
+    assert!(status["disk_free_bytes"].as_u64().unwrap() > 0, "{status}");
+    let text = shardmq(
+        &namesrv,
+        &["broker", "status", &broker, "--interval-ms", "0"],
+    );
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("storage-0") && text.contains("connections"),
+        "{text}"
+    );
+
+    // The mqadmin-style alias finds the messages by key.
+    let found = shardmq(&namesrv, &["message", "query-key", TOPIC, "order-7"]);
+    assert!(found.status.success(), "{found:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout)
+            .matches("order-7")
+            .count(),
+        16,
+        "every message with the key is printed once"
+    );
+}
+
+#[test]
+fn reset_offset_is_refused_while_the_group_has_live_members() {
+    const TOPIC: &str = "Busy";
+    const GROUP: &str = "BusyGroup";
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    cluster.create_topic(TOPIC, 1);
+    // A push consumer (it heartbeats with its group) stays a member while the reset is tried.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let member = runtime.block_on(async {
+        shardmq_client::PushConsumer::builder()
+            .namesrv(namesrv.clone())
+            .group(GROUP)
+            .subscribe(TOPIC, "*")
+            .listen_concurrently(|_messages| async { shardmq_client::ConsumeResult::Success })
+            .start()
+            .await
+            .expect("start a push consumer")
+    });
+    wait_until(ROUTE_TIMEOUT, "the consumer to join its group", || {
+        let output = shardmq(
+            &namesrv,
+            &["--json", "group", "members", GROUP, "--topic", TOPIC],
+        );
+        let members = json_of(&output);
+        (!members["members"].as_array()?.is_empty()).then_some(())
+    });
+    let refused = shardmq(
+        &namesrv,
+        &[
+            "group",
+            "reset-offset",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--to",
+            "first",
+        ],
+    );
+    assert!(
+        !refused.status.success(),
+        "a reset under a live consumer succeeded"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("live member") && stderr.contains("stop its consumers"),
+        "the refusal does not say why: {stderr}"
+    );
+    let forced = shardmq(
+        &namesrv,
+        &[
+            "group",
+            "reset-offset",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--to",
+            "first",
+            "--force",
+        ],
+    );
+    assert!(forced.status.success(), "{forced:?}");
+    runtime.block_on(member.shutdown());
+}
