@@ -171,11 +171,14 @@ async fn answer(mut stream: TcpStream, registry: &Mutex<RouteTable>) -> std::io:
     .await;
     let (status, body) = match read {
         Ok(Ok(true)) => {
-            let line = String::from_utf8_lossy(request.split(|&b| b == b'\r').next().unwrap_or(&[]))
-                .into_owned();
+            let line =
+                String::from_utf8_lossy(request.split(|&b| b == b'\r').next().unwrap_or(&[]))
+                    .into_owned();
             let mut parts = line.split(' ');
             match (parts.next(), parts.next()) {
-                (Some("GET"), Some(path)) if path == "/metrics" || path.starts_with("/metrics?") => {
+                (Some("GET"), Some(path))
+                    if path == "/metrics" || path.starts_with("/metrics?") =>
+                {
                     let table = registry.lock().unwrap_or_else(PoisonError::into_inner);
                     ("200 OK", namesrv().render(&table))
                 }

@@ -125,12 +125,16 @@ impl NamesrvServer {
                     source,
                 })?;
         let metrics_listener = match &config.metrics_listen {
-            Some(listen) => Some(TcpListener::bind(listen).await.map_err(|source| {
-                ServerError::Bind {
-                    listen: listen.clone(),
-                    source,
-                }
-            })?),
+            Some(listen) => {
+                Some(
+                    TcpListener::bind(listen)
+                        .await
+                        .map_err(|source| ServerError::Bind {
+                            listen: listen.clone(),
+                            source,
+                        })?,
+                )
+            }
             None => None,
         };
         let registry = Arc::new(Mutex::new(RouteTable::new(config.registry_limits)));
@@ -164,9 +168,9 @@ impl NamesrvServer {
         ));
         let (stop_sender, stop_receiver) = watch::channel(false);
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
-        let metrics = self
-            .metrics_listener
-            .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&self.registry))));
+        let metrics = self.metrics_listener.map(|listener| {
+            tokio::spawn(crate::metrics::serve(listener, Arc::clone(&self.registry)))
+        });
         let scan = tokio::spawn(scan_silent_brokers(
             Arc::clone(&self.registry),
             config.broker_timeout,

@@ -70,6 +70,9 @@ impl Shared {
     }
 
     fn receive(&self, messages: &[MessageExt]) {
+        if messages.is_empty() {
+            return;
+        }
         let now = Instant::now();
         let now_ns = wall_clock_ns();
         let mut state = self.state();
