@@ -485,11 +485,7 @@ pub fn new_unique_id() -> String {
     bytes[8..12].copy_from_slice(&seconds.to_be_bytes());
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     bytes[12..16].copy_from_slice(&count.to_be_bytes());
-    let mut text = String::with_capacity(32);
-    for byte in bytes {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
+    shardmq_schema::hex::upper_hex(&bytes)
 }
 
 #[cfg(test)]

@@ -1172,7 +1172,7 @@ pub fn offset_message_id(
     }
     bytes.extend_from_slice(&u32::from(store_host.port()).to_be_bytes());
     bytes.extend_from_slice(&(((storage_shard as u64) << 56) | physical_offset).to_be_bytes());
-    bytes.iter().map(|b| format!("{b:02X}")).collect()
+    shardmq_schema::hex::upper_hex(&bytes)
 }
 
 /// Inverse of [`offset_message_id`] for IPv4 ids: (host, storage shard, physical offset).
