@@ -200,6 +200,15 @@ pub async fn send_back(
     let offset_id = offset_message_id(shard.store_host.get(), source_shard, physical_offset);
     let copy = plan_copy(shard, &request, &view, &offset_id)?;
     ensure_topic(shard, &copy.target_topic).await?;
+    if copy.is_dead_letter && is_already_dead(shard, &copy.target_topic, &view).await? {
+        // A send-back repeated after a crash (the consumer had not committed past the message
+        // when the broker or it died): the dead letter is kept once.
+        return Ok(SendBackOutcome {
+            topic: copy.target_topic,
+            reconsume_times: copy.reconsume_times,
+            is_dead_letter: true,
+        });
+    }
     let mut batch = EncodedBatch::new();
     let properties = copy.property_pairs();
     let input = RecordInput {
@@ -317,6 +326,32 @@ fn plan_copy(
         reconsume_times,
         properties,
     })
+}
+
+/// Whether `dead_letter_topic` already holds a copy of the message `view` (same unique id).
+/// The index lists the newest records first, so an existing dead letter, the newest copy of
+/// its message, is among the first looked at.
+async fn is_already_dead(
+    shard: &NetworkShard,
+    dead_letter_topic: &str,
+    view: &RecordView<'_>,
+) -> Result<bool, SendBackError> {
+    let Some(unique_id) = view.unique_key().map(str::to_owned) else {
+        return Ok(false);
+    };
+    let storage = shard.shard_of(dead_letter_topic, 0);
+    let records = shard
+        .ask(storage, |reply| StorageRequest::QueryByUniqueId {
+            unique_id,
+            begin_ms: 0,
+            end_ms: i64::MAX,
+            reply,
+        })
+        .await?
+        .map_err(append_error)?;
+    Ok(records.iter().any(|record| {
+        RecordView::parse_unchecked(record).is_ok_and(|copy| copy.topic() == dead_letter_topic)
+    }))
 }
 
 /// Creates the group's retry or dead-letter topic (one queue) unless the topic table has it.

@@ -793,7 +793,11 @@ impl ConnectionPool {
         self.query_answer(address, frame)
     }
 
-    fn query_answer(&self, address: &str, frame: VerifiedFrame) -> Result<Vec<MessageExt>> {
+    pub(crate) fn query_answer(
+        &self,
+        address: &str,
+        frame: VerifiedFrame,
+    ) -> Result<Vec<MessageExt>> {
         if frame.frame().status() == wire::Status::QUERY_NOT_FOUND {
             return Ok(Vec::new());
         }

@@ -244,3 +244,119 @@ impl Admin {
         Ok(resets)
     }
 }
+
+/// The broker address an offset id names (RocketMQ's layout, IPv4: 8 hex digits of address,
+/// 8 of port, 16 of offset), or `None` when `id` is not one.
+fn offset_id_address(id: &str) -> Option<String> {
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let ip = u32::from_str_radix(&id[0..8], 16).ok()?;
+    let port = u32::from_str_radix(&id[8..16], 16).ok()?;
+    let port = u16::try_from(port).ok().filter(|&p| p != 0)?;
+    Some(std::net::SocketAddr::from((std::net::Ipv4Addr::from(ip), port)).to_string())
+}
+
+impl ConnectionPool {
+    pub(crate) async fn query_by_offset_id(
+        &self,
+        address: &str,
+        timeout: Duration,
+        offset_id: &str,
+    ) -> Result<Vec<crate::message::MessageExt>> {
+        let frame = self
+            .request(address, "query by offset id", timeout, |builder| {
+                let offset_id = builder.create_string(offset_id);
+                let request = wire::QueryByIdRequest::create(
+                    builder,
+                    &wire::QueryByIdRequestArgs {
+                        unique_id: None,
+                        offset_msg_id: Some(offset_id),
+                        begin_ms: 0,
+                        end_ms: 0,
+                    },
+                );
+                (wire::Body::QueryByIdRequest, request.as_union_value())
+            })
+            .await?;
+        self.query_answer(address, frame)
+    }
+}
+
+impl Admin {
+    /// Every stored message with id `id`, whatever its topic: by offset id from the broker the
+    /// id names, else by unique id from every master broker the name servers know (a unique id
+    /// also finds the message's retry, schedule and dead-letter copies), stored within
+    /// `[begin_ms, end_ms]` (0 = now).
+    pub async fn query_by_any_id(
+        &self,
+        id: &str,
+        begin_ms: i64,
+        end_ms: i64,
+    ) -> Result<Vec<crate::message::MessageExt>> {
+        let clusters = self.cluster_info().await?;
+        let broker_names: std::collections::BTreeMap<&str, &str> = clusters
+            .iter()
+            .flat_map(|cluster| &cluster.brokers)
+            .flat_map(|broker| {
+                broker
+                    .addresses
+                    .values()
+                    .map(|address| (address.as_str(), broker.broker_name.as_str()))
+            })
+            .collect();
+        let name_of = |address: &str| {
+            broker_names
+                .get(address)
+                .map_or_else(|| address.to_owned(), |name| (*name).to_owned())
+        };
+        if let Some(address) = offset_id_address(id) {
+            let mut found = self
+                .pool()
+                .query_by_offset_id(&address, self.timeout(), id)
+                .await
+                .unwrap_or_default();
+            if !found.is_empty() {
+                for message in &mut found {
+                    message.broker_name = name_of(&address);
+                }
+                return Ok(found);
+            }
+        }
+        let masters: std::collections::BTreeSet<&str> = clusters
+            .iter()
+            .flat_map(crate::route::ClusterInfo::master_addresses)
+            .collect();
+        let mut found = Vec::new();
+        for address in masters {
+            let mut messages = self
+                .pool()
+                .query_by_unique_id(address, self.timeout(), id, begin_ms, end_ms)
+                .await?;
+            for message in &mut messages {
+                message.broker_name = name_of(address);
+            }
+            found.extend(messages);
+        }
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_id_address;
+
+    #[test]
+    fn offset_ids_name_their_broker() {
+        // 127.0.0.1:10911, physical offset 0x1234.
+        assert_eq!(
+            offset_id_address("7F00000100002A9F0000000000001234").as_deref(),
+            Some("127.0.0.1:10911")
+        );
+        assert_eq!(offset_id_address("C0A8000100002A9F"), None);
+        assert_eq!(
+            offset_id_address("A1B2C3D4E5F60718293A4B5C6D7E8F90").as_deref(),
+            None
+        );
+    }
+}

@@ -246,3 +246,66 @@ fn reset_offset_is_refused_while_the_group_has_live_members() {
     assert!(forced.status.success(), "{forced:?}");
     runtime.block_on(member.shutdown());
 }
+
+#[test]
+fn messages_are_found_by_either_id_without_naming_the_topic() {
+    const TOPIC: &str = "Findable";
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    cluster.create_topic(TOPIC, 1);
+    let sent = json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json", "send", TOPIC, "--body", "find me", "--keys", "k-9",
+        ],
+    ));
+    let msg_id = sent["msg_id"].as_str().expect("msg_id").to_owned();
+    let offset_id = sent["offset_msg_id"]
+        .as_str()
+        .expect("offset_msg_id")
+        .to_owned();
+    for id in [&msg_id, &offset_id] {
+        let found = json_of(&shardmq(&namesrv, &["--json", "message", "query-id", id]));
+        assert_eq!(found["topic"], TOPIC, "query-id {id}: {found}");
+        assert_eq!(found["body"], "find me", "query-id {id}: {found}");
+    }
+    // A time range that ends before the message was stored finds nothing.
+    let none = shardmq(
+        &namesrv,
+        &[
+            "message",
+            "query-id",
+            &msg_id,
+            "--end",
+            "2000-01-01T00:00:00Z",
+        ],
+    );
+    assert!(
+        !none.status.success(),
+        "a range before the message found it"
+    );
+    let missing = shardmq(
+        &namesrv,
+        &["message", "query-id", "0123456789ABCDEF0123456789ABCDEF"],
+    );
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no broker holds"),
+        "{missing:?}"
+    );
+    // The topic may also be given positionally to reset-offset, and --to-time is accepted.
+    let reset = json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "reset-offset",
+            "finders",
+            TOPIC,
+            "--to-time",
+            "2000-01-01T00:00:00Z",
+        ],
+    ));
+    assert_eq!(reset["queues"][0]["offset"], 0, "{reset}");
+}

@@ -367,3 +367,93 @@ fn the_cli_sends_delayed_and_timed_messages() {
         "the delayed messages came early"
     );
 }
+
+#[test]
+fn a_repeated_dead_letter_send_back_is_kept_once() {
+    // A consumer that dies after sending a message to the DLQ but before committing past it
+    // sends it back again after the restart; the dead letter must not be stored twice.
+    use shardmq_schema::wire;
+    use shardmq_tests::{
+        pull_request_body, require_ok, send_request_body, split_records, PullParams, TestMessage,
+    };
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    cluster.create_topic("Doomed", 1);
+    let mut client = cluster.broker.client();
+    let sent = require_ok(
+        client
+            .request(|b| {
+                send_request_body(
+                    b,
+                    "Doomed",
+                    0,
+                    &[TestMessage::new("poison").unique_id("0A0B0C0D0E0F00000000000000000001")],
+                )
+            })
+            .unwrap(),
+    )
+    .expect("send");
+    let result = sent
+        .frame()
+        .body_as_send_response()
+        .and_then(|r| r.results())
+        .expect("a result")
+        .get(0);
+    let (commit_log_offset, unique_id) = (
+        result.commit_log_offset(),
+        result.unique_id().unwrap_or_default().to_owned(),
+    );
+    for attempt in 0..3 {
+        let answer = require_ok(
+            client
+                .request(|b| {
+                    let group = b.create_string("doomed-group");
+                    let topic = b.create_string("Doomed");
+                    let unique_id = b.create_string(&unique_id);
+                    let request = wire::ConsumerSendBackRequest::create(
+                        b,
+                        &wire::ConsumerSendBackRequestArgs {
+                            consumer_group: Some(group),
+                            topic: Some(topic),
+                            queue_id: 0,
+                            commit_log_offset,
+                            unique_id: Some(unique_id),
+                            delay_level: -1,
+                            max_reconsume_times: 16,
+                        },
+                    );
+                    (
+                        wire::Body::ConsumerSendBackRequest,
+                        request.as_union_value(),
+                    )
+                })
+                .unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("send-back {attempt}: {e}"));
+        let body = answer
+            .frame()
+            .body_as_consumer_send_back_response()
+            .expect("a ConsumerSendBackResponse");
+        assert!(
+            body.is_dead_letter(),
+            "send-back {attempt} is a dead letter"
+        );
+    }
+    let pulled = require_ok(
+        client
+            .request(|b| pull_request_body(b, &PullParams::new("%DLQ%doomed-group", 0, 0)))
+            .unwrap(),
+    )
+    .expect("pull the DLQ");
+    let records = pulled
+        .frame()
+        .body_as_pull_response()
+        .and_then(|p| p.records())
+        .map(|r| r.bytes().to_vec())
+        .unwrap_or_default();
+    assert_eq!(
+        split_records(&records).len(),
+        1,
+        "three send-backs of one message left more than one dead letter"
+    );
+}

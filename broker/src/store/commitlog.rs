@@ -317,6 +317,13 @@ impl CommitLog {
         file.1.read(offset - file.0, len).await
     }
 
+    /// End offset of the segment holding `offset` (a read must not cross it).
+    pub fn segment_end(&self, offset: u64) -> Option<u64> {
+        let segments = self.segments.borrow();
+        let (base, file) = segments.range(..=offset).next_back()?;
+        Some(base + file.len())
+    }
+
     /// Segments other than the newest, oldest first, as `(base, end offset, path)`.
     pub fn sealed_segments(&self) -> Vec<(u64, u64, PathBuf)> {
         let segments = self.segments.borrow();

@@ -259,6 +259,10 @@ struct DispatchInfo {
 }
 
 /// Largest number of candidates one key/id query examines.
+/// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
+/// sliced out of one read).
+const READ_SPAN_BYTES: u64 = 256 << 10;
+
 const MAX_INDEX_CANDIDATES: usize = 1024;
 
 struct Inner {
@@ -478,6 +482,9 @@ impl MessageStore {
             return Ok(result);
         }
         let commitlog_min = self.inner.commit_log.min_offset();
+        // One CommitLog read serves every record of the batch that falls inside it: a queue's
+        // records sit close together, so a pull costs a read or two, not one per record.
+        let mut span: Option<(u64, Bytes)> = None;
         let mut next = offset;
         let mut bytes_total = 0u64;
         let mut scanned = 0u64;
@@ -505,9 +512,26 @@ impl MessageStore {
                 if is_gone || !filter.matches_hash(entry.tags_hash) {
                     continue;
                 }
+                let start = entry.commitlog_offset;
+                let end = start + u64::from(entry.size);
+                let cached = span.as_ref().and_then(|(at, bytes)| {
+                    (start >= *at && end <= at + bytes.len() as u64)
+                        .then(|| bytes.slice((start - at) as usize..(end - at) as usize))
+                });
+                let first_read = match cached {
+                    Some(bytes) => Some(bytes),
+                    None => match self.inner.read_span(start, u64::from(entry.size)).await {
+                        Some(bytes) => {
+                            let record = bytes.slice(..(entry.size as usize).min(bytes.len()));
+                            span = Some((start, bytes));
+                            Some(record)
+                        }
+                        None => None,
+                    },
+                };
                 let record = self
                     .inner
-                    .read_queue_record(topic, queue_id, queue_offset, &entry)
+                    .read_queue_record_from(topic, queue_id, queue_offset, &entry, first_read)
                     .await?;
                 bytes_total += record.len() as u64;
                 result.records.push(record);
@@ -1144,12 +1168,41 @@ impl Inner {
     }
 
     /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
+    /// Bytes from `start` up to [`READ_SPAN_BYTES`] (at least `min_len`), within its segment
+    /// and the durable data; `None` when that cannot be had in one read (the caller reads the
+    /// record alone).
+    async fn read_span(&self, start: u64, min_len: u64) -> Option<Bytes> {
+        let limit = self
+            .commit_log
+            .segment_end(start)?
+            .min(self.durable_offset.get());
+        let len = READ_SPAN_BYTES.min(limit.saturating_sub(start));
+        if len < min_len {
+            return None;
+        }
+        self.commit_log.read(start, len).await.ok()
+    }
+
     async fn read_queue_record(
         &self,
         topic: &str,
         queue_id: u32,
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
+    ) -> Result<Bytes, StoreError> {
+        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None)
+            .await
+    }
+
+    /// Reads and validates the record `entry` names; `first_read` is its bytes when already
+    /// read (as the entry's size says).
+    async fn read_queue_record_from(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        queue_offset: u64,
+        entry: &ConsumeQueueEntry,
+        first_read: Option<Bytes>,
     ) -> Result<Bytes, StoreError> {
         let read = |size: u64| {
             let commit_log = &self.commit_log;
@@ -1167,7 +1220,10 @@ impl Inner {
             .commit_log
             .write_offset()
             .saturating_sub(entry.commitlog_offset);
-        let mut bytes = read(u64::from(entry.size).min(readable)).await?;
+        let mut bytes = match first_read {
+            Some(bytes) => bytes,
+            None => read(u64::from(entry.size).min(readable)).await?,
+        };
         // The CommitLog is the truth: when the entry's size disagrees with the record's own
         // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
         // a cut record or the next record's bytes.

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::output;
 use crate::{
     BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, GroupCommand, MessageCommand,
-    SendArgs, StartFrom, TopicCommand, TopicConfigArgs,
+    SendArgs, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
 };
 
 /// How long `consume` pauses when a round over every queue found nothing.
@@ -379,10 +379,14 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
         }
         GroupCommand::ResetOffset {
             group,
+            topic_arg,
             topic,
             to,
             force,
         } => {
+            let topic = topic_arg
+                .or(topic)
+                .context("name the topic: `group reset-offset GROUP TOPIC --to WHERE`")?;
             let target = parse_reset_target(&to)?;
             let resets = admin.reset_offset(&group, &topic, target, force).await?;
             if context.is_json {
@@ -416,13 +420,37 @@ fn parse_reset_target(text: &str) -> Result<ResetTarget> {
 async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
     let admin = admin(context).await?;
     let messages = match command {
-        MessageCommand::Key { topic, key, max } => {
-            admin.query_by_key(&topic, &key, 0, 0, max).await?
+        MessageCommand::Key {
+            topic,
+            key,
+            max,
+            range,
+        } => {
+            let (begin_ms, end_ms) = time_range(&range)?;
+            admin
+                .query_by_key(&topic, &key, begin_ms, end_ms, max)
+                .await?
         }
-        MessageCommand::Id { topic, msg_id } => match admin.query_by_id(&topic, &msg_id).await? {
-            Some(message) => vec![message],
-            None => bail!("no message of topic {topic} has id {msg_id}"),
-        },
+        MessageCommand::Id {
+            msg_id,
+            topic,
+            range,
+        } => {
+            let (begin_ms, end_ms) = time_range(&range)?;
+            let found: Vec<_> = admin
+                .query_by_any_id(&msg_id, begin_ms, end_ms)
+                .await?
+                .into_iter()
+                .filter(|m| topic.as_ref().is_none_or(|t| &m.topic == t))
+                .collect();
+            if found.is_empty() {
+                match topic {
+                    Some(topic) => bail!("no message of topic {topic} has id {msg_id}"),
+                    None => bail!("no broker holds a message with id {msg_id}"),
+                }
+            }
+            found
+        }
     };
     for message in &messages {
         if context.is_json {
@@ -432,6 +460,23 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// (begin, end) ms of a query's time range; 0 means "from the beginning" and "now".
+fn time_range(range: &TimeRange) -> Result<(i64, i64)> {
+    let parse = |text: &Option<String>, flag: &str| -> Result<i64> {
+        match text {
+            None => Ok(0),
+            Some(text) => text
+                .parse::<i64>()
+                .ok()
+                .or_else(|| output::parse_rfc3339_ms(text))
+                .with_context(|| {
+                    format!("--{flag} {text:?} is neither ms since the epoch nor an RFC 3339 time")
+                }),
+        }
+    };
+    Ok((parse(&range.begin, "begin")?, parse(&range.end, "end")?))
 }
 
 async fn broker(context: &Settings, command: BrokerCommand) -> Result<()> {

@@ -238,11 +238,14 @@ pub enum GroupCommand {
     /// --force): a running consumer commits its own position over the reset.
     ResetOffset {
         group: String,
-        #[arg(long)]
-        topic: String,
-        /// `first`, `last`, a time in ms since the epoch, or an RFC 3339 time
+        /// The topic (or give it with --topic).
+        #[arg(value_name = "TOPIC", required_unless_present = "topic")]
+        topic_arg: Option<String>,
+        #[arg(long, conflicts_with = "topic_arg")]
+        topic: Option<String>,
+        /// `first`, `last`, a store time in ms since the epoch, or an RFC 3339 time
         /// (2026-12-02T10:00:00Z).
-        #[arg(long, value_name = "WHERE")]
+        #[arg(long, value_name = "WHERE", visible_alias = "to-time")]
         to: String,
         /// Reset even while the group has live members.
         #[arg(long)]
@@ -252,7 +255,7 @@ pub enum GroupCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum MessageCommand {
-    /// Messages of a topic with a key.
+    /// Messages of a topic with a key, with full metadata.
     #[command(alias = "query-key")]
     Key {
         topic: String,
@@ -260,10 +263,32 @@ pub enum MessageCommand {
         /// Most messages per broker.
         #[arg(long, default_value_t = 32)]
         max: u32,
+        #[command(flatten)]
+        range: TimeRange,
     },
-    /// The message with a unique id (the msg id `send` prints).
+    /// The message(s) with an id, with full metadata: a unique id (the msg id `send` prints;
+    /// its copies in retry and dead-letter topics are listed too) or an offset id (the
+    /// offset id `send` prints, which names the broker).
     #[command(alias = "query-id")]
-    Id { topic: String, msg_id: String },
+    Id {
+        msg_id: String,
+        /// Only copies stored in this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        #[command(flatten)]
+        range: TimeRange,
+    },
+}
+
+/// Store-time range of a query.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TimeRange {
+    /// Stored at or after this time: ms since the epoch or RFC 3339. Default: the beginning.
+    #[arg(long, value_name = "TIME")]
+    pub begin: Option<String>,
+    /// Stored at or before this time: ms since the epoch or RFC 3339. Default: now.
+    #[arg(long, value_name = "TIME")]
+    pub end: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
