@@ -24,6 +24,9 @@ use glommio::io::{DmaFile, OpenOptions};
 /// Alignment of every O_DIRECT write offset, length and buffer.
 pub const DMA_ALIGNMENT_BYTES: u64 = 4096;
 
+/// Largest single O_DIRECT write of a flush (a multiple of the block size).
+const MAX_WRITE_PIECE_BYTES: u64 = 1 << 20;
+
 pub fn align_down(value: u64) -> u64 {
     value & !(DMA_ALIGNMENT_BYTES - 1)
 }
@@ -219,8 +222,7 @@ impl AppendFile {
         }
         let file = self.file_or_create().await?;
         let write_start = align_down(durable);
-        let write_len = align_up(end) - write_start;
-        let mut buffer = file.alloc_dma_buffer(write_len as usize);
+        let write_end = align_up(end);
         {
             let mut tail = self.tail.borrow_mut();
             tail.freeze_open();
@@ -228,39 +230,35 @@ impl AppendFile {
                 tail.start <= write_start,
                 "hot tail lost bytes still to be written"
             );
-            let out = buffer.as_bytes_mut();
-            tail.copy_range(write_start, end, &mut out[..(end - write_start) as usize]);
-            out[(end - write_start) as usize..].fill(0);
         }
-        let mut written = file.write_at(buffer, write_start).await.map_err(to_io)? as u64;
-        // A short write is what a filling disk looks like: retry the rest, which either goes
-        // through or fails with the real cause (ENOSPC) for the caller to report.
-        while written < write_len {
-            let rest_len = write_len - written;
-            let mut rest = file.alloc_dma_buffer(rest_len as usize);
+        // Written in pieces of at most MAX_WRITE_PIECE_BYTES: a DMA buffer of that size is
+        // recycled by the allocator from one piece to the next, where one buffer the size of the
+        // whole unflushed range (up to max_unflushed_bytes) was fresh memory, page-faulted in
+        // and unmapped on every flush. A short write (what a filling disk looks like) just
+        // continues from where it stopped, and either goes through or fails with the real
+        // cause (ENOSPC) for the caller to report.
+        let mut at = write_start;
+        while at < write_end {
+            let piece_len = (write_end - at).min(MAX_WRITE_PIECE_BYTES);
+            let mut buffer = file.alloc_dma_buffer(piece_len as usize);
             {
                 let tail = self.tail.borrow();
-                let out = rest.as_bytes_mut();
-                let from = write_start + written;
-                let data_len = end.saturating_sub(from).min(rest_len) as usize;
-                tail.copy_range(from, from + data_len as u64, &mut out[..data_len]);
+                let out = buffer.as_bytes_mut();
+                let data_len = end.saturating_sub(at).min(piece_len) as usize;
+                tail.copy_range(at, at + data_len as u64, &mut out[..data_len]);
                 out[data_len..].fill(0);
             }
-            let more = file
-                .write_at(rest, write_start + written)
-                .await
-                .map_err(to_io)? as u64;
-            if more == 0 {
+            let written = file.write_at(buffer, at).await.map_err(to_io)? as u64;
+            if written == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
                     format!(
-                        "O_DIRECT write to {} made no progress at {}",
-                        self.path.display(),
-                        write_start + written
+                        "O_DIRECT write to {} made no progress at {at}",
+                        self.path.display()
                     ),
                 ));
             }
-            written += more;
+            at += written;
         }
         if is_sync {
             file.fdatasync().await.map_err(to_io)?;
