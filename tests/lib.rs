@@ -112,6 +112,38 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> O
     }
 }
 
+/// Async [`wait_until`] for tests on a tokio runtime: awaits `check` every 20 ms until it
+/// yields `Some`, and returns that. Panics, naming `what`, when `timeout` passes first.
+pub async fn eventually_some<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {} ms waiting for {what}",
+            timeout.as_millis()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs the built `shardmq` command line against the name server `namesrv` with `args`.
+#[must_use]
+pub fn run_cli(namesrv: &str, args: &[&str]) -> std::process::Output {
+    Command::new(binary_path("shardmq"))
+        .arg("--namesrv")
+        .arg(namesrv)
+        .args(args)
+        .output()
+        .expect("shardmq runs")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Server processes
 

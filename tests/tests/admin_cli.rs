@@ -4,19 +4,14 @@
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
-use shardmq_tests::{binary_path, wait_until, LocalCluster, ROUTE_TIMEOUT};
+use shardmq_tests::{wait_until, LocalCluster, ROUTE_TIMEOUT};
 use tempfile::TempDir;
 
 fn shardmq(namesrv: &str, args: &[&str]) -> Output {
-    Command::new(binary_path("shardmq"))
-        .arg("--namesrv")
-        .arg(namesrv)
-        .args(args)
-        .output()
-        .expect("shardmq runs")
+    shardmq_tests::run_cli(namesrv, args)
 }
 
 fn json_of(output: &Output) -> Value {

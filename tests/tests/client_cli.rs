@@ -4,19 +4,14 @@
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
-use shardmq_tests::{binary_path, LocalCluster};
+use shardmq_tests::LocalCluster;
 use tempfile::TempDir;
 
 fn shardmq(namesrv: &str, args: &[&str]) -> Output {
-    Command::new(binary_path("shardmq"))
-        .arg("--namesrv")
-        .arg(namesrv)
-        .args(args)
-        .output()
-        .expect("shardmq runs")
+    shardmq_tests::run_cli(namesrv, args)
 }
 
 fn stdout_of(output: &Output) -> String {

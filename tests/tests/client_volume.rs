@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardmq_client::{
     ConsumeFrom, ConsumeResult, Message, MessageExt, Producer, PushConsumer, PushConsumerBuilder,
@@ -50,11 +50,8 @@ fn member(cluster: &LocalCluster, instance: &str) -> (PushConsumerBuilder, Seen)
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let check = || std::future::ready(check().then_some(()));
+    shardmq_tests::eventually_some(WAIT, what, check).await;
 }
 
 fn queue_counts(members: &[&PushConsumer]) -> Vec<usize> {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardmq_client::{
     now_ms, wire, Admin, Message, MessageExt, Producer, PullConsumer, PullOptions, PullStatus,
@@ -38,19 +38,12 @@ fn start_cluster(data: &TempDir, extra: &[&str]) -> LocalCluster {
     LocalCluster::start_with_broker_args(data.path(), &args)
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    shardmq_tests::eventually_some(WAIT, what, check).await
 }
 
 async fn new_producer(cluster: &LocalCluster) -> Producer {

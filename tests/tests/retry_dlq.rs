@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use serde_json::Value;
 use shardmq_client::{
     ConsumeFrom, ConsumeResult, Message, MessageExt, Producer, PullConsumer, PushConsumer,
 };
-use shardmq_tests::{binary_path, LocalCluster};
+use shardmq_tests::LocalCluster;
 use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(40);
@@ -40,28 +40,16 @@ struct Delivery {
 
 type Seen = Arc<Mutex<Vec<Delivery>>>;
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    shardmq_tests::eventually_some(WAIT, what, check).await
 }
 
 fn shardmq(namesrv: &str, args: &[&str]) -> Output {
-    Command::new(binary_path("shardmq"))
-        .arg("--namesrv")
-        .arg(namesrv)
-        .args(args)
-        .output()
-        .expect("shardmq runs")
+    shardmq_tests::run_cli(namesrv, args)
 }
 
 fn json_lines(output: &Output) -> Vec<Value> {

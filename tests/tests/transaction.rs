@@ -62,11 +62,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let check = || {
+        let condition = check();
+        async move { condition.await.then_some(()) }
+    };
+    shardmq_tests::eventually_some(WAIT, what, check).await;
 }
 
 /// Calls of a `check_local_transaction` callback: the messages it was asked about.
