@@ -80,6 +80,52 @@ pub(crate) fn require_ok(address: &str, frame: VerifiedFrame) -> Result<Verified
     }
 }
 
+/// The stored outcome of a send (or half-message) answer for `expected` messages, or the
+/// broker's refusal as an error.
+pub(crate) fn send_answer(
+    address: &str,
+    frame: &VerifiedFrame,
+    expected: usize,
+) -> Result<SendAnswer> {
+    let header = frame.frame();
+    let status = header.status();
+    let is_stored = matches!(
+        status,
+        wire::Status::OK
+            | wire::Status::FLUSH_DISK_TIMEOUT
+            | wire::Status::FLUSH_SLAVE_TIMEOUT
+            | wire::Status::SLAVE_NOT_AVAILABLE
+    );
+    if !is_stored {
+        return Err(Error::from_status(address, status, header.message()));
+    }
+    let response = header
+        .body_as_send_response()
+        .ok_or_else(|| missing_body(address, "SendResponse"))?;
+    let stored: Vec<StoredMessage> = response
+        .results()
+        .iter()
+        .flat_map(|results| results.iter())
+        .map(|result| StoredMessage {
+            unique_id: result.unique_id().unwrap_or_default().to_owned(),
+            offset_msg_id: result.offset_msg_id().unwrap_or_default().to_owned(),
+            queue_offset: result.queue_offset(),
+            commit_log_offset: result.commit_log_offset(),
+        })
+        .collect();
+    if stored.len() != expected {
+        return Err(Error::UnexpectedResponse {
+            address: address.to_owned(),
+            detail: format!("{} results for a send of {expected} messages", stored.len()),
+        });
+    }
+    Ok(SendAnswer {
+        status,
+        queue_id: u32::try_from(response.queue_id()).unwrap_or(0),
+        stored,
+    })
+}
+
 pub(crate) fn missing_body(address: &str, what: &str) -> Error {
     Error::UnexpectedResponse {
         address: address.to_owned(),
@@ -233,47 +279,7 @@ impl ConnectionPool {
                 (wire::Body::SendRequest, request.as_union_value())
             })
             .await?;
-        let header = frame.frame();
-        let status = header.status();
-        let is_stored = matches!(
-            status,
-            wire::Status::OK
-                | wire::Status::FLUSH_DISK_TIMEOUT
-                | wire::Status::FLUSH_SLAVE_TIMEOUT
-                | wire::Status::SLAVE_NOT_AVAILABLE
-        );
-        if !is_stored {
-            return Err(Error::from_status(address, status, header.message()));
-        }
-        let response = header
-            .body_as_send_response()
-            .ok_or_else(|| missing_body(address, "SendResponse"))?;
-        let stored: Vec<StoredMessage> = response
-            .results()
-            .iter()
-            .flat_map(|results| results.iter())
-            .map(|result| StoredMessage {
-                unique_id: result.unique_id().unwrap_or_default().to_owned(),
-                offset_msg_id: result.offset_msg_id().unwrap_or_default().to_owned(),
-                queue_offset: result.queue_offset(),
-                commit_log_offset: result.commit_log_offset(),
-            })
-            .collect();
-        if stored.len() != messages.len() {
-            return Err(Error::UnexpectedResponse {
-                address: address.to_owned(),
-                detail: format!(
-                    "{} results for a batch of {} messages",
-                    stored.len(),
-                    messages.len()
-                ),
-            });
-        }
-        Ok(SendAnswer {
-            status,
-            queue_id: u32::try_from(response.queue_id()).unwrap_or(0),
-            stored,
-        })
+        send_answer(address, &frame, messages.len())
     }
 
     /// Sends `message` as a ONE_WAY frame: no answer, so no result and no error from the

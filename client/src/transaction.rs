@@ -17,9 +17,9 @@ use bytes::Bytes;
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use crate::api::{encode_message, missing_body, SendAnswer, StoredMessage};
+use crate::api::{encode_message, SendAnswer};
 use crate::connection::{RequestHandler, ServerAnswer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::message::{now_ms, Message, MessageExt};
 use crate::pool::ConnectionPool;
 use crate::producer::SendResult;
@@ -146,42 +146,7 @@ impl ConnectionPool {
                 (wire::Body::SendHalfRequest, request.as_union_value())
             })
             .await?;
-        let header = frame.frame();
-        let status = header.status();
-        if !matches!(
-            status,
-            wire::Status::OK
-                | wire::Status::FLUSH_DISK_TIMEOUT
-                | wire::Status::FLUSH_SLAVE_TIMEOUT
-                | wire::Status::SLAVE_NOT_AVAILABLE
-        ) {
-            return Err(Error::from_status(address, status, header.message()));
-        }
-        let response = header
-            .body_as_send_response()
-            .ok_or_else(|| missing_body(address, "SendResponse"))?;
-        let stored: Vec<StoredMessage> = response
-            .results()
-            .iter()
-            .flat_map(|results| results.iter())
-            .map(|result| StoredMessage {
-                unique_id: result.unique_id().unwrap_or_default().to_owned(),
-                offset_msg_id: result.offset_msg_id().unwrap_or_default().to_owned(),
-                queue_offset: result.queue_offset(),
-                commit_log_offset: result.commit_log_offset(),
-            })
-            .collect();
-        if stored.len() != 1 {
-            return Err(Error::UnexpectedResponse {
-                address: address.to_owned(),
-                detail: format!("{} results for one half message", stored.len()),
-            });
-        }
-        Ok(SendAnswer {
-            status,
-            queue_id: u32::try_from(response.queue_id()).unwrap_or(0),
-            stored,
-        })
+        crate::api::send_answer(address, &frame, 1)
     }
 
     /// Tells the broker at `address` how a transaction ended.

@@ -520,6 +520,23 @@ fn handshake_answer(
         .map_err(frame_error)
 }
 
+/// The queue a send goes to: `requested`, checked against the topic's write queues, or the
+/// shard's round-robin choice for -1.
+pub(super) fn write_queue(
+    shard: &NetworkShard,
+    config: &TopicConfig,
+    requested: i32,
+) -> Result<u32, Refusal> {
+    match requested {
+        -1 => Ok(shard.next_queue(config.write_queues)),
+        q if q >= 0 && (q as u32) < config.write_queues => Ok(q as u32),
+        q => Err(invalid(format!(
+            "queue_id {q} is outside topic {}'s write queues 0..{}",
+            config.name, config.write_queues
+        ))),
+    }
+}
+
 /// The topic's config if the topic may be written by users.
 pub(super) fn writable_topic(
     shard: &NetworkShard,
@@ -590,16 +607,7 @@ async fn handle_send(
             shard.config.max_batch_messages
         )));
     }
-    let queue_id = match r.queue_id() {
-        -1 => shard.next_queue(config.write_queues),
-        q if q >= 0 && (q as u32) < config.write_queues => q as u32,
-        q => {
-            return Err(invalid(format!(
-                "queue_id {q} is outside topic {topic}'s write queues 0..{}",
-                config.write_queues
-            )))
-        }
-    };
+    let queue_id = write_queue(shard, &config, r.queue_id())?;
     let store_host = shard.store_host.get();
     // A delayed or timer message waits in a schedule queue on its real queue's storage shard.
     let scheduled = crate::schedule::ScheduledSend::for_send(

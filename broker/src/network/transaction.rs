@@ -74,16 +74,7 @@ pub(super) async fn handle_send_half(
             "a transactional message cannot have a delay level or delivery time",
         ));
     }
-    let queue_id = match r.queue_id() {
-        -1 => shard.next_queue(config.write_queues),
-        q if q >= 0 && (q as u32) < config.write_queues => q as u32,
-        q => {
-            return Err(invalid(format!(
-                "queue_id {q} is outside topic {topic}'s write queues 0..{}",
-                config.write_queues
-            )))
-        }
-    };
+    let queue_id = super::handlers::write_queue(shard, &config, r.queue_id())?;
     let store_host = shard.store_host.get();
     let encoded = encode_batch(
         shard,
