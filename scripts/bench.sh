@@ -258,25 +258,25 @@ json_field() {
 
 step "broker with --flush async"
 start_cluster async
-perf "async, batch 1, 1 producer" produce --broker-flush async --batch 1 --producers 1 --duration "$seconds" --verify
-perf "async, batch 1, 16 producers" produce --broker-flush async --batch 1 --producers 16 --duration "$seconds" --verify
-perf "async, batch 32, 4 producers" produce --broker-flush async --batch 32 --producers 4 --duration "$seconds" --verify
+perf "async, batch 1, 1 producer" produce --batch 1 --producers 1 --duration "$seconds" --verify
+perf "async, batch 1, 16 producers" produce --batch 1 --producers 16 --duration "$seconds" --verify
+perf "async, batch 32, 4 producers" produce --batch 32 --producers 4 --duration "$seconds" --verify
 backlog="$(python3 -c 'import sys; print(max(10000, min(2000000, int(float(sys.argv[1]) * float(sys.argv[2])))))' \
   "$(json_field "async, batch 32, 4 producers" msgs_per_sec)" "$seconds")"
-perf "backlog, 1 consumer" consume --broker-flush async --backlog "$backlog" --consumers 1
-perf "backlog, 2 consumers" consume --broker-flush async --backlog "$backlog" --consumers 2
-perf "e2e max, batch 1, 16 producers" e2e --broker-flush async --batch 1 --producers 16 --consumers 1 --duration "$seconds"
+perf "backlog, 1 consumer" consume --backlog "$backlog" --consumers 1
+perf "backlog, 2 consumers" consume --backlog "$backlog" --consumers 2
+perf "e2e max, batch 1, 16 producers" e2e --batch 1 --producers 16 --consumers 1 --duration "$seconds"
 half_rate="$(python3 -c 'import sys; print(round(float(sys.argv[1]) / 2))' \
   "$(json_field "e2e max, batch 1, 16 producers" msgs_per_sec)")"
-perf "e2e at 50% load" e2e --broker-flush async --batch 1 --producers 16 --consumers 1 --duration "$seconds" --rate "$half_rate"
-perf "long-poll wake-up, 50 msg/s" e2e --broker-flush async --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
+perf "e2e at 50% load" e2e --batch 1 --producers 16 --consumers 1 --duration "$seconds" --rate "$half_rate"
+perf "long-poll wake-up, 50 msg/s" e2e --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
 stop_cluster
 
 step "broker with --flush sync"
 start_cluster sync
-perf "sync, batch 1, 1 producer" produce --broker-flush sync --batch 1 --producers 1 --duration "$seconds" --verify
-perf "sync, batch 1, 16 producers" produce --broker-flush sync --batch 1 --producers 16 --duration "$seconds" --verify
-perf "sync, batch 32, 4 producers" produce --broker-flush sync --batch 32 --producers 4 --duration "$seconds" --verify
+perf "sync, batch 1, 1 producer" produce --batch 1 --producers 1 --duration "$seconds" --verify
+perf "sync, batch 1, 16 producers" produce --batch 1 --producers 16 --duration "$seconds" --verify
+perf "sync, batch 32, 4 producers" produce --batch 32 --producers 4 --duration "$seconds" --verify
 stop_cluster
 
 # ---- the report ----------------------------------------------------------------------------

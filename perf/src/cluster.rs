@@ -39,8 +39,8 @@ pub struct ClusterArgs {
     /// Tokio worker threads of the client runtime (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// The broker's flush mode (`sync`/`async`), only recorded in the results: the client
-    /// cannot ask the broker for it.
+    /// The brokers' flush mode (`sync`/`async`) to record in the results; by default it is
+    /// asked from every master broker (`BrokerStatusRequest`).
     #[arg(long)]
     pub broker_flush: Option<String>,
     /// Also print the result as one JSON object, on the last line of stdout.
@@ -90,6 +90,22 @@ pub async fn admin(args: &ClusterArgs) -> Result<Admin> {
         .build()
         .await
         .context("cannot start the admin client")
+}
+
+/// The flush mode to report: `--broker-flush` when given, else what the master brokers say
+/// (their modes joined with `,` when they differ); `None` when no broker answers.
+pub async fn broker_flush(admin: &Admin, args: &ClusterArgs) -> Option<String> {
+    if let Some(flush) = &args.broker_flush {
+        return Some(flush.clone());
+    }
+    let clusters = admin.cluster_info().await.ok()?;
+    let mut modes = std::collections::BTreeSet::new();
+    for address in clusters.iter().flat_map(|c| c.master_addresses()) {
+        if let Ok(status) = admin.broker_status(address).await {
+            modes.insert(status.flush);
+        }
+    }
+    (!modes.is_empty()).then(|| modes.into_iter().collect::<Vec<_>>().join(","))
 }
 
 /// The topic's readable queues, creating the topic on every master broker first when the name

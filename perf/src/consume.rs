@@ -98,6 +98,7 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
         .transpose()?;
     let admin = cluster::admin(&args.cluster).await?;
     let queues = cluster::ensure_topic(&admin, &args.cluster).await?;
+    let broker_flush = cluster::broker_flush(&admin, &args.cluster).await;
     admin.shutdown().await;
 
     let acknowledged = match args.backlog {
@@ -176,7 +177,7 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
             ("from", json!(format!("{:?}", args.from).to_lowercase())),
             ("backlog", json!(args.backlog)),
             ("group", json!(group)),
-            ("broker_flush", json!(args.cluster.broker_flush)),
+            ("broker_flush", json!(broker_flush)),
         ],
         messages,
         body_bytes: args.cluster.size,

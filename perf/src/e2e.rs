@@ -76,6 +76,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
     let run_id = new_run_id();
     let admin = cluster::admin(&args.cluster).await?;
     let queues = cluster::ensure_topic(&admin, &args.cluster).await?;
+    let broker_flush = cluster::broker_flush(&admin, &args.cluster).await;
     admin.shutdown().await;
     let group = args
         .group
@@ -146,7 +147,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
             ("batch", json!(args.batch)),
             ("rate", json!(args.rate)),
             ("group", json!(group)),
-            ("broker_flush", json!(args.cluster.broker_flush)),
+            ("broker_flush", json!(broker_flush)),
         ],
         messages,
         body_bytes: args.cluster.size,

@@ -84,6 +84,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
     let run_id = new_run_id();
     let admin = cluster::admin(&args.cluster).await?;
     let queues = cluster::ensure_topic(&admin, &args.cluster).await?;
+    let broker_flush = cluster::broker_flush(&admin, &args.cluster).await;
     admin.shutdown().await;
     let reader = if args.verify {
         let consumer = PullConsumer::builder()
@@ -143,7 +144,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
             ("producers", json!(args.producers)),
             ("batch", json!(args.batch)),
             ("rate", json!(args.rate)),
-            ("broker_flush", json!(args.cluster.broker_flush)),
+            ("broker_flush", json!(broker_flush)),
         ],
         messages: load.messages,
         body_bytes: args.cluster.size,

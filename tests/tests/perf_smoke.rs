@@ -113,6 +113,10 @@ fn produce_sends_every_message_and_finds_each_once() {
         assert_eq!(number(&result, "failed"), 0, "{result}");
         assert_eq!(number(&result, "lost"), 0, "{result}");
         assert_eq!(number(&result, "duplicates"), 0, "{result}");
+        assert_eq!(
+            result["broker_flush"], "async",
+            "the flush mode is asked from the broker: {result}"
+        );
         assert_report(reports.path(), "produce");
     }
 }
