@@ -14,6 +14,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -93,6 +94,79 @@ struct IndexFile {
     first_commitlog_offset: u64,
 }
 
+/// The newest file's entries in memory, chained per hash as RocketMQ's IndexFile chains its
+/// slots: one map entry per distinct hash pointing at its newest entry, each entry pointing at
+/// the one before it. No allocation per key (a `Vec` per hash was one `malloc` per message,
+/// since every message has a unique id), and the keys, already hashes, are not hashed again.
+#[derive(Default)]
+struct ActiveIndex {
+    newest: HashMap<u64, u32, BuildHasherDefault<PrehashedKey>>,
+    entries: Vec<ActiveEntry>,
+}
+
+struct ActiveEntry {
+    commitlog_offset: u64,
+    store_timestamp_ms: i64,
+    /// Index in `entries` of the previous entry with the same hash; `NO_ENTRY` when none.
+    previous: u32,
+}
+
+const NO_ENTRY: u32 = u32::MAX;
+
+impl ActiveIndex {
+    fn insert(&mut self, hash: u64, commitlog_offset: u64, store_timestamp_ms: i64) {
+        let at = u32::try_from(self.entries.len()).expect("an index file holds < 4G entries");
+        let previous = self.newest.insert(hash, at).unwrap_or(NO_ENTRY);
+        self.entries.push(ActiveEntry {
+            commitlog_offset,
+            store_timestamp_ms,
+            previous,
+        });
+    }
+
+    /// (commitlog offset, store timestamp) of every entry with `hash`, newest first.
+    fn newest_first(&self, hash: u64) -> impl Iterator<Item = (u64, i64)> + '_ {
+        let mut next = self.newest.get(&hash).copied().unwrap_or(NO_ENTRY);
+        std::iter::from_fn(move || {
+            let entry = self.entries.get(next as usize)?;
+            next = entry.previous;
+            Some((entry.commitlog_offset, entry.store_timestamp_ms))
+        })
+    }
+
+    fn clear(&mut self) {
+        self.newest.clear();
+        self.entries.clear();
+    }
+}
+
+/// Hasher for keys that are hashes already: one cheap mixing step (MurmurHash3's finalizer),
+/// because the table picks buckets by the low bits and FNV-1a's low bits depend only on the
+/// low bits of the input bytes.
+#[derive(Default)]
+struct PrehashedKey(u64);
+
+impl Hasher for PrehashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; fold anything else in without losing bits.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        let mut mixed = value;
+        mixed ^= mixed >> 33;
+        mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        mixed ^= mixed >> 33;
+        self.0 = mixed;
+    }
+}
+
 /// See the module documentation.
 pub struct MessageIndex {
     dir: PathBuf,
@@ -100,7 +174,7 @@ pub struct MessageIndex {
     /// Files by first store timestamp (ties broken by the entry offset in the name order).
     files: RefCell<BTreeMap<(i64, u64), IndexFile>>,
     /// Hash → (commitlog offset, store timestamp) for the newest file.
-    active: RefCell<HashMap<u64, Vec<(u64, i64)>>>,
+    active: RefCell<ActiveIndex>,
     active_entries: Cell<u64>,
     last_timestamp_ms: Cell<i64>,
 }
@@ -127,7 +201,7 @@ impl MessageIndex {
             dir,
             max_entries_per_file,
             files: RefCell::new(BTreeMap::new()),
-            active: RefCell::new(HashMap::new()),
+            active: RefCell::new(ActiveIndex::default()),
             active_entries: Cell::new(0),
             last_timestamp_ms: Cell::new(0),
         };
@@ -154,10 +228,7 @@ impl MessageIndex {
                     .collect();
                 let mut active = index.active.borrow_mut();
                 for e in &entries {
-                    active
-                        .entry(e.hash)
-                        .or_default()
-                        .push((e.commitlog_offset, e.store_timestamp_ms));
+                    active.insert(e.hash, e.commitlog_offset, e.store_timestamp_ms);
                 }
                 index.active_entries.set(entries.len() as u64);
                 let last_ts = entries
@@ -198,11 +269,11 @@ impl MessageIndex {
         let (_, newest) = files.iter().next_back().expect("an index file exists");
         newest.file.append_copy(&entry.encode());
         self.active_entries.set(self.active_entries.get() + 1);
-        self.active
-            .borrow_mut()
-            .entry(entry.hash)
-            .or_default()
-            .push((entry.commitlog_offset, entry.store_timestamp_ms));
+        self.active.borrow_mut().insert(
+            entry.hash,
+            entry.commitlog_offset,
+            entry.store_timestamp_ms,
+        );
         self.last_timestamp_ms
             .set(self.last_timestamp_ms.get().max(entry.store_timestamp_ms));
     }
@@ -244,14 +315,13 @@ impl MessageIndex {
     ) -> io::Result<Vec<u64>> {
         let mut found: Vec<u64> = Vec::new();
         let in_range = |ts: i64| ts >= begin_ms && ts <= end_ms;
-        if let Some(hits) = self.active.borrow().get(&hash) {
-            found.extend(
-                hits.iter()
-                    .rev()
-                    .filter(|(_, ts)| in_range(*ts))
-                    .map(|(offset, _)| *offset),
-            );
-        }
+        found.extend(
+            self.active
+                .borrow()
+                .newest_first(hash)
+                .filter(|(_, ts)| in_range(*ts))
+                .map(|(offset, _)| offset),
+        );
         // Older files, newest first, skipping those wholly outside the range: a file's entries
         // are no older than its name and older than the next file's name.
         let older: Vec<(i64, i64, Rc<AppendFile>)> = {
@@ -367,4 +437,33 @@ fn valid_entry_bytes(path: &std::path::Path, on_disk: u64) -> io::Result<u64> {
         end += INDEX_ENTRY_BYTES;
     }
     Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_entries_of_a_hash_come_newest_first_and_others_stay_apart() {
+        let mut active = ActiveIndex::default();
+        for (offset, hash) in [(0u64, 7u64), (10, 8), (20, 7), (30, 9), (40, 7)] {
+            active.insert(hash, offset, offset as i64 + 1000);
+        }
+        let offsets = |active: &ActiveIndex, hash| {
+            active
+                .newest_first(hash)
+                .map(|(offset, _)| offset)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(offsets(&active, 7), [40, 20, 0]);
+        assert_eq!(offsets(&active, 8), [10]);
+        assert_eq!(
+            active.newest_first(9).collect::<Vec<_>>(),
+            [(30, 1030)],
+            "the timestamp travels with its entry"
+        );
+        assert!(offsets(&active, 1).is_empty());
+        active.clear();
+        assert!(offsets(&active, 7).is_empty());
+    }
 }
