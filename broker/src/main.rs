@@ -133,6 +133,9 @@ struct ServeArgs {
     /// Time a new connection has to complete its handshake, in ms. [default: 10000]
     #[arg(long)]
     handshake_timeout_ms: Option<u64>,
+    /// How long an idle executor polls before it sleeps, in µs (lower latency, more CPU). [default: 0]
+    #[arg(long)]
+    spin_before_park_us: Option<u64>,
     /// Age in ms at which an unresolved transaction is first checked back. [default: 6000]
     #[arg(long)]
     transaction_timeout_ms: Option<u64>,
@@ -212,6 +215,7 @@ impl ServeArgs {
             max_inflight_per_connection,
             max_connections,
             handshake_timeout_ms,
+            spin_before_park_us,
             transaction_timeout_ms,
             transaction_check_interval_ms,
             transaction_check_max,

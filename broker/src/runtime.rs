@@ -137,6 +137,7 @@ pub fn run(
         let done_tx = done_tx.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
             .name(&format!("shardmq-core-{core}"))
+            .spin_before_park(Duration::from_micros(shared_config.spin_before_park_us))
             .spawn(move || async move {
                 let config = Rc::new((*config).clone());
                 let mut tasks = Vec::new();

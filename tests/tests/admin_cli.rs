@@ -252,7 +252,7 @@ fn messages_are_found_by_either_id_without_naming_the_topic() {
     let sent = json_of(&shardmq(
         &namesrv,
         &[
-            "--json", "send", TOPIC, "--body", "find me", "--keys", "k-9",
+            "--json", "message", "send", TOPIC, "--body", "find me", "--keys", "k-9",
         ],
     ));
     let msg_id = sent["msg_id"].as_str().expect("msg_id").to_owned();
@@ -265,6 +265,25 @@ fn messages_are_found_by_either_id_without_naming_the_topic() {
         assert_eq!(found["topic"], TOPIC, "query-id {id}: {found}");
         assert_eq!(found["body"], "find me", "query-id {id}: {found}");
     }
+    // `message consume` is the top-level `consume` under the mqadmin-style name.
+    let consumed = shardmq(
+        &namesrv,
+        &[
+            "message",
+            "consume",
+            TOPIC,
+            "--group",
+            "finders",
+            "--count",
+            "1",
+            "--timeout-ms",
+            "10000",
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&consumed.stdout).contains("find me"),
+        "{consumed:?}"
+    );
     // A time range that ends before the message was stored finds nothing.
     let none = shardmq(
         &namesrv,

@@ -418,8 +418,9 @@ fn parse_reset_target(text: &str) -> Result<ResetTarget> {
 }
 
 async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
-    let admin = admin(context).await?;
     let messages = match command {
+        MessageCommand::Send(args) => return send(context, args).await,
+        MessageCommand::Consume(args) => return consume(context, args).await,
         MessageCommand::Key {
             topic,
             key,
@@ -427,7 +428,8 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
             range,
         } => {
             let (begin_ms, end_ms) = time_range(&range)?;
-            admin
+            admin(context)
+                .await?
                 .query_by_key(&topic, &key, begin_ms, end_ms, max)
                 .await?
         }
@@ -437,7 +439,8 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
             range,
         } => {
             let (begin_ms, end_ms) = time_range(&range)?;
-            let found: Vec<_> = admin
+            let found: Vec<_> = admin(context)
+                .await?
                 .query_by_any_id(&msg_id, begin_ms, end_ms)
                 .await?
                 .into_iter()

@@ -255,6 +255,10 @@ pub enum GroupCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum MessageCommand {
+    /// Send messages to a topic (the same as the top-level `send`).
+    Send(SendArgs),
+    /// Consume messages of a topic as a consumer group (the same as the top-level `consume`).
+    Consume(ConsumeArgs),
     /// Messages of a topic with a key, with full metadata.
     #[command(alias = "query-key")]
     Key {
