@@ -26,8 +26,12 @@ use tracing::{debug, warn};
 
 use super::{handlers, NetworkShard, Outbound};
 
-/// How much is read from the socket at a time.
-const READ_CHUNK_BYTES: usize = 64 << 10;
+/// How much is read from the socket at a time: from MIN to MAX, doubling after a read that
+/// filled the whole chunk and halving after one that used less than a quarter of it, so a busy
+/// connection reads in large pieces while an idle one holds only a small buffer (thousands of
+/// idle connections must not cost 64 KiB each).
+const MIN_READ_CHUNK_BYTES: usize = 4 << 10;
+const MAX_READ_CHUNK_BYTES: usize = 64 << 10;
 
 /// Largest frame accepted before the handshake: a `HandshakeRequest` is a few hundred bytes,
 /// so a stranger cannot make the broker buffer `max_frame_bytes` before saying who it is.
@@ -96,7 +100,8 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let handshake_deadline = Instant::now() + handshake_timeout;
     let mut malformed_frames = 0u32;
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
-    let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut read_chunk_bytes = MIN_READ_CHUNK_BYTES;
+    let mut buffer = BytesMut::with_capacity(read_chunk_bytes);
     'read: loop {
         loop {
             match decoder.decode(&mut buffer) {
@@ -172,9 +177,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
-        buffer.reserve(READ_CHUNK_BYTES);
+        buffer.reserve(read_chunk_bytes);
         let start = buffer.len();
-        buffer.resize(start + READ_CHUNK_BYTES, 0);
+        buffer.resize(start + read_chunk_bytes, 0);
         let read = if connection.is_handshaken.get() {
             Some(reader.read(&mut buffer[start..]).await)
         } else {
@@ -198,7 +203,16 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 buffer.truncate(start);
                 break;
             }
-            Some(Ok(n)) => buffer.truncate(start + n),
+            Some(Ok(n)) => {
+                buffer.truncate(start + n);
+                read_chunk_bytes = if n == read_chunk_bytes {
+                    (read_chunk_bytes * 2).min(MAX_READ_CHUNK_BYTES)
+                } else if n < read_chunk_bytes / 4 {
+                    (read_chunk_bytes / 2).max(MIN_READ_CHUNK_BYTES)
+                } else {
+                    read_chunk_bytes
+                };
+            }
         }
     }
     // Let running requests answer, then close the writer.
