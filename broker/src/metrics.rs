@@ -487,22 +487,7 @@ async fn gather(shard: &NetworkShard) {
 
 /// (total, available) bytes of the file system holding `path`.
 pub fn disk_space(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte")
-    })?;
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a valid NUL-terminated string and `stat` a valid out-pointer.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let fragment = stat.f_frsize as u64;
-    Ok((
-        stat.f_blocks as u64 * fragment,
-        stat.f_bavail as u64 * fragment,
-    ))
+    crate::store::message_store::disk_space(path)
 }
 
 #[cfg(test)]

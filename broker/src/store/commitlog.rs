@@ -20,6 +20,10 @@ use super::record::{encode_blank, RecordView, BLANK_MIN_BYTES};
 use super::scan::{scan_window, ScanStop};
 
 /// Window of the recovery scan; a record larger than this extends the window to fit it.
+/// Zeros kept written ahead of the newest segment's data, so a sync flush's `fdatasync` does
+/// not also commit a larger file size (see `AppendFile::prepare_ahead`).
+const PREPARE_AHEAD_BYTES: u64 = 8 << 20;
+
 const SCAN_WINDOW_BYTES: u64 = 4 << 20;
 
 /// File name of the segment starting at `base`: 20 digits, zero padded, as RocketMQ names them.
@@ -169,6 +173,7 @@ impl CommitLog {
             if on_disk > valid_len && valid_len < segment_bytes {
                 file.truncate_on_disk(valid_len).await?;
             }
+            file.prepare_ahead(PREPARE_AHEAD_BYTES, segment_bytes);
             commit_log.write_offset.set(base + valid_len);
             commit_log.segments.borrow_mut().insert(base, Rc::new(file));
         }
@@ -257,10 +262,12 @@ impl CommitLog {
         segments
             .entry(base)
             .or_insert_with(|| {
-                Rc::new(AppendFile::new_lazy(
+                let file = AppendFile::new_lazy(
                     self.dir.join(segment_file_name(base)),
                     self.hot_tail_bytes,
-                ))
+                );
+                file.prepare_ahead(PREPARE_AHEAD_BYTES, self.segment_bytes);
+                Rc::new(file)
             })
             .clone()
     }

@@ -1470,8 +1470,8 @@ async fn housekeeping_loop(inner: Rc<Inner>) {
     }
 }
 
-/// Fraction of the file system holding `path` that is in use (as `df` computes it).
-pub fn disk_used_ratio(path: &Path) -> io::Result<f64> {
+/// The file system statistics of the file system holding `path`.
+fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c_path = CString::new(path.as_os_str().as_bytes())
@@ -1482,6 +1482,27 @@ pub fn disk_used_ratio(path: &Path) -> io::Result<f64> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(stat)
+}
+
+/// (total, available to unprivileged writers) bytes of the file system holding `path`.
+pub fn disk_space(path: &Path) -> io::Result<(u64, u64)> {
+    let stat = statvfs(path)?;
+    let fragment = stat.f_frsize as u64;
+    Ok((
+        stat.f_blocks as u64 * fragment,
+        stat.f_bavail as u64 * fragment,
+    ))
+}
+
+/// Bytes available to unprivileged writers on the file system holding `path`.
+pub fn available_bytes(path: &Path) -> io::Result<u64> {
+    disk_space(path).map(|(_, available)| available)
+}
+
+/// Fraction of the file system holding `path` that is in use (as `df` computes it).
+pub fn disk_used_ratio(path: &Path) -> io::Result<f64> {
+    let stat = statvfs(path)?;
     let available = stat.f_bavail as f64;
     let used = stat.f_blocks.saturating_sub(stat.f_bfree) as f64;
     if used + available == 0.0 {
