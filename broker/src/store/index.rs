@@ -177,6 +177,8 @@ pub struct MessageIndex {
     active: RefCell<ActiveIndex>,
     active_entries: Cell<u64>,
     last_timestamp_ms: Cell<i64>,
+    /// Why the newest file cannot be trusted, as found on open (then it is rebuilt).
+    damage: RefCell<Option<String>>,
 }
 
 impl MessageIndex {
@@ -204,6 +206,7 @@ impl MessageIndex {
             active: RefCell::new(ActiveIndex::default()),
             active_entries: Cell::new(0),
             last_timestamp_ms: Cell::new(0),
+            damage: RefCell::new(None),
         };
         // Entries are appended in CommitLog order across files, so a file's entries all lie
         // below the next file's first entry. Files whose first entry is at or past
@@ -221,6 +224,9 @@ impl MessageIndex {
             let on_disk = std::fs::metadata(&path)?.len();
             let (valid_bytes, last_ts) = if is_newest {
                 let raw = std::fs::read(&path)?;
+                if let Some(why) = check_entries(&raw, keep_below) {
+                    *index.damage.borrow_mut() = Some(format!("{}: {why}", path.display()));
+                }
                 let entries: Vec<IndexEntry> = raw
                     .chunks_exact(INDEX_ENTRY_BYTES as usize)
                     .map_while(IndexEntry::decode)
@@ -257,6 +263,13 @@ impl MessageIndex {
             );
         }
         Ok(index)
+    }
+
+    /// Why the newest index file looked damaged when it was opened, if it did: entries out of
+    /// CommitLog or store-time order, or entries after the padding. (A damaged hash field
+    /// cannot be seen this way; older files are not read on open.)
+    pub fn damage(&self) -> Option<String> {
+        self.damage.borrow().clone()
     }
 
     /// Adds an entry (in CommitLog order).
@@ -439,6 +452,50 @@ fn valid_entry_bytes(path: &std::path::Path, on_disk: u64) -> io::Result<u64> {
     Ok(end)
 }
 
+/// Checks the entries of an index file kept below `keep_below`: they are appended in
+/// CommitLog order with store times that never go back, and only padding follows the last.
+fn check_entries(raw: &[u8], keep_below: u64) -> Option<String> {
+    let mut previous: Option<IndexEntry> = None;
+    let mut chunks = raw.chunks_exact(INDEX_ENTRY_BYTES as usize).enumerate();
+    for (at, chunk) in chunks.by_ref() {
+        let Some(entry) = IndexEntry::decode(chunk) else {
+            break;
+        };
+        if entry.commitlog_offset >= keep_below {
+            // The first entry written after the checkpoint (rebuilt from the CommitLog): every
+            // later one must be too, or this one is a damaged older entry.
+            let rest = &raw[at * INDEX_ENTRY_BYTES as usize..];
+            let is_older_later = rest
+                .chunks_exact(INDEX_ENTRY_BYTES as usize)
+                .filter_map(IndexEntry::decode)
+                .any(|e| e.commitlog_offset < keep_below);
+            return is_older_later.then(|| {
+                format!(
+                    "entry {at} points at {} past the checkpoint's {keep_below}, yet older entries follow it",
+                    entry.commitlog_offset
+                )
+            });
+        }
+        if let Some(before) = &previous {
+            if entry.commitlog_offset < before.commitlog_offset
+                || entry.store_timestamp_ms < before.store_timestamp_ms
+            {
+                return Some(format!(
+                    "entry {at} (offset {}, stored at {}) goes back from the one before it (offset {}, stored at {})",
+                    entry.commitlog_offset,
+                    entry.store_timestamp_ms,
+                    before.commitlog_offset,
+                    before.store_timestamp_ms
+                ));
+            }
+        }
+        previous = Some(entry);
+    }
+    chunks
+        .find(|(_, chunk)| chunk.iter().any(|&b| b != 0))
+        .map(|(at, _)| format!("entry {at} follows the end of the entries"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,5 +522,34 @@ mod tests {
         assert!(offsets(&active, 1).is_empty());
         active.clear();
         assert!(offsets(&active, 7).is_empty());
+    }
+
+    #[test]
+    fn entries_out_of_order_or_after_the_end_are_damage() {
+        let entry = |offset: u64, ts: i64| IndexEntry {
+            hash: offset * 31,
+            commitlog_offset: offset,
+            store_timestamp_ms: ts,
+        };
+        let file = |entries: &[IndexEntry], padding: usize| {
+            let mut raw: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
+            raw.extend(std::iter::repeat_n(0u8, padding));
+            raw
+        };
+        let good = [entry(0, 10), entry(0, 10), entry(100, 11), entry(200, 11)];
+        assert_eq!(check_entries(&file(&good, 48), 1_000), None);
+        assert!(check_entries(&file(&[entry(100, 10), entry(50, 11)], 0), 1_000).is_some());
+        assert!(check_entries(&file(&[entry(100, 12), entry(150, 11)], 0), 1_000).is_some());
+        let mut after_end = file(&good, 48);
+        let end = after_end.len();
+        after_end[end - 3] = 7;
+        assert!(check_entries(&after_end, 1_000).is_some());
+        // Entries past the checkpoint are not judged (recovery drops and rebuilds them), but an
+        // older one after them means the first was damaged.
+        assert_eq!(
+            check_entries(&file(&[entry(0, 10), entry(2_000, 9)], 0), 1_000),
+            None
+        );
+        assert!(check_entries(&file(&[entry(9_999, 10), entry(100, 11)], 0), 1_000).is_some());
     }
 }

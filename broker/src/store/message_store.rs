@@ -240,7 +240,7 @@ pub struct RecoveryReport {
     pub checkpoint_problem: Option<String>,
     pub commitlog: RecoveryScan,
     pub consume_queue_entries_dropped: u64,
-    /// A damaged ConsumeQueue found on open (then every derived file is rebuilt).
+    /// A damaged ConsumeQueue or index file found on open (then every derived file is rebuilt).
     pub consume_queue_damage: Option<String>,
     pub records_redispatched: u64,
     /// Derived files were inconsistent and rebuilt from the whole CommitLog.
@@ -783,6 +783,13 @@ impl Inner {
         )
         .await
         .map_err(io_error("index"))?;
+        if let Some(why) = index.damage() {
+            warn!(%why, "index file is damaged");
+            if keep_below > 0 {
+                report.consume_queue_damage = Some(why);
+                return Ok(None);
+            }
+        }
         let queue_map: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>> =
             RefCell::new(queues);
         let mut pending: Vec<DispatchInfo> = Vec::new();
