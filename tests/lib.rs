@@ -133,6 +133,98 @@ where
     }
 }
 
+/// [`eventually_some`] for a condition: awaits `check` until it holds.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let check = || {
+        let condition = check();
+        async move { condition.await.then_some(()) }
+    };
+    eventually_some(timeout, what, check).await;
+}
+
+/// Commits `offset` for `group` on (`topic`, `queue_id`) over the raw protocol; the answer
+/// must be OK.
+pub fn commit_offset(
+    client: &mut TestClient,
+    group: &str,
+    topic: &str,
+    queue_id: i32,
+    offset: i64,
+) {
+    let response = client
+        .request(|builder| {
+            let group = builder.create_string(group);
+            let topic = builder.create_string(topic);
+            let request = wire::CommitConsumerOffsetRequest::create(
+                builder,
+                &wire::CommitConsumerOffsetRequestArgs {
+                    consumer_group: Some(group),
+                    topic: Some(topic),
+                    queue_id,
+                    offset,
+                },
+            );
+            (
+                wire::Body::CommitConsumerOffsetRequest,
+                request.as_union_value(),
+            )
+        })
+        .expect("an answer to CommitConsumerOffsetRequest");
+    assert_eq!(
+        status_of(&response).0,
+        wire::Status::OK,
+        "committing a consumer offset: {:?}",
+        status_of(&response)
+    );
+}
+
+/// The offset `group` committed on (`topic`, `queue_id`); `None` when the broker knows none.
+pub fn committed_offset(
+    client: &mut TestClient,
+    group: &str,
+    topic: &str,
+    queue_id: i32,
+) -> Option<i64> {
+    let response = client
+        .request(|builder| {
+            let group = builder.create_string(group);
+            let topic = builder.create_string(topic);
+            let request = wire::QueryConsumerOffsetRequest::create(
+                builder,
+                &wire::QueryConsumerOffsetRequestArgs {
+                    consumer_group: Some(group),
+                    topic: Some(topic),
+                    queue_id,
+                },
+            );
+            (
+                wire::Body::QueryConsumerOffsetRequest,
+                request.as_union_value(),
+            )
+        })
+        .expect("an answer to QueryConsumerOffsetRequest");
+    if status_of(&response).0 == wire::Status::CONSUMER_GROUP_NOT_FOUND {
+        return None;
+    }
+    assert_eq!(
+        status_of(&response).0,
+        wire::Status::OK,
+        "querying a consumer offset: {:?}",
+        status_of(&response)
+    );
+    Some(
+        response
+            .frame()
+            .body_as_offset_response()
+            .expect("an OffsetResponse")
+            .offset(),
+    )
+}
+
 /// Runs the built `shardmq` command line against the name server `namesrv` with `args`.
 #[must_use]
 pub fn run_cli(namesrv: &str, args: &[&str]) -> std::process::Output {

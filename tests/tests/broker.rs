@@ -16,9 +16,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use shardmq_broker::store::record::decode_message;
 use shardmq_schema::{wire, VerifiedFrame};
 use shardmq_tests::{
-    binary_path, pull_request_body, send_request_body, split_records, status_of, upsert_topic_body,
-    wait_until, BrokerProcess, ClientError, NamesrvProcess, PullParams, TestClient, TestMessage,
-    IO_TIMEOUT,
+    binary_path, commit_offset, committed_offset, pull_request_body, send_request_body,
+    split_records, status_of, upsert_topic_body, wait_until, BrokerProcess, ClientError,
+    NamesrvProcess, PullParams, TestClient, TestMessage, IO_TIMEOUT,
 };
 use tempfile::TempDir;
 
@@ -270,67 +270,6 @@ fn queue_offsets(client: &mut TestClient, topic: &str, queue_id: i32) -> (i64, i
         .body_as_queue_offsets_response()
         .expect("a QueueOffsetsResponse");
     (body.min_offset(), body.max_offset())
-}
-
-fn commit_offset(client: &mut TestClient, group: &str, topic: &str, queue_id: i32, offset: i64) {
-    let response = client
-        .request(|builder| {
-            let group = builder.create_string(group);
-            let topic = builder.create_string(topic);
-            let request = wire::CommitConsumerOffsetRequest::create(
-                builder,
-                &wire::CommitConsumerOffsetRequestArgs {
-                    consumer_group: Some(group),
-                    topic: Some(topic),
-                    queue_id,
-                    offset,
-                },
-            );
-            (
-                wire::Body::CommitConsumerOffsetRequest,
-                request.as_union_value(),
-            )
-        })
-        .expect("an answer to CommitConsumerOffsetRequest");
-    require_status(&response, wire::Status::OK, "committing a consumer offset");
-}
-
-/// The group's committed offset of the queue; `None` on CONSUMER_GROUP_NOT_FOUND.
-fn committed_offset(
-    client: &mut TestClient,
-    group: &str,
-    topic: &str,
-    queue_id: i32,
-) -> Option<i64> {
-    let response = client
-        .request(|builder| {
-            let group = builder.create_string(group);
-            let topic = builder.create_string(topic);
-            let request = wire::QueryConsumerOffsetRequest::create(
-                builder,
-                &wire::QueryConsumerOffsetRequestArgs {
-                    consumer_group: Some(group),
-                    topic: Some(topic),
-                    queue_id,
-                },
-            );
-            (
-                wire::Body::QueryConsumerOffsetRequest,
-                request.as_union_value(),
-            )
-        })
-        .expect("an answer to QueryConsumerOffsetRequest");
-    if status_of(&response).0 == wire::Status::CONSUMER_GROUP_NOT_FOUND {
-        return None;
-    }
-    require_status(&response, wire::Status::OK, "QueryConsumerOffsetRequest");
-    Some(
-        response
-            .frame()
-            .body_as_offset_response()
-            .expect("an OffsetResponse")
-            .offset(),
-    )
 }
 
 /// (name, read queues, write queues, perm) of every user topic, sorted by name.

@@ -41,16 +41,8 @@ struct Call {
 
 type Calls = Arc<Mutex<Vec<Call>>>;
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let check = || {
-        let condition = check();
-        async move { condition.await.then_some(()) }
-    };
-    shardmq_tests::eventually_some(WAIT, what, check).await;
+async fn eventually<F: FnMut() -> Fut, Fut: Future<Output = bool>>(what: &str, check: F) {
+    shardmq_tests::eventually(WAIT, what, check).await;
 }
 
 async fn member(cluster: &LocalCluster, name: &'static str, calls: &Calls) -> PushConsumer {

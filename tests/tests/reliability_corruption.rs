@@ -17,10 +17,10 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use reliability_support::{
-    assert_verify_clean, commit_offset, committed_offset, create_topic, log_lines_with, pull_queue,
-    pull_whole_queue, query_by_key, send_batch, temp_dir, verify, Rng, StoredRecord,
+    assert_verify_clean, create_topic, log_lines_with, pull_queue, pull_whole_queue, query_by_key,
+    send_batch, temp_dir, verify, Rng, StoredRecord,
 };
-use shardmq_tests::{BrokerProcess, TestMessage};
+use shardmq_tests::{commit_offset, committed_offset, BrokerProcess, TestMessage};
 
 const TOPIC: &str = "Damaged";
 const QUEUES: u32 = 4;

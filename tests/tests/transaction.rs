@@ -57,16 +57,8 @@ fn start(check_max: u32, extra: &[&str]) -> Setup {
 }
 
 /// Polls `check` every 20 ms until it holds; panics naming `what` after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let check = || {
-        let condition = check();
-        async move { condition.await.then_some(()) }
-    };
-    shardmq_tests::eventually_some(WAIT, what, check).await;
+async fn eventually<F: FnMut() -> Fut, Fut: Future<Output = bool>>(what: &str, check: F) {
+    shardmq_tests::eventually(WAIT, what, check).await;
 }
 
 /// Calls of a `check_local_transaction` callback: the messages it was asked about.

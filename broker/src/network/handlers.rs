@@ -641,6 +641,20 @@ async fn handle_send(
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await??;
+    encode_send_response(shard, id, &outcome, &unique_ids, queue_id, storage)
+}
+
+/// The answer to a stored send (or half message): one result per record, the status of its
+/// flush. A record whose message had no unique id is named by its offset id.
+pub(super) fn encode_send_response(
+    shard: &NetworkShard,
+    id: u64,
+    outcome: &crate::store::AppendOutcome,
+    unique_ids: &[String],
+    queue_id: u32,
+    storage: usize,
+) -> Answer {
+    let store_host = shard.store_host.get();
     let status = match outcome.status {
         AppendStatus::Ok => wire::Status::OK,
         AppendStatus::FlushDiskTimeout => {
@@ -659,7 +673,7 @@ async fn handle_send(
                 let results: Vec<_> = outcome
                     .records
                     .iter()
-                    .zip(&unique_ids)
+                    .zip(unique_ids)
                     .map(|(record, unique_id)| {
                         let offset_id =
                             offset_message_id(store_host, storage, record.physical_offset);

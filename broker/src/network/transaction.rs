@@ -17,13 +17,13 @@ use tracing::{debug, info, warn};
 
 use super::connection::Connection;
 use super::handlers::{
-    encode_batch, encode_status, frame_error, invalid, offset_message_id, refuse, writable_topic,
-    Answer, Refusal,
+    encode_batch, encode_send_response, encode_status, invalid, refuse, writable_topic, Answer,
+    Refusal,
 };
 use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
 use crate::naming::check_group_name;
-use crate::store::{AppendStatus, RecordView};
+use crate::store::RecordView;
 use crate::topics::{TopicConfig, UpsertError};
 use crate::transaction::{
     self, BeginOutcome, CheckBack, CommitOutcome, HalfAppendError, Resolution, TransactionRequest,
@@ -110,55 +110,14 @@ pub(super) async fn handle_send_half(
         }
         Err(HalfAppendError::Store(error)) => return Err(error.into()),
     };
-    let half_record = outcome.records.first().copied().ok_or_else(|| {
-        refuse(
+    if outcome.records.len() != 1 {
+        return Err(refuse(
             wire::Status::SYSTEM_ERROR,
             "the half message was not stored",
-        )
-    })?;
-    let status = match outcome.status {
-        AppendStatus::Ok => wire::Status::OK,
-        AppendStatus::FlushDiskTimeout => wire::Status::FLUSH_DISK_TIMEOUT,
-    };
-    let offset_id = offset_message_id(store_host, 0, half_record.physical_offset);
-    shard
-        .with_encoder(|encoder| {
-            encoder.encode(|b| {
-                let unique = b.create_string(&unique_id);
-                let offset_id = b.create_string(&offset_id);
-                let result = wire::SendResult::create(
-                    b,
-                    &wire::SendResultArgs {
-                        unique_id: Some(unique),
-                        offset_msg_id: Some(offset_id),
-                        queue_offset: half_record.queue_offset as i64,
-                        commit_log_offset: half_record.physical_offset as i64,
-                    },
-                );
-                let results = b.create_vector(&[result]);
-                let body = wire::SendResponse::create(
-                    b,
-                    &wire::SendResponseArgs {
-                        queue_id: queue_id as i32,
-                        results: Some(results),
-                    },
-                );
-                let mut header = FrameHeader::response(id, status);
-                if status != wire::Status::OK {
-                    header = header.with_message(
-                        "stored, but the sync flush did not complete within sync_flush_timeout_ms",
-                    );
-                }
-                build_frame(
-                    b,
-                    &header,
-                    wire::Body::SendResponse,
-                    Some(body.as_union_value()),
-                )
-            })
-        })
-        .map(|frame| vec![frame])
-        .map_err(frame_error)
+        ));
+    }
+    // Half messages live on storage shard 0 (next to the client registry).
+    encode_send_response(shard, id, &outcome, &[unique_id], queue_id, 0)
 }
 
 /// The real topic of a half message: writable, created first when the broker auto-creates.

@@ -132,9 +132,16 @@ impl ConsumeQueue {
                 is_cut = true;
                 continue;
             }
-            let (valid_entries, damage) =
-                scan_entries(&path, entries_per_file, keep_below, &mut previous_offset)?;
-            let present = count_entries_after(&path, 0)?;
+            // Read once: the scan, the count of entries present and of those dropped all use it.
+            let raw = std::fs::read(&path)?;
+            let (valid_entries, damage) = scan_entries(
+                &raw[..raw
+                    .len()
+                    .min((entries_per_file * CONSUME_QUEUE_ENTRY_BYTES) as usize)],
+                keep_below,
+                &mut previous_offset,
+            );
+            let present = count_entries_after(&raw, 0);
             queue
                 .on_disk_end
                 .set(queue.on_disk_end.get().max(start + present));
@@ -142,10 +149,10 @@ impl ConsumeQueue {
                 repair.damage = Some(format!("{}: {why}", path.display()));
                 return Ok((queue, repair));
             }
-            let on_disk_bytes = std::fs::metadata(&path)?.len();
+            let on_disk_bytes = raw.len() as u64;
             let valid_bytes = valid_entries * CONSUME_QUEUE_ENTRY_BYTES;
             if on_disk_bytes > valid_bytes {
-                repair.entries_dropped += count_entries_after(&path, valid_bytes)?;
+                repair.entries_dropped += count_entries_after(&raw, valid_bytes);
             }
             let file = AppendFile::open_existing(path, valid_bytes, hot_bytes()).await?;
             if on_disk_bytes > valid_bytes {
@@ -334,17 +341,10 @@ impl ConsumeQueue {
 /// entry of the files before). Entries after that run must all be newer than `keep_below`
 /// (written after the checkpoint) or padding; anything else is damage, returned as the reason.
 fn scan_entries(
-    path: &Path,
-    entries_per_file: u64,
+    raw: &[u8],
     keep_below: u64,
     previous_offset: &mut Option<u64>,
-) -> io::Result<(u64, Option<String>)> {
-    use std::io::Read;
-    let full_bytes = entries_per_file * CONSUME_QUEUE_ENTRY_BYTES;
-    let mut raw = Vec::new();
-    std::fs::File::open(path)?
-        .take(full_bytes)
-        .read_to_end(&mut raw)?;
+) -> (u64, Option<String>) {
     let mut entries = raw
         .chunks_exact(CONSUME_QUEUE_ENTRY_BYTES as usize)
         .map(ConsumeQueueEntry::decode)
@@ -354,10 +354,10 @@ fn scan_entries(
         let Some(entry) = entry else { break };
         if entry == ConsumeQueueEntry::HOLE {
             if previous_offset.is_some() {
-                return Ok((
+                return (
                     valid,
                     Some(format!("entry {index} is a hole after real entries")),
-                ));
+                );
             }
             valid += 1;
             continue;
@@ -371,39 +371,37 @@ fn scan_entries(
             let damage = later_older.then(|| {
                 format!("entry {index} points at {} past the checkpoint's {keep_below}, yet older entries follow it", entry.commitlog_offset)
             });
-            return Ok((valid, damage));
+            return (valid, damage);
         }
         if previous_offset.is_some_and(|p| entry.commitlog_offset <= p) {
-            return Ok((
+            return (
                 valid,
                 Some(format!(
                     "entry {index} points at CommitLog offset {}, not after the entry before it ({})",
                     entry.commitlog_offset,
                     previous_offset.unwrap_or_default()
                 )),
-            ));
+            );
         }
         *previous_offset = Some(entry.commitlog_offset);
         valid += 1;
     }
     // After padding, nothing but padding.
     if entries.any(|(_, entry)| entry.is_some()) {
-        return Ok((
+        return (
             valid,
             Some(format!("entries follow padding after entry {valid}")),
-        ));
+        );
     }
-    Ok((valid, None))
+    (valid, None)
 }
 
-fn count_entries_after(path: &Path, from_bytes: u64) -> io::Result<u64> {
-    let raw = std::fs::read(path)?;
-    Ok(raw
-        .get(from_bytes as usize..)
+fn count_entries_after(raw: &[u8], from_bytes: u64) -> u64 {
+    raw.get(from_bytes as usize..)
         .unwrap_or_default()
         .chunks_exact(CONSUME_QUEUE_ENTRY_BYTES as usize)
         .filter(|chunk| ConsumeQueueEntry::decode(chunk).is_some())
-        .count() as u64)
+        .count() as u64
 }
 
 fn hot_bytes() -> u64 {
