@@ -627,9 +627,9 @@ impl StorageShard {
 
 /// (topic, queue) of a batch: all its records share them (one send = one queue).
 fn batch_queue(batch: &crate::store::EncodedBatch) -> Option<(String, u32)> {
-    let first = batch.records.first()?;
-    let view = RecordView::parse_unchecked(batch.bytes.get(..first.len as usize)?).ok()?;
-    Some((view.topic().to_owned(), view.queue_id()))
+    batch
+        .first_queue()
+        .map(|(topic, queue_id)| (topic.to_owned(), queue_id))
 }
 
 async fn persist_offsets_loop(shard: Rc<StorageShard>) {

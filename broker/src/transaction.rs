@@ -832,10 +832,8 @@ mod tests {
 
     fn stored(mut batch: EncodedBatch, queue_offset: u64, physical_offset: u64) -> Vec<u8> {
         assert_eq!(batch.records.len(), 1);
-        let pending = batch.records[0];
         patch_record(
             &mut batch.bytes,
-            pending,
             StorePatch {
                 queue_offset,
                 physical_offset,

@@ -151,6 +151,7 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
     let sys_flag = reader.u32("sys flag")?;
     let born_timestamp_ms = reader.u64("born timestamp")? as i64;
     let born_host = reader.host(sys_flag & SYS_FLAG_BORN_HOST_V6 != 0, "born host")?;
+    let store_timestamp_at = reader.at;
     let store_timestamp_ms = reader.u64("store timestamp")? as i64;
     let store_host = reader.host(sys_flag & SYS_FLAG_STORE_HOST_V6 != 0, "store host")?;
     let reconsume_times = reader.u32("reconsume times")? as i32;
@@ -176,7 +177,7 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
             "body CRC {computed_body_crc:#010X} does not match the stored {body_crc:#010X} (topic {topic}, queue {queue_id}, offset {queue_offset})"
         ));
     }
-    check_record_crc(record, properties_bytes)?;
+    check_record_crc(record, store_timestamp_at, properties_bytes)?;
     let properties = decode_properties(properties_bytes)?;
     // A body the producer compressed is handed over inflated, with the flag cleared; one that
     // cannot be inflated is handed over as stored, flagged, for the application to judge.
@@ -210,9 +211,29 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
     Ok((message, total_size))
 }
 
-/// Checks the `__CRC32#` property when the record ends with one: CRC32 over the record but
-/// the ten digits and the final separator, written as ten decimal digits.
-fn check_record_crc(record: &[u8], properties: &[u8]) -> Result<(), String> {
+/// Offsets of the fields the record CRC leaves out besides the trailer (the broker's storage
+/// shard fills them after the CRC is computed): queue offset and physical offset.
+const QUEUE_OFFSET_AT: usize = 20;
+const PHYSICAL_OFFSET_END: usize = 36;
+
+/// The whole-record CRC as the broker computes it (`docs/storage-format.md`, "Record CRC"):
+/// CRC32 of the record except queue offset, physical offset, store timestamp (at
+/// `store_timestamp_at`) and the trailer (the ten digits and the final separator).
+fn record_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&record[..QUEUE_OFFSET_AT]);
+    hasher.update(&record[PHYSICAL_OFFSET_END..store_timestamp_at]);
+    hasher.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    hasher.finalize()
+}
+
+/// Checks the `__CRC32#` property when the record ends with one: [`record_crc`] written as ten
+/// decimal digits.
+fn check_record_crc(
+    record: &[u8],
+    store_timestamp_at: usize,
+    properties: &[u8],
+) -> Result<(), String> {
     if properties.len() < CRC_PROPERTY_BYTES {
         return Ok(());
     }
@@ -228,7 +249,7 @@ fn check_record_crc(record: &[u8], properties: &[u8]) -> Result<(), String> {
         .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|text| text.parse::<u32>().ok())
         .ok_or_else(|| "the __CRC32# property is not ten decimal digits".to_owned())?;
-    let computed = crc32fast::hash(&record[..record.len() - CRC_TRAILER_BYTES]);
+    let computed = record_crc(record, store_timestamp_at);
     if computed != stored {
         return Err(format!(
             "whole-record CRC {computed} does not match the stored {stored}"
@@ -294,7 +315,7 @@ pub(crate) fn encode_test_record(
     out.extend_from_slice(props.as_bytes());
     let total = out.len() as u32;
     out[..4].copy_from_slice(&total.to_be_bytes());
-    let crc = crc32fast::hash(&out[..out.len() - CRC_TRAILER_BYTES]);
+    let crc = record_crc(&out, BORN_HOST_AT + 8);
     let digits = format!("{crc:010}");
     let digits_at = out.len() - CRC_TRAILER_BYTES;
     out[digits_at..digits_at + 10].copy_from_slice(digits.as_bytes());
@@ -352,13 +373,23 @@ mod tests {
     #[test]
     fn damaged_header_is_refused_by_the_record_crc() {
         let mut bytes = two_records().to_vec();
-        bytes[20] ^= 0x01; // queue offset
+        bytes[16] ^= 0x01; // flag
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert!(
             error.reason.contains("whole-record CRC"),
             "{}",
             error.reason
         );
+    }
+
+    #[test]
+    fn the_broker_filled_fields_are_outside_the_record_crc() {
+        let mut bytes = two_records().to_vec();
+        bytes[27] ^= 0x01; // queue offset
+        bytes[35] ^= 0x01; // physical offset
+        bytes[63] ^= 0x01; // store timestamp (IPv4 born host)
+        let messages = decode_records(&Bytes::from(bytes), "b").unwrap();
+        assert_eq!(messages[0].queue_offset, 7 ^ 1);
     }
 
     #[test]

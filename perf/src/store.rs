@@ -320,6 +320,8 @@ fn copy_batch(template: &EncodedBatch) -> EncodedBatch {
     EncodedBatch {
         bytes: BytesMut::from(&template.bytes[..]),
         records: template.records.clone(),
+        topics: template.topics.clone(),
+        index_hashes: template.index_hashes.clone(),
     }
 }
 

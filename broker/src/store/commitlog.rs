@@ -2,28 +2,34 @@
 //! one sequence of fixed-size segment files.
 //!
 //! Owns the segment files (`<shard>/commitlog/<20-digit start offset>`), the global write
-//! position, rollover with a blank filler, flushing the segments in order, reads by physical
-//! offset, recovery's scan of the tail, and deleting whole old segments. It knows nothing of
-//! queues, indexes or sockets: records arrive encoded and leave as bytes.
+//! position, rollover with a blank filler, the write ring (`write_ring`) holding the newest bytes,
+//! the write-behind plan (which O_DIRECT writes to start, several in flight, never overlapping),
+//! the written and synced offsets, reads by physical offset, recovery's scan of the tail, and
+//! deleting whole old segments. It knows nothing of queues, indexes or sockets: records arrive
+//! encoded and leave as bytes. It runs no task of its own: the message store's flush loop asks
+//! it for write jobs, runs them and reports their outcome (see `docs/storage-format.md`,
+//! "Write path").
+//!
+//! Offsets, always `synced <= written <= issued_to <= write_offset`: a byte below `written` has
+//! completed its O_DIRECT write (it is in the kernel; a crash of the process cannot lose it), a
+//! byte below `synced` has been `fdatasync`ed (a power loss cannot lose it either).
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use glommio::io::{DmaBuffer, DmaFile};
 use tracing::{info, warn};
 
-use super::append_file::{open_read_write, AppendFile, DMA_ALIGNMENT_BYTES};
-use super::record::{encode_blank, RecordView, BLANK_MIN_BYTES};
+use super::append_file::{align_down, align_up, open_read_write, DMA_ALIGNMENT_BYTES};
+use super::record::{RecordView, BLANK_MAGIC_CODE, BLANK_MIN_BYTES};
 use super::scan::{scan_window, ScanStop};
+use super::write_ring::WriteRing;
 
 /// Window of the recovery scan; a record larger than this extends the window to fit it.
-/// Zeros kept written ahead of the newest segment's data, so a sync flush's `fdatasync` does
-/// not also commit a larger file size (see `AppendFile::prepare_ahead`).
-const PREPARE_AHEAD_BYTES: u64 = 8 << 20;
-
 const SCAN_WINDOW_BYTES: u64 = 4 << 20;
 
 /// File name of the segment starting at `base`: 20 digits, zero padded, as RocketMQ names them.
@@ -64,19 +70,111 @@ pub struct RecoveryScan {
     pub discarded_bytes: u64,
 }
 
+/// Most O_DIRECT writes of one CommitLog in flight at once (write-behind).
+const MAX_WRITES_IN_FLIGHT: usize = 4;
+
+/// Largest write-ring chunk (and so the largest single write).
+const MAX_CHUNK_BYTES: u64 = 1 << 20;
+
+/// One segment file, opened on first use.
+struct Segment {
+    base: u64,
+    path: PathBuf,
+    file: RefCell<Option<Rc<DmaFile>>>,
+    /// Bytes the file is known to have allocated (written or pre-allocated).
+    allocated_len: Cell<Option<u64>>,
+}
+
+impl Segment {
+    fn new(base: u64, path: PathBuf) -> Segment {
+        Segment {
+            base,
+            path,
+            file: RefCell::new(None),
+            allocated_len: Cell::new(None),
+        }
+    }
+
+    async fn file(&self) -> io::Result<Rc<DmaFile>> {
+        if let Some(file) = self.file.borrow().as_ref() {
+            return Ok(file.clone());
+        }
+        let is_new = !self.path.exists();
+        let file = Rc::new(open_read_write(&self.path).await?);
+        if is_new {
+            // The new name must survive a crash as well as the data written under it.
+            if let Some(dir) = self.path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
+        *self.file.borrow_mut() = Some(file.clone());
+        Ok(file)
+    }
+
+    async fn close(&self) {
+        let file = self.file.borrow_mut().take();
+        if let Some(file) = file.and_then(|f| Rc::try_unwrap(f).ok()) {
+            let _ = file.close().await;
+        }
+    }
+}
+
+/// One planned O_DIRECT write: `[from, data_to)` of the CommitLog, within one chunk; `from` is
+/// block aligned and the write covers whole blocks (zero padded past `data_to`).
+pub struct WriteJob {
+    segment: Rc<Segment>,
+    from: u64,
+    data_to: u64,
+    /// A full write-ring chunk, written as it is, or a copy of part of a chunk, zero padded to
+    /// the block (a partly filled chunk).
+    buffer: Rc<DmaBuffer>,
+}
+
+impl WriteJob {
+    pub fn from(&self) -> u64 {
+        self.from
+    }
+    pub fn data_to(&self) -> u64 {
+        self.data_to
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteState {
+    Running,
+    Done,
+    Failed,
+}
+
+struct InFlight {
+    from: u64,
+    data_to: u64,
+    state: WriteState,
+}
+
 /// See the module documentation.
 pub struct CommitLog {
     dir: PathBuf,
     segment_bytes: u64,
     hot_tail_bytes: u64,
-    segments: RefCell<BTreeMap<u64, Rc<AppendFile>>>,
+    /// Pre-allocate segment files this far past the data (0: never).
+    preallocate_ahead_bytes: Cell<u64>,
+    segments: RefCell<BTreeMap<u64, Rc<Segment>>>,
+    ring: RefCell<WriteRing>,
+    /// One past the last appended byte.
     write_offset: Cell<u64>,
+    /// One past the last byte handed to a write.
+    issued_to: Cell<u64>,
+    /// Every byte below this is written (in the kernel: a process crash cannot lose it).
+    written: Cell<u64>,
+    /// Every byte below this is `fdatasync`ed.
+    synced: Cell<u64>,
+    in_flight: RefCell<VecDeque<InFlight>>,
+    /// The first write failure since the last rewind.
+    write_error: RefCell<Option<io::Error>>,
 }
 
 impl CommitLog {
-    /// Opens the CommitLog in `dir`, validating every record from `scan_from` (a physical
-    /// offset known durable, e.g. from the checkpoint; 0 scans everything) and cutting the data
-    /// at the first torn or invalid record. `on_record` sees each valid record from `scan_from`.
     pub async fn open(
         dir: PathBuf,
         segment_bytes: u64,
@@ -157,32 +255,54 @@ impl CommitLog {
             }
         }
 
+        let chunk_bytes = MAX_CHUNK_BYTES.min(1 << segment_bytes.trailing_zeros());
+        let last = kept.len().saturating_sub(1);
+        let mut segments = BTreeMap::new();
+        let mut write_offset = 0;
+        let mut partial_block: Option<Bytes> = None;
+        for (index, (base, path, valid_len)) in kept.into_iter().enumerate() {
+            let segment = Rc::new(Segment::new(base, path));
+            write_offset = base + valid_len;
+            if index == last {
+                // Cut garbage after the valid end so a later scan never mistakes it for data.
+                let on_disk = file_len_on_disk(&segment.path)?;
+                let file = segment.file().await?;
+                if on_disk > valid_len && valid_len < segment_bytes {
+                    file.truncate(valid_len).await.map_err(io::Error::from)?;
+                    file.fdatasync().await.map_err(io::Error::from)?;
+                }
+                segment.allocated_len.set(Some(valid_len));
+                // The partial last block must be in memory: the next write rewrites it whole.
+                let block_start = align_down(valid_len);
+                if block_start < valid_len && valid_len < segment_bytes {
+                    let read = file
+                        .read_at(block_start, (valid_len - block_start) as usize)
+                        .await
+                        .map_err(io::Error::from)?;
+                    partial_block = Some(Bytes::copy_from_slice(&read));
+                }
+            }
+            segments.insert(base, segment);
+        }
+        let mut ring = WriteRing::new(chunk_bytes, write_offset);
+        if let Some(partial) = partial_block {
+            ring.prepend_partial(&partial);
+        }
         let commit_log = CommitLog {
             dir,
             segment_bytes,
             hot_tail_bytes,
-            segments: RefCell::new(BTreeMap::new()),
-            write_offset: Cell::new(0),
+            preallocate_ahead_bytes: Cell::new(0),
+            segments: RefCell::new(segments),
+            ring: RefCell::new(ring),
+            write_offset: Cell::new(write_offset),
+            issued_to: Cell::new(write_offset),
+            written: Cell::new(write_offset),
+            synced: Cell::new(write_offset),
+            in_flight: RefCell::new(VecDeque::new()),
+            write_error: RefCell::new(None),
         };
-        let last = kept.len().saturating_sub(1);
-        for (index, (base, path, valid_len)) in kept.into_iter().enumerate() {
-            let hot = if index == last { hot_tail_bytes } else { 0 };
-            let file = AppendFile::open_existing(path, valid_len, hot).await?;
-            // Cut garbage after the valid end so a later scan never mistakes it for data.
-            let on_disk = file_len_on_disk(file.path())?;
-            if on_disk > valid_len && valid_len < segment_bytes {
-                file.truncate_on_disk(valid_len).await?;
-            }
-            file.prepare_ahead(PREPARE_AHEAD_BYTES, segment_bytes);
-            commit_log.write_offset.set(base + valid_len);
-            commit_log.segments.borrow_mut().insert(base, Rc::new(file));
-        }
-        if let Some((&base, file)) = commit_log.segments.borrow().iter().next_back() {
-            if file.len() >= segment_bytes {
-                commit_log.write_offset.set(base + segment_bytes);
-            }
-        }
-        scan.end_offset = commit_log.write_offset.get();
+        scan.end_offset = write_offset;
         if let Some((offset, why)) = &scan.truncated_at {
             warn!(offset, why = %why, discarded_bytes = scan.discarded_bytes, "CommitLog recovered with a cut");
         }
@@ -192,6 +312,12 @@ impl CommitLog {
             "CommitLog opened"
         );
         Ok((commit_log, scan))
+    }
+
+    /// Pre-allocates segment files (`fallocate`) up to `ahead_bytes` past the data, so that the
+    /// `fdatasync` after a write seldom has to commit a larger file size.
+    pub fn preallocate_ahead(&self, ahead_bytes: u64) {
+        self.preallocate_ahead_bytes.set(align_down(ahead_bytes));
     }
 
     pub fn dir(&self) -> &Path {
@@ -205,6 +331,16 @@ impl CommitLog {
     /// The physical offset the next record will get (unless it rolls over).
     pub fn write_offset(&self) -> u64 {
         self.write_offset.get()
+    }
+
+    /// Every byte below this has completed its O_DIRECT write.
+    pub fn written_offset(&self) -> u64 {
+        self.written.get()
+    }
+
+    /// Every byte below this is `fdatasync`ed.
+    pub fn synced_offset(&self) -> u64 {
+        self.synced.get()
     }
 
     /// The oldest physical offset still stored.
@@ -222,149 +358,365 @@ impl CommitLog {
         self.segment_bytes - BLANK_MIN_BYTES as u64
     }
 
-    /// Appends the records of `batch` (lengths in `record_lens`, in order). For each record
-    /// `patch(index, physical_offset, record_bytes)` is called before it is frozen, so the
-    /// caller can write the offsets into it. Rolls over to a new segment, padding the current
-    /// one with a blank filler, whenever the next record does not fit.
-    pub fn append_batch(
-        &self,
-        mut batch: BytesMut,
-        record_lens: &[u32],
-        patch: &mut dyn FnMut(usize, u64, &mut [u8]),
-    ) {
-        let mut run_len = 0usize;
-        for (index, &len) in record_lens.iter().enumerate() {
-            let len = u64::from(len);
-            debug_assert!(len <= self.max_record_bytes());
-            let mut position = self.write_offset.get();
-            let segment_base = position - position % self.segment_bytes;
-            if position - segment_base + len + BLANK_MIN_BYTES as u64 > self.segment_bytes {
-                self.current_segment()
-                    .append_bytes(batch.split_to(run_len).freeze());
-                run_len = 0;
-                self.seal_with_blank(segment_base, position);
-                position = self.write_offset.get();
-            }
-            patch(index, position, &mut batch[run_len..run_len + len as usize]);
-            run_len += len as usize;
-            self.write_offset.set(position + len);
-        }
-        debug_assert_eq!(run_len, batch.len());
-        self.current_segment().append_bytes(batch.freeze());
+    /// Bytes of write-ring memory held.
+    pub fn ring_memory_bytes(&self) -> u64 {
+        self.ring.borrow().memory_bytes()
     }
 
-    fn current_segment(&self) -> Rc<AppendFile> {
-        let base = {
-            let offset = self.write_offset.get();
-            offset - offset % self.segment_bytes
-        };
-        let mut segments = self.segments.borrow_mut();
-        segments
+    fn segment_base(&self, offset: u64) -> u64 {
+        offset - offset % self.segment_bytes
+    }
+
+    fn segment(&self, base: u64) -> Rc<Segment> {
+        self.segments
+            .borrow_mut()
             .entry(base)
-            .or_insert_with(|| {
-                let file = AppendFile::new_lazy(
-                    self.dir.join(segment_file_name(base)),
-                    self.hot_tail_bytes,
-                );
-                file.prepare_ahead(PREPARE_AHEAD_BYTES, self.segment_bytes);
-                Rc::new(file)
-            })
+            .or_insert_with(|| Rc::new(Segment::new(base, self.dir.join(segment_file_name(base)))))
             .clone()
     }
 
-    fn seal_with_blank(&self, segment_base: u64, position: u64) {
-        let blank_len = (segment_base + self.segment_bytes - position) as usize;
-        let mut blank = vec![0u8; blank_len];
-        encode_blank(&mut blank);
-        self.current_segment().append_copy(&blank);
-        self.write_offset.set(segment_base + self.segment_bytes);
-        info!(
-            segment = segment_base,
-            "CommitLog segment full, rolling over"
-        );
+    /// Appends the records of `batch` (lengths in `record_lens`, in order), copying them once
+    /// into the write ring. For each record `patch(index, physical_offset, record_bytes)` is
+    /// called first, so the caller can write the offsets into it. Rolls over to a new segment,
+    /// padding the current one with a blank filler, whenever the next record does not fit.
+    pub fn append_batch(
+        &self,
+        batch: &mut [u8],
+        record_lens: &mut dyn Iterator<Item = u32>,
+        patch: &mut dyn FnMut(usize, u64, &mut [u8]),
+    ) {
+        let mut ring = self.ring.borrow_mut();
+        let mut run_start = 0usize;
+        let mut at = 0usize;
+        for (index, len) in record_lens.enumerate() {
+            let len = u64::from(len);
+            debug_assert!(len <= self.max_record_bytes());
+            let mut position = self.write_offset.get();
+            let segment_base = self.segment_base(position);
+            if position - segment_base + len + BLANK_MIN_BYTES as u64 > self.segment_bytes {
+                ring.append(&batch[run_start..at]);
+                run_start = at;
+                let segment_end = segment_base + self.segment_bytes;
+                let mut header = [0u8; BLANK_MIN_BYTES];
+                encode_blank_header(&mut header, segment_end - position);
+                ring.append(&header);
+                ring.append_zeros(segment_end - position - BLANK_MIN_BYTES as u64);
+                self.write_offset.set(segment_end);
+                info!(
+                    segment = segment_base,
+                    "CommitLog segment full, rolling over"
+                );
+                position = segment_end;
+            }
+            patch(index, position, &mut batch[at..at + len as usize]);
+            at += len as usize;
+            self.write_offset.set(position + len);
+        }
+        debug_assert_eq!(at, batch.len());
+        ring.append(&batch[run_start..at]);
+        debug_assert_eq!(ring.end(), self.write_offset.get());
     }
 
-    /// Writes every appended byte to disk (and `fdatasync`s with `is_sync`), oldest segment
-    /// first. Returns the physical offset up to which everything is now durable.
-    pub async fn flush(&self, is_sync: bool) -> io::Result<u64> {
-        let target = self.write_offset.get();
-        let dirty: Vec<Rc<AppendFile>> = self
-            .segments
-            .borrow()
-            .values()
-            .filter(|f| f.len() > f.durable_len())
-            .cloned()
-            .collect();
-        for file in &dirty {
-            file.flush(is_sync).await?;
+    /// Plans the next O_DIRECT write, if one may start now: a full chunk whenever one is
+    /// waiting (several in flight), a partly filled chunk only when nothing else is in flight
+    /// (the disk would otherwise sit idle while data waits). Writes never overlap: a write that
+    /// would rewrite a block still being written waits for it.
+    pub fn next_write_job(&self) -> Option<WriteJob> {
+        let issued = self.issued_to.get();
+        let end = self.write_offset.get();
+        let in_flight = self.in_flight.borrow().len();
+        if issued >= end || in_flight >= MAX_WRITES_IN_FLIGHT || self.write_error.borrow().is_some()
+        {
+            return None;
         }
-        // Sealed segments no longer need a hot tail once durable.
-        let segments = self.segments.borrow();
-        let last_base = segments.keys().next_back().copied();
-        for (base, file) in segments.iter() {
-            if Some(*base) != last_base && file.durable_len() == file.len() {
-                file.set_hot_tail_bytes(0);
+        let from = align_down(issued);
+        if from < issued && in_flight > 0 {
+            return None;
+        }
+        let ring = self.ring.borrow();
+        let chunk_bytes = ring.chunk_bytes();
+        let chunk_base = issued - issued % chunk_bytes;
+        let chunk_end = chunk_base + chunk_bytes;
+        let data_to = end.min(chunk_end);
+        if data_to < chunk_end && in_flight > 0 {
+            return None;
+        }
+        let buffer = if from == chunk_base && data_to == chunk_end {
+            ring.full_chunk(chunk_base)
+        } else {
+            let write_len = (align_up(data_to) - from) as usize;
+            let data_len = (data_to - from) as usize;
+            let mut buffer = glommio::allocate_dma_buffer(write_len);
+            let out = buffer.as_bytes_mut();
+            ring.copy_to(from, &mut out[..data_len]);
+            out[data_len..].fill(0);
+            Rc::new(buffer)
+        };
+        drop(ring);
+        self.issued_to.set(data_to);
+        self.in_flight.borrow_mut().push_back(InFlight {
+            from,
+            data_to,
+            state: WriteState::Running,
+        });
+        Some(WriteJob {
+            segment: self.segment(self.segment_base(from)),
+            from,
+            data_to,
+            buffer,
+        })
+    }
+
+    /// Performs a planned write; then [`CommitLog::finish_write`] must be told its outcome.
+    pub async fn write(&self, job: WriteJob) -> io::Result<()> {
+        let file = job.segment.file().await?;
+        let position = job.from - job.segment.base;
+        let expected = job.buffer.len() as u64;
+        self.preallocate(&job.segment, &file, position + expected)
+            .await;
+        let mut done = file
+            .write_rc_at(job.buffer.clone(), position)
+            .await
+            .map_err(io::Error::from)? as u64;
+        // A short write continues from where it stopped (block aligned) and either goes
+        // through or fails with the real cause (ENOSPC) for the caller to report.
+        while done < expected {
+            let from = align_down(done);
+            let bytes = job.buffer.as_bytes();
+            let mut rest = glommio::allocate_dma_buffer((expected - from) as usize);
+            rest.as_bytes_mut().copy_from_slice(&bytes[from as usize..]);
+            let more = file
+                .write_at(rest, position + from)
+                .await
+                .map_err(io::Error::from)? as u64;
+            if more == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!(
+                        "O_DIRECT write to {} made no progress at {}",
+                        job.segment.path.display(),
+                        position + from
+                    ),
+                ));
+            }
+            done = from + more;
+        }
+        Ok(())
+    }
+
+    async fn preallocate(&self, segment: &Segment, file: &DmaFile, write_end: u64) {
+        let ahead = self.preallocate_ahead_bytes.get();
+        if ahead == 0 {
+            return;
+        }
+        let allocated = match segment.allocated_len.get() {
+            Some(len) => len,
+            None => file_len_on_disk(&segment.path).unwrap_or(0),
+        };
+        segment.allocated_len.set(Some(allocated));
+        if write_end <= allocated {
+            return;
+        }
+        let to = (write_end + ahead).min(self.segment_bytes);
+        match file.pre_allocate(to, false).await {
+            Ok(()) => segment.allocated_len.set(Some(to)),
+            Err(e) => {
+                // A full disk: data writes go on without preparation (and fail on their own).
+                tracing::debug!(segment = %segment.path.display(), error = %e, "cannot pre-allocate the segment");
+                segment.allocated_len.set(Some(write_end));
             }
         }
+    }
+
+    /// Records the outcome of the write that started at `from`; advances the written offset
+    /// over every write completed in order. Returns whether it advanced.
+    pub fn finish_write(&self, from: u64, outcome: io::Result<()>) -> bool {
+        let mut in_flight = self.in_flight.borrow_mut();
+        let Some(entry) = in_flight
+            .iter_mut()
+            .find(|e| e.from == from && e.state == WriteState::Running)
+        else {
+            debug_assert!(false, "finished a write that was not running");
+            return false;
+        };
+        match outcome {
+            Ok(()) => entry.state = WriteState::Done,
+            Err(e) => {
+                entry.state = WriteState::Failed;
+                let mut error = self.write_error.borrow_mut();
+                if error.is_none() {
+                    *error = Some(e);
+                }
+            }
+        }
+        let mut advanced = false;
+        while in_flight
+            .front()
+            .is_some_and(|e| e.state == WriteState::Done)
+        {
+            let done = in_flight.pop_front().expect("front");
+            if done.data_to > self.written.get() {
+                self.written.set(done.data_to);
+                advanced = true;
+            }
+        }
+        drop(in_flight);
+        if advanced {
+            self.trim_ring();
+        }
+        advanced
+    }
+
+    /// After a failed write, once no write is running: takes the error and plans the next
+    /// writes from the written offset again (a write after the failed one may have gone
+    /// through; writing it again is harmless).
+    pub fn take_write_error(&self) -> Option<io::Error> {
+        let mut in_flight = self.in_flight.borrow_mut();
+        if in_flight.iter().any(|e| e.state == WriteState::Running) {
+            return None;
+        }
+        let error = self.write_error.borrow_mut().take()?;
+        in_flight.clear();
+        self.issued_to.set(self.written.get());
+        Some(error)
+    }
+
+    /// Whether writes are planned or running.
+    pub fn has_writes_in_flight(&self) -> bool {
+        !self.in_flight.borrow().is_empty()
+    }
+
+    /// `fdatasync`s every segment holding written bytes not yet synced. Returns the offset now
+    /// synced.
+    pub async fn sync(&self) -> io::Result<u64> {
+        let target = self.written.get();
+        let from = self.synced.get();
+        if target <= from {
+            return Ok(from);
+        }
+        let bases: Vec<u64> = self
+            .segments
+            .borrow()
+            .range(self.segment_base(from)..target)
+            .map(|(base, _)| *base)
+            .collect();
+        for base in bases {
+            let segment = self.segment(base);
+            segment.file().await?.fdatasync().await?;
+        }
+        self.synced.set(self.synced.get().max(target));
         Ok(target)
     }
 
-    /// Reads `len` bytes at physical offset `offset` (a record never spans segments).
+    /// Keeps in the ring what is not yet written (a rewrite after a failure needs it) and the
+    /// newest `hot_tail_bytes`.
+    fn trim_ring(&self) {
+        let end = self.write_offset.get();
+        let keep_from = align_down(self.written.get()).min(end.saturating_sub(self.hot_tail_bytes));
+        self.ring.borrow_mut().trim_below(keep_from);
+    }
+
+    /// Reads `len` bytes at physical offset `offset` (a record never spans segments): from the
+    /// write ring when they are there (a slice of it when they lie in one chunk), else from
+    /// the segment file with an O_DIRECT read.
     pub async fn read(&self, offset: u64, len: u64) -> io::Result<Bytes> {
-        let file = {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.write_offset.get());
+        let Some(end) = end else {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {len} bytes at {offset} is past the CommitLog end ({})",
+                    self.write_offset.get()
+                ),
+            ));
+        };
+        if let Some(bytes) = self.ring.borrow().read(offset, end) {
+            return Ok(bytes);
+        }
+        let segment = {
             let segments = self.segments.borrow();
-            let (base, file) = segments.range(..=offset).next_back().ok_or_else(|| {
+            let (_, segment) = segments.range(..=offset).next_back().ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("physical offset {offset} is before the oldest segment"),
                 )
             })?;
-            (*base, file.clone())
+            segment.clone()
         };
-        file.1.read(offset - file.0, len).await
+        let position = offset - segment.base;
+        let result = segment
+            .file()
+            .await?
+            .read_at(position, len as usize)
+            .await
+            .map_err(io::Error::from)?;
+        if (result.len() as u64) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} is shorter than expected: wanted {len} bytes at {position}",
+                    segment.path.display()
+                ),
+            ));
+        }
+        Ok(Bytes::copy_from_slice(&result[..len as usize]))
     }
 
-    /// End offset of the segment holding `offset` (a read must not cross it).
+    /// End offset of the data of the segment holding `offset` (a read must not cross it).
     pub fn segment_end(&self, offset: u64) -> Option<u64> {
         let segments = self.segments.borrow();
-        let (base, file) = segments.range(..=offset).next_back()?;
-        Some(base + file.len())
+        let (base, _) = segments.range(..=offset).next_back()?;
+        Some((base + self.segment_bytes).min(self.write_offset.get()))
     }
 
     /// Segments other than the newest, oldest first, as `(base, end offset, path)`.
     pub fn sealed_segments(&self) -> Vec<(u64, u64, PathBuf)> {
         let segments = self.segments.borrow();
-        let count = segments.len();
+        let current = self.segment_base(self.write_offset.get());
         segments
             .iter()
-            .take(count.saturating_sub(1))
-            .map(|(base, file)| (*base, base + file.len(), file.path().to_path_buf()))
+            .filter(|(base, _)| **base < current)
+            .map(|(base, segment)| (*base, base + self.segment_bytes, segment.path.clone()))
             .collect()
     }
 
-    /// Deletes the oldest segment if it is sealed and durable. Returns its end offset.
+    /// Deletes the oldest segment if it is sealed and synced. Returns its end offset.
     pub async fn delete_oldest_segment(&self) -> io::Result<Option<u64>> {
-        let file = {
+        let segment = {
             let segments = self.segments.borrow();
-            if segments.len() < 2 {
+            let Some((&base, segment)) = segments.iter().next() else {
+                return Ok(None);
+            };
+            let is_sealed = base + self.segment_bytes <= self.write_offset.get()
+                && self.segment_base(self.write_offset.get()) > base;
+            if !is_sealed || base + self.segment_bytes > self.synced.get() {
                 return Ok(None);
             }
-            let (base, file) = segments.iter().next().expect("two segments");
-            if file.durable_len() < file.len() {
-                return Ok(None);
-            }
-            (*base, file.clone())
+            segment.clone()
         };
-        self.segments.borrow_mut().remove(&file.0);
-        file.1.remove().await?;
-        info!(segment = file.0, "deleted CommitLog segment");
-        Ok(Some(file.0 + self.segment_bytes))
+        self.segments.borrow_mut().remove(&segment.base);
+        segment.close().await;
+        match std::fs::remove_file(&segment.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        info!(segment = segment.base, "deleted CommitLog segment");
+        Ok(Some(segment.base + self.segment_bytes))
     }
 
-    /// Bytes on disk in all segments.
+    /// Bytes of data in all segments.
     pub fn disk_bytes(&self) -> u64 {
-        self.segments.borrow().values().map(|f| f.len()).sum()
+        let min = self.min_offset();
+        self.write_offset.get().saturating_sub(min)
     }
+}
+
+/// Writes a blank filler header for a filler `total_size` bytes long.
+fn encode_blank_header(out: &mut [u8; BLANK_MIN_BYTES], total_size: u64) {
+    out[..4].copy_from_slice(&(total_size as u32).to_be_bytes());
+    out[4..8].copy_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
 }
 
 fn file_len_on_disk(path: &Path) -> io::Result<u64> {

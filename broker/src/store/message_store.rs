@@ -31,8 +31,9 @@ use super::format::{StoreFormat, FORMAT_VERSION};
 use super::index::{index_hash, IndexEntry, IndexKind, MessageIndex};
 use super::notify::LocalNotify;
 use super::record::{
-    decode_message, encode_record, patch_record, peek_total_size, PendingRecord, RecordError,
-    RecordInput, RecordView, StorePatch,
+    decode_message, encode_record, patch_record, peek_total_size, tags_hash, PendingRecord,
+    RecordError, RecordInput, RecordView, StorePatch, PROPERTY_KEYS, PROPERTY_TAGS,
+    PROPERTY_UNIQUE_KEY,
 };
 
 /// When an append counts as complete.
@@ -40,7 +41,9 @@ use super::record::{
 pub enum FlushMode {
     /// After the `fdatasync` that covers it.
     Sync,
-    /// Once buffered; the flush loop writes at least every `flush_interval_ms`.
+    /// Once the O_DIRECT write that holds it has completed (the bytes are in the kernel: a
+    /// crash of the broker process cannot lose them); `fdatasync` follows at least every
+    /// `flush_interval_ms`, so a power loss can lose at most that window.
     Async,
 }
 
@@ -72,7 +75,7 @@ pub struct StoreConfig {
     pub index_max_entries_per_file: u64,
     /// Recent CommitLog bytes kept in memory for tailing readers.
     pub hot_tail_bytes: u64,
-    /// Appended but not yet written bytes above which appends get `Busy`.
+    /// Appended bytes not yet written (completed O_DIRECT writes) above which appends get `Busy`.
     pub max_unflushed_bytes: u64,
     pub file_reserved_hours: u64,
     pub retention_interval_ms: u64,
@@ -157,11 +160,23 @@ fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError 
     move |source| StoreError::Io { context, source }
 }
 
-/// Records encoded by a network shard, on their way to a storage shard.
+/// Records encoded by a network shard, on their way to a storage shard, with everything the
+/// storage shard needs to store them: their lengths, queues, tags hashes and index hashes. The
+/// storage shard does not parse or re-validate the records (see `docs/storage-format.md`,
+/// "Write path").
 #[derive(Debug, Default)]
 pub struct EncodedBatch {
     pub bytes: BytesMut,
     pub records: Vec<PendingRecord>,
+    /// The distinct topics of the records (nearly always one); `PendingRecord::topic` indexes it.
+    pub topics: Vec<String>,
+    /// Index hashes of every record in order (`PendingRecord::index_hash_count` each).
+    pub index_hashes: Vec<u64>,
+}
+
+/// The value of the first property named `key`, as a record's readers find it.
+fn first_property<'a>(properties: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
+    properties.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
 }
 
 impl EncodedBatch {
@@ -170,8 +185,37 @@ impl EncodedBatch {
     }
 
     pub fn push(&mut self, input: &RecordInput<'_>) -> Result<(), RecordError> {
-        let pending = encode_record(&mut self.bytes, input)?;
-        self.records.push(pending);
+        let len = encode_record(&mut self.bytes, input)?;
+        let topic = match self.topics.iter().position(|t| t == input.topic) {
+            Some(index) => index,
+            None => {
+                self.topics.push(input.topic.to_owned());
+                self.topics.len() - 1
+            }
+        };
+        let hashes_before = self.index_hashes.len();
+        let keys = first_property(input.properties, PROPERTY_KEYS).unwrap_or("");
+        for key in keys.split(' ').filter(|k| !k.is_empty()) {
+            self.index_hashes
+                .push(index_hash(IndexKind::Key, input.topic, key));
+        }
+        if let Some(id) = first_property(input.properties, PROPERTY_UNIQUE_KEY) {
+            self.index_hashes
+                .push(index_hash(IndexKind::UniqueId, "", id));
+        }
+        let index_hash_count = self.index_hashes.len() - hashes_before;
+        if index_hash_count > usize::from(u16::MAX) || self.topics.len() > usize::from(u16::MAX) {
+            return Err(RecordError::PropertiesTooLong(index_hash_count));
+        }
+        self.records.push(PendingRecord {
+            len,
+            queue_id: input.queue_id,
+            tags_hash: first_property(input.properties, PROPERTY_TAGS)
+                .map(tags_hash)
+                .unwrap_or(0),
+            topic: topic as u16,
+            index_hash_count: index_hash_count as u16,
+        });
         Ok(())
     }
 
@@ -181,6 +225,12 @@ impl EncodedBatch {
 
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
+    }
+
+    /// (topic, queue) of the first record (a producer's send targets one queue).
+    pub fn first_queue(&self) -> Option<(&str, u32)> {
+        let first = self.records.first()?;
+        Some((self.topics.get(usize::from(first.topic))?, first.queue_id))
     }
 }
 
@@ -247,7 +297,8 @@ pub struct RecoveryReport {
     pub rebuilt_derived: bool,
 }
 
-/// A record's derived entries, computed once when it is appended or scanned.
+/// A record's derived entries, computed once when it is appended or scanned. Its index hashes
+/// (`index_hash_count` of them) wait in [`PendingDispatch::index_hashes`], in record order.
 struct DispatchInfo {
     queue: Rc<ConsumeQueue>,
     physical_offset: u64,
@@ -255,10 +306,23 @@ struct DispatchInfo {
     queue_offset: u64,
     tags_hash: u64,
     store_timestamp_ms: i64,
-    index_hashes: Vec<u64>,
+    index_hash_count: u16,
+}
+
+/// Appended records not yet visible (their bytes not yet written, or synced under sync flush).
+#[derive(Default)]
+struct PendingDispatch {
+    infos: VecDeque<DispatchInfo>,
+    index_hashes: VecDeque<u64>,
 }
 
 /// Largest number of candidates one key/id query examines.
+/// Time within which the flush loop gets the CPU when it has work (its task queue's latency).
+const WRITER_LATENCY: Duration = Duration::from_micros(500);
+
+/// Sync flush: segment files are pre-allocated this far ahead of the data.
+const PREALLOCATE_AHEAD_BYTES: u64 = 64 << 20;
+
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
 /// sliced out of one read).
 const READ_SPAN_BYTES: u64 = 256 << 10;
@@ -270,12 +334,13 @@ struct Inner {
     commit_log: CommitLog,
     queues: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>>,
     index: MessageIndex,
-    durable_offset: Cell<u64>,
     dispatched_offset: Cell<u64>,
-    /// Sync mode: appended records waiting for their flush before dispatch.
-    pending_dispatch: RefCell<VecDeque<DispatchInfo>>,
+    /// Appended records waiting for their write (async) or sync (sync) before dispatch.
+    pending_dispatch: RefCell<PendingDispatch>,
     last_store_timestamp_ms: Cell<i64>,
-    appended: LocalNotify,
+    /// Wakes the flush loop: an append, a finished write or sync, closing.
+    writer_wake: LocalNotify,
+    /// Records became visible (or a write failed): waiting appends re-check.
     flushed: LocalNotify,
     arrivals: LocalNotify,
     closing: LocalNotify,
@@ -365,7 +430,24 @@ impl MessageStore {
             inner: inner.clone(),
             tasks: Rc::new(RefCell::new(Vec::new())),
         };
-        let flush_task = glommio::spawn_local(flush_loop(inner.clone())).detach();
+        if inner.config.flush_mode == FlushMode::Sync {
+            inner.commit_log.preallocate_ahead(PREALLOCATE_AHEAD_BYTES);
+        }
+        // The flush loop and its writes get their own task queue with a latency guarantee:
+        // glommio reaps I/O completions between task-queue runs, and in the shared queue busy
+        // appenders would keep the next write from starting until the preemption tick.
+        let writer_queue = glommio::executor().create_task_queue(
+            glommio::Shares::Static(1000),
+            glommio::Latency::Matters(WRITER_LATENCY),
+            "commitlog-writer",
+        );
+        let flush_task =
+            glommio::spawn_local_into(flush_loop(inner.clone(), writer_queue), writer_queue)
+                .map_err(|e| StoreError::Io {
+                    context: "starting the flush loop".into(),
+                    source: io::Error::other(e.to_string()),
+                })?
+                .detach();
         let housekeeping_task = glommio::spawn_local(housekeeping_loop(inner)).detach();
         store
             .tasks
@@ -378,66 +460,86 @@ impl MessageStore {
         &self.inner.config
     }
 
-    /// Appends a batch; completes as the flush mode says. On error nothing of the batch is
-    /// appended.
+    /// Appends a batch; completes as the flush mode says (async: once its bytes are written,
+    /// sync: once they are synced), or with `FlushDiskTimeout` after `sync_flush_timeout_ms`.
+    /// On error nothing of the batch is appended.
     pub async fn append(&self, batch: EncodedBatch) -> Result<AppendOutcome, StoreError> {
         let inner = &self.inner;
         inner.check_writable(batch.bytes.len() as u64)?;
-        let queues = inner.queues_for_batch(&batch)?;
+        inner.check_batch(&batch)?;
         let store_timestamp_ms = now_ms().max(inner.last_store_timestamp_ms.get());
         inner.last_store_timestamp_ms.set(store_timestamp_ms);
-        let mut records = Vec::with_capacity(batch.records.len());
-        let mut infos = Vec::with_capacity(batch.records.len());
-        let lens: Vec<u32> = batch.records.iter().map(|r| r.len).collect();
-        let pending = batch.records;
-        inner
-            .commit_log
-            .append_batch(batch.bytes, &lens, &mut |index, physical_offset, bytes| {
-                let queue = &queues[index];
-                let queue_offset = queue.assign_offset();
-                let patch = StorePatch {
-                    queue_offset,
-                    physical_offset,
-                    store_timestamp_ms,
-                };
-                patch_record(bytes, pending[index], patch);
-                let view = RecordView::parse_unchecked(bytes).expect("validated before the append");
-                records.push(AppendedRecord {
-                    physical_offset,
-                    size: pending[index].len,
-                    queue_id: view.queue_id(),
-                    queue_offset,
-                    store_timestamp_ms,
-                });
-                infos.push(dispatch_info(queue.clone(), physical_offset, &view));
-            });
-        let end = inner.commit_log.write_offset();
-        match inner.config.flush_mode {
-            FlushMode::Async => {
-                for info in &infos {
-                    inner.dispatch(info).map_err(StoreError::Corrupt)?;
-                }
-                inner.arrivals.notify_all();
-                if end - inner.durable_offset.get() > inner.config.max_unflushed_bytes / 2 {
-                    inner.appended.notify_all();
-                }
-                Ok(AppendOutcome {
-                    status: AppendStatus::Ok,
-                    records,
-                })
-            }
-            FlushMode::Sync => {
-                inner.pending_dispatch.borrow_mut().extend(infos);
-                inner.appended.notify_all();
-                let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
-                let status = if inner.wait_durable(end, timeout).await {
-                    AppendStatus::Ok
-                } else {
-                    AppendStatus::FlushDiskTimeout
-                };
-                Ok(AppendOutcome { status, records })
-            }
+        let EncodedBatch {
+            mut bytes,
+            records: pending,
+            topics,
+            index_hashes,
+        } = batch;
+        let mut records = Vec::with_capacity(pending.len());
+        {
+            let mut waiting = inner.pending_dispatch.borrow_mut();
+            waiting.index_hashes.extend(index_hashes);
+            // A batch nearly always targets one queue: look it up once per run of records.
+            let mut last_queue: Option<(u16, u32, Rc<ConsumeQueue>)> = None;
+            inner.commit_log.append_batch(
+                &mut bytes,
+                &mut pending.iter().map(|r| r.len),
+                &mut |index, physical_offset, record| {
+                    let info = &pending[index];
+                    let queue = match &last_queue {
+                        Some((topic, queue_id, queue))
+                            if *topic == info.topic && *queue_id == info.queue_id =>
+                        {
+                            queue.clone()
+                        }
+                        _ => {
+                            let queue = get_or_create_queue(
+                                &inner.queues,
+                                &inner.config,
+                                &topics[usize::from(info.topic)],
+                                info.queue_id,
+                            );
+                            last_queue = Some((info.topic, info.queue_id, queue.clone()));
+                            queue
+                        }
+                    };
+                    let queue_offset = queue.assign_offset();
+                    patch_record(
+                        record,
+                        StorePatch {
+                            queue_offset,
+                            physical_offset,
+                            store_timestamp_ms,
+                        },
+                    );
+                    records.push(AppendedRecord {
+                        physical_offset,
+                        size: info.len,
+                        queue_id: info.queue_id,
+                        queue_offset,
+                        store_timestamp_ms,
+                    });
+                    waiting.infos.push_back(DispatchInfo {
+                        queue,
+                        physical_offset,
+                        size: info.len,
+                        queue_offset,
+                        tags_hash: info.tags_hash,
+                        store_timestamp_ms,
+                        index_hash_count: info.index_hash_count,
+                    });
+                },
+            );
         }
+        let end = inner.commit_log.write_offset();
+        inner.writer_wake.notify_all();
+        let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
+        let status = if inner.wait_visible(end, timeout).await {
+            AppendStatus::Ok
+        } else {
+            AppendStatus::FlushDiskTimeout
+        };
+        Ok(AppendOutcome { status, records })
     }
 
     /// Reads messages of (topic, queue) from `offset`: at most `max_messages` and about
@@ -648,7 +750,7 @@ impl MessageStore {
     pub async fn wait_durable_to_current_end(&self) {
         let inner = &self.inner;
         let end = inner.commit_log.write_offset();
-        while inner.durable_offset.get() < end {
+        while inner.commit_log.synced_offset() < end && !inner.is_closed.get() {
             inner.flushed.notified().await;
         }
     }
@@ -658,14 +760,15 @@ impl MessageStore {
         self.inner.arrivals.notified()
     }
 
-    /// `(min, write)` physical offsets of the CommitLog and the durable offset.
+    /// `(min, write, synced)` physical offsets of the CommitLog.
     pub fn commitlog_offsets(&self) -> (u64, u64, u64) {
         let log = &self.inner.commit_log;
-        (
-            log.min_offset(),
-            log.write_offset(),
-            self.inner.durable_offset.get(),
-        )
+        (log.min_offset(), log.write_offset(), log.synced_offset())
+    }
+
+    /// The physical offset below which every byte has completed its O_DIRECT write.
+    pub fn commitlog_written_offset(&self) -> u64 {
+        self.inner.commit_log.written_offset()
     }
 
     /// Bytes of CommitLog segments on disk.
@@ -694,16 +797,14 @@ impl MessageStore {
         if inner.is_closed.replace(true) {
             return Ok(());
         }
-        inner.appended.notify_all();
+        inner.writer_wake.notify_all();
         inner.closing.notify_all();
+        // The flush loop writes and syncs everything appended before it stops.
         let tasks: Vec<_> = self.tasks.borrow_mut().drain(..).collect();
         for task in tasks {
             task.await;
         }
         let end = inner.commit_log.write_offset();
-        if inner.durable_offset.get() < end {
-            inner.flush_commitlog_once().await?;
-        }
         inner.checkpoint().await?;
         info!(end_offset = end, "store closed");
         Ok(())
@@ -733,16 +834,17 @@ fn settle_segment_bytes(dir: &Path, configured: u64) -> Result<u64, StoreError> 
     }
 }
 
+/// The derived entries of a record read back from the CommitLog (recovery); its index hashes
+/// are pushed to `index_hashes`. Must agree with [`EncodedBatch::push`].
 fn dispatch_info(
     queue: Rc<ConsumeQueue>,
     physical_offset: u64,
     view: &RecordView<'_>,
+    index_hashes: &mut Vec<u64>,
 ) -> DispatchInfo {
     let topic = view.topic();
-    let mut index_hashes: Vec<u64> = view
-        .keys()
-        .map(|k| index_hash(IndexKind::Key, topic, k))
-        .collect();
+    let before = index_hashes.len();
+    index_hashes.extend(view.keys().map(|k| index_hash(IndexKind::Key, topic, k)));
     if let Some(id) = view.unique_key() {
         index_hashes.push(index_hash(IndexKind::UniqueId, "", id));
     }
@@ -751,9 +853,9 @@ fn dispatch_info(
         physical_offset,
         size: view.total_size(),
         queue_offset: view.queue_offset(),
-        tags_hash: view.tags().map(super::record::tags_hash).unwrap_or(0),
+        tags_hash: view.tags().map(tags_hash).unwrap_or(0),
         store_timestamp_ms: view.store_timestamp_ms(),
-        index_hashes,
+        index_hash_count: (index_hashes.len() - before) as u16,
     }
 }
 
@@ -793,6 +895,7 @@ impl Inner {
         let queue_map: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>> =
             RefCell::new(queues);
         let mut pending: Vec<DispatchInfo> = Vec::new();
+        let mut pending_hashes: Vec<u64> = Vec::new();
         let mut has_gap = false;
         let (commit_log, scan) = {
             let mut on_record = |physical_offset: u64, view: &RecordView<'_>| {
@@ -800,7 +903,7 @@ impl Inner {
                     return;
                 }
                 let queue = get_or_create_queue(&queue_map, config, view.topic(), view.queue_id());
-                let info = dispatch_info(queue, physical_offset, view);
+                let info = dispatch_info(queue, physical_offset, view, &mut pending_hashes);
                 // Only a full scan may find a queue starting past 0 (retention took its start);
                 // after a checkpoint that means its ConsumeQueue files were lost: rebuild.
                 let may_start_past_zero = keep_below == 0;
@@ -848,8 +951,9 @@ impl Inner {
                 }
             }
         }
+        let mut hashes = pending_hashes.into_iter();
         for info in &pending {
-            for &hash in &info.index_hashes {
+            for hash in hashes.by_ref().take(usize::from(info.index_hash_count)) {
                 index.put(IndexEntry {
                     hash,
                     commitlog_offset: info.physical_offset,
@@ -880,11 +984,10 @@ impl Inner {
             commit_log,
             queues: queue_map,
             index,
-            durable_offset: Cell::new(end),
             dispatched_offset: Cell::new(end),
-            pending_dispatch: RefCell::new(VecDeque::new()),
+            pending_dispatch: RefCell::new(PendingDispatch::default()),
             last_store_timestamp_ms: Cell::new(last_ts),
-            appended: LocalNotify::default(),
+            writer_wake: LocalNotify::default(),
             flushed: LocalNotify::default(),
             arrivals: LocalNotify::default(),
             closing: LocalNotify::default(),
@@ -917,7 +1020,8 @@ impl Inner {
         if let Some(problem) = self.flush_error.borrow().as_ref() {
             return Err(StoreError::FlushFailing(problem.clone()));
         }
-        let unflushed = self.commit_log.write_offset() - self.durable_offset.get() + batch_bytes;
+        let unflushed =
+            self.commit_log.write_offset() - self.commit_log.written_offset() + batch_bytes;
         if unflushed > self.config.max_unflushed_bytes {
             return Err(StoreError::Busy {
                 unflushed_bytes: unflushed,
@@ -927,56 +1031,56 @@ impl Inner {
         Ok(())
     }
 
-    /// Validates the batch's structure and finds each record's queue.
-    fn queues_for_batch(&self, batch: &EncodedBatch) -> Result<Vec<Rc<ConsumeQueue>>, StoreError> {
-        let mut queues = Vec::with_capacity(batch.records.len());
-        let mut at = 0usize;
+    /// Checks what the encoder promised and the store relies on: record lengths that add up to
+    /// the batch and fit a segment, and topics that are safe directory names. It does not parse
+    /// the records: the network shard encoded them.
+    fn check_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
         let limit = self.commit_log.max_record_bytes();
+        let mut total = 0u64;
+        let mut hashes = 0usize;
         for pending in &batch.records {
-            let len = pending.len as usize;
-            if len as u64 > limit {
+            if u64::from(pending.len) > limit {
                 return Err(StoreError::RecordTooLarge {
-                    size: len as u64,
+                    size: u64::from(pending.len),
                     limit,
                 });
             }
-            let bytes = batch
-                .bytes
-                .get(at..at + len)
-                .ok_or(RecordError::Truncated {
-                    available: batch.bytes.len().saturating_sub(at),
-                    needed: len,
-                })?;
-            let view = RecordView::parse_unchecked(bytes)?;
-            // The topic becomes a directory name: only RocketMQ's name characters may pass.
-            if let Err(why) = crate::naming::check_topic_name(view.topic()) {
-                return Err(StoreError::InvalidRecord(RecordError::InvalidTopic(why)));
+            if usize::from(pending.topic) >= batch.topics.len() {
+                return Err(StoreError::InvalidRecord(RecordError::EmptyTopic));
             }
-            if view.total_size() as usize != len {
-                return Err(RecordError::BadTotalSize {
-                    total_size: view.total_size(),
-                    available: len,
-                }
-                .into());
-            }
-            queues.push(get_or_create_queue(
-                &self.queues,
-                &self.config,
-                view.topic(),
-                view.queue_id(),
-            ));
-            at += len;
+            total += u64::from(pending.len);
+            hashes += usize::from(pending.index_hash_count);
         }
-        if at != batch.bytes.len() {
+        if total != batch.bytes.len() as u64 || hashes != batch.index_hashes.len() {
             return Err(StoreError::InvalidRecord(RecordError::LengthMismatch {
-                computed: at,
+                computed: total as usize,
                 total_size: batch.bytes.len(),
             }));
         }
-        Ok(queues)
+        for topic in &batch.topics {
+            // The topic becomes a directory name: only RocketMQ's name characters may pass.
+            if let Err(why) = crate::naming::check_topic_name(topic) {
+                return Err(StoreError::InvalidRecord(RecordError::InvalidTopic(why)));
+            }
+        }
+        Ok(())
     }
 
-    fn dispatch(&self, info: &DispatchInfo) -> Result<(), String> {
+    fn dispatch(
+        &self,
+        info: &DispatchInfo,
+        index_hashes: &mut VecDeque<u64>,
+    ) -> Result<(), String> {
+        for _ in 0..info.index_hash_count {
+            let hash = index_hashes
+                .pop_front()
+                .expect("hashes pushed with their record");
+            self.index.put(IndexEntry {
+                hash,
+                commitlog_offset: info.physical_offset,
+                store_timestamp_ms: info.store_timestamp_ms,
+            });
+        }
         info.queue
             .put(info.queue_offset, entry_of(info), false)
             .map_err(|max| {
@@ -985,22 +1089,23 @@ impl Inner {
                 info.queue_offset
             )
             })?;
-        for &hash in &info.index_hashes {
-            self.index.put(IndexEntry {
-                hash,
-                commitlog_offset: info.physical_offset,
-                store_timestamp_ms: info.store_timestamp_ms,
-            });
-        }
         self.dispatched_offset
             .set(info.physical_offset + u64::from(info.size));
         Ok(())
     }
 
-    /// Waits until everything below `end` is durable; `false` on timeout.
-    async fn wait_durable(&self, end: u64, timeout: Duration) -> bool {
+    /// The offset below which appended records are complete under the flush mode.
+    fn visible_offset(&self) -> u64 {
+        match self.config.flush_mode {
+            FlushMode::Async => self.commit_log.written_offset(),
+            FlushMode::Sync => self.commit_log.synced_offset(),
+        }
+    }
+
+    /// Waits until everything below `end` is complete under the flush mode; `false` on timeout.
+    async fn wait_visible(&self, end: u64, timeout: Duration) -> bool {
         let wait = async {
-            while self.durable_offset.get() < end {
+            while self.visible_offset() < end {
                 self.flushed.notified().await;
             }
             true
@@ -1012,50 +1117,50 @@ impl Inner {
         .await
     }
 
-    /// One group commit: write and sync everything appended so far, then dispatch what it
-    /// covered and wake the waiters.
-    async fn flush_commitlog_once(&self) -> Result<(), StoreError> {
-        let started = std::time::Instant::now();
-        let flushed = self.commit_log.flush(true).await;
-        if let Some(observe) = self.flush_observer.borrow().as_ref() {
-            observe(started.elapsed());
+    /// Dispatches every appended record now complete under the flush mode into its
+    /// ConsumeQueue and the index, and wakes waiting appends and long polls.
+    fn publish_progress(&self) -> Result<(), StoreError> {
+        let visible = self.visible_offset();
+        let mut dispatched_any = false;
+        {
+            let mut pending = self.pending_dispatch.borrow_mut();
+            let PendingDispatch {
+                infos,
+                index_hashes,
+            } = &mut *pending;
+            while infos
+                .front()
+                .is_some_and(|info| info.physical_offset < visible)
+            {
+                let info = infos.pop_front().expect("front");
+                self.dispatch(&info, index_hashes)
+                    .map_err(StoreError::Corrupt)?;
+                dispatched_any = true;
+            }
         }
-        match flushed {
-            Ok(durable) => {
-                self.durable_offset.set(durable);
-                if self.flush_error.borrow_mut().take().is_some() {
-                    info!("CommitLog flush recovered");
-                }
-                let mut dispatched_any = false;
-                loop {
-                    let next = {
-                        let mut pending = self.pending_dispatch.borrow_mut();
-                        match pending.front() {
-                            Some(info) if info.physical_offset < durable => pending.pop_front(),
-                            _ => None,
-                        }
-                    };
-                    let Some(info) = next else { break };
-                    self.dispatch(&info).map_err(StoreError::Corrupt)?;
-                    dispatched_any = true;
-                }
-                self.flushed.notify_all();
-                if dispatched_any {
-                    self.arrivals.notify_all();
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let problem = e.to_string();
-                if self.flush_error.borrow().as_deref() != Some(problem.as_str()) {
-                    error!(error = %problem, "CommitLog flush failed; refusing appends until it succeeds");
-                }
-                *self.flush_error.borrow_mut() = Some(problem);
-                Err(StoreError::Io {
-                    context: "CommitLog flush".into(),
-                    source: e,
-                })
-            }
+        self.flushed.notify_all();
+        if dispatched_any {
+            self.arrivals.notify_all();
+        }
+        Ok(())
+    }
+
+    fn observe_flush(&self, elapsed: Duration) {
+        if let Some(observe) = self.flush_observer.borrow().as_ref() {
+            observe(elapsed);
+        }
+    }
+
+    fn report_flush_failure(&self, problem: String) {
+        if self.flush_error.borrow().as_deref() != Some(problem.as_str()) {
+            error!(error = %problem, "CommitLog write failed; refusing appends until it succeeds");
+        }
+        *self.flush_error.borrow_mut() = Some(problem);
+    }
+
+    fn report_flush_recovered(&self) {
+        if self.flush_error.borrow_mut().take().is_some() {
+            info!("CommitLog writes recovered");
         }
     }
 
@@ -1079,9 +1184,10 @@ impl Inner {
     async fn checkpoint(&self) -> Result<(), StoreError> {
         let dispatched = self.dispatched_offset.get();
         self.flush_derived().await?;
+        let synced = self.commit_log.synced_offset();
         let checkpoint = Checkpoint {
-            commitlog_durable_offset: self.durable_offset.get(),
-            derived_durable_offset: dispatched.min(self.durable_offset.get()),
+            commitlog_durable_offset: synced,
+            derived_durable_offset: dispatched.min(synced),
             written_at_ms: now_ms(),
         };
         let path = self.config.shard_dir.join(CHECKPOINT_FILE);
@@ -1182,7 +1288,7 @@ impl Inner {
         let limit = self
             .commit_log
             .segment_end(start)?
-            .min(self.durable_offset.get());
+            .min(self.commit_log.written_offset());
         let len = READ_SPAN_BYTES.min(limit.saturating_sub(start));
         if len < min_len {
             return None;
@@ -1424,31 +1530,108 @@ async fn open_consume_queues(
     Ok(queues)
 }
 
-/// The flush loop: in sync mode a group commit whenever appends wait; in async mode every
-/// `flush_interval_ms`, or sooner when unflushed bytes pass half of `max_unflushed_bytes`.
-async fn flush_loop(inner: Rc<Inner>) {
+/// The flush loop (write-behind and group commit), in its own task queue. It starts every
+/// O_DIRECT write the CommitLog plans as soon as it may (a full chunk at once, several in
+/// flight; a partly filled chunk when the disk would otherwise idle), each in a task of its own;
+/// `fdatasync`s whatever is written whenever it can under sync flush (everything that arrived
+/// meanwhile goes out with the next one: group commit) and at least every `flush_interval_ms`
+/// under async flush; and makes completed records visible. On close it finishes everything
+/// appended, then stops.
+async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
     let interval = Duration::from_millis(inner.config.flush_interval_ms.max(1));
     let retry_delay = Duration::from_millis(100);
+    let is_syncing = Rc::new(Cell::new(false));
+    let mut last_sync = std::time::Instant::now();
     loop {
-        let has_unflushed = inner.commit_log.write_offset() > inner.durable_offset.get();
-        if inner.is_closed.get() {
-            break;
-        }
-        match inner.config.flush_mode {
-            FlushMode::Sync if !has_unflushed => {
-                inner.appended.notified().await;
-                continue;
+        let woken = inner.writer_wake.notified();
+        let log = &inner.commit_log;
+        if let Some(error) = log.take_write_error() {
+            inner.report_flush_failure(error.to_string());
+            inner.flushed.notify_all();
+            if inner.is_closed.get() {
+                error!("store closing with unwritten CommitLog bytes after a write failure");
+                break;
             }
-            FlushMode::Sync => {}
-            FlushMode::Async => {
-                future::or(inner.appended.notified(), glommio::timer::sleep(interval)).await;
-                if inner.commit_log.write_offset() == inner.durable_offset.get() {
-                    continue;
+            glommio::timer::sleep(retry_delay).await;
+            continue;
+        }
+        while let Some(job) = log.next_write_job() {
+            let inner = inner.clone();
+            let spawned = glommio::spawn_local_into(
+                async move {
+                    let from = job.from();
+                    let started = std::time::Instant::now();
+                    let outcome = inner.commit_log.write(job).await;
+                    if inner.commit_log.finish_write(from, outcome) {
+                        inner.observe_flush(started.elapsed());
+                        inner.report_flush_recovered();
+                    }
+                    inner.writer_wake.notify_all();
+                },
+                queue,
+            );
+            match spawned {
+                Ok(task) => {
+                    task.detach();
+                }
+                Err(e) => {
+                    error!(error = %e, "cannot start a CommitLog write");
+                    break;
                 }
             }
         }
-        if inner.flush_commitlog_once().await.is_err() {
-            glommio::timer::sleep(retry_delay).await;
+        let has_unsynced = log.written_offset() > log.synced_offset();
+        let is_sync_due = match inner.config.flush_mode {
+            FlushMode::Sync => true,
+            FlushMode::Async => {
+                last_sync.elapsed() >= interval
+                    || inner.is_closed.get() && log.written_offset() == log.write_offset()
+            }
+        };
+        if has_unsynced && is_sync_due && !is_syncing.get() {
+            is_syncing.set(true);
+            last_sync = std::time::Instant::now();
+            let inner = inner.clone();
+            let syncing = is_syncing.clone();
+            let spawned = glommio::spawn_local_into(
+                async move {
+                    let started = std::time::Instant::now();
+                    match inner.commit_log.sync().await {
+                        Ok(_) => inner.observe_flush(started.elapsed()),
+                        Err(e) => {
+                            inner.report_flush_failure(format!("fdatasync: {e}"));
+                            glommio::timer::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                    syncing.set(false);
+                    inner.writer_wake.notify_all();
+                },
+                queue,
+            );
+            match spawned {
+                Ok(task) => {
+                    task.detach();
+                }
+                Err(e) => {
+                    error!(error = %e, "cannot start a CommitLog sync");
+                    is_syncing.set(false);
+                }
+            }
+        }
+        if let Err(e) = inner.publish_progress() {
+            error!(error = %e, "dispatching appended records failed");
+        }
+        let is_done = log.synced_offset() == log.write_offset()
+            && !log.has_writes_in_flight()
+            && !is_syncing.get();
+        if inner.is_closed.get() && is_done {
+            break;
+        }
+        if inner.config.flush_mode == FlushMode::Async && has_unsynced {
+            let wait = interval.saturating_sub(last_sync.elapsed());
+            future::or(woken, glommio::timer::sleep(wait)).await;
+        } else {
+            woken.await;
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod notify;
 pub mod record;
 pub mod scan;
 pub mod verify;
+pub mod write_ring;
 
 pub use filter::TagFilter;
 pub use message_store::{

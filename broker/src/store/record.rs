@@ -139,14 +139,19 @@ pub struct StorePatch {
     pub store_timestamp_ms: i64,
 }
 
-/// An encoded but not yet stored record and the CRC state of its tail, so the storage shard only
-/// hashes the ~90-byte header after patching (see [`patch_record`]).
+/// An encoded but not yet stored record and what the storage shard needs to store it, worked
+/// out by the encoder so that the storage shard never parses the record (see `EncodedBatch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingRecord {
     /// Length of the record in bytes (equals its total size field).
     pub len: u32,
-    /// CRC32 of bytes `[body_length_at, len - CRC_TRAILER_BYTES)`.
-    pub tail_crc: u32,
+    pub queue_id: u32,
+    /// Hash of the `TAGS` property (0 without tags), for the ConsumeQueue entry.
+    pub tags_hash: u64,
+    /// Index of the record's topic in its batch's topic list.
+    pub topic: u16,
+    /// How many index hashes (keys, then the unique id) the record has in its batch's list.
+    pub index_hash_count: u16,
 }
 
 fn host_len(is_v6: bool) -> usize {
@@ -182,6 +187,20 @@ impl Layout {
             body_length_at,
         }
     }
+}
+
+/// The whole-record CRC: CRC32 of every byte of `record` except the three fields only the
+/// storage shard knows (queue offset, physical offset, store timestamp) and the CRC trailer.
+/// Leaving those fields out lets the network shard compute the CRC before the record is stored;
+/// the storage shard only writes the fields (see `docs/storage-format.md`, "Record CRC").
+/// `record` must be at least as long as its header.
+pub fn record_crc(record: &[u8]) -> u32 {
+    let layout = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT));
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&record[..QUEUE_OFFSET_AT]);
+    hasher.update(&record[PHYSICAL_OFFSET_AT + 8..layout.store_timestamp_at]);
+    hasher.update(&record[layout.store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    hasher.finalize()
 }
 
 fn put_host(buf: &mut BytesMut, host: &SocketAddr) {
@@ -225,11 +244,9 @@ pub fn encoded_len(input: &RecordInput<'_>) -> usize {
 }
 
 /// Appends the record for `input` to `buf`, with queue offset, physical offset and store
-/// timestamp zero and the whole-record CRC not yet computed: [`patch_record`] fills them.
-pub fn encode_record(
-    buf: &mut BytesMut,
-    input: &RecordInput<'_>,
-) -> Result<PendingRecord, RecordError> {
+/// timestamp zero (the storage shard fills them with [`patch_record`]) and its CRCs computed.
+/// Returns the record's length.
+pub fn encode_record(buf: &mut BytesMut, input: &RecordInput<'_>) -> Result<u32, RecordError> {
     if input.topic.is_empty() {
         return Err(RecordError::EmptyTopic);
     }
@@ -292,37 +309,21 @@ pub fn encode_record(
     buf.put_u8(PROPERTY_SEPARATOR);
     debug_assert_eq!(buf.len() - start, total);
 
-    let record = &buf[start..];
-    let tail_crc = crc32fast::hash(&record[layout.body_length_at..total - CRC_TRAILER_BYTES]);
-    Ok(PendingRecord {
-        len: total as u32,
-        tail_crc,
-    })
+    let record = &mut buf[start..];
+    let crc = record_crc(record);
+    write_crc_digits(&mut record[total - CRC_TRAILER_BYTES..total - 1], crc);
+    Ok(total as u32)
 }
 
-/// Writes the storage shard's fields into an encoded record and completes its CRC. Hashes only
-/// the header: the tail's CRC was computed on the network shard and is combined in.
-pub fn patch_record(record: &mut [u8], pending: PendingRecord, patch: StorePatch) {
-    debug_assert_eq!(record.len(), pending.len as usize);
-    let sys_flag = read_u32(record, SYS_FLAG_AT);
-    let layout = Layout::for_sys_flag(sys_flag);
+/// Writes the storage shard's fields into an encoded record. The record CRC does not cover
+/// them, so nothing is hashed here.
+pub fn patch_record(record: &mut [u8], patch: StorePatch) {
+    let store_timestamp_at = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT)).store_timestamp_at;
     record[QUEUE_OFFSET_AT..QUEUE_OFFSET_AT + 8].copy_from_slice(&patch.queue_offset.to_be_bytes());
     record[PHYSICAL_OFFSET_AT..PHYSICAL_OFFSET_AT + 8]
         .copy_from_slice(&patch.physical_offset.to_be_bytes());
-    record[layout.store_timestamp_at..layout.store_timestamp_at + 8]
+    record[store_timestamp_at..store_timestamp_at + 8]
         .copy_from_slice(&patch.store_timestamp_ms.to_be_bytes());
-    let len = record.len();
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&record[..layout.body_length_at]);
-    let tail_len = (len - CRC_TRAILER_BYTES - layout.body_length_at) as u64;
-    hasher.combine(&crc32fast::Hasher::new_with_initial_len(
-        pending.tail_crc,
-        tail_len,
-    ));
-    write_crc_digits(
-        &mut record[len - CRC_TRAILER_BYTES..len - 1],
-        hasher.finalize(),
-    );
 }
 
 fn write_crc_digits(out: &mut [u8], crc: u32) {
@@ -530,7 +531,7 @@ impl<'a> RecordView<'a> {
             None
         }
         .ok_or(RecordError::MissingCrcProperty)?;
-        let computed = crc32fast::hash(&self.bytes[..self.bytes.len() - CRC_TRAILER_BYTES]);
+        let computed = record_crc(self.bytes);
         if stored != computed {
             return Err(RecordError::RecordCrc { stored, computed });
         }
@@ -715,10 +716,9 @@ mod tests {
     fn crc_trailer_catches_a_torn_header() {
         let props = [("TAGS", "TagA")];
         let mut buf = BytesMut::new();
-        let pending = encode_record(&mut buf, &input("T", b"hello", &props)).unwrap();
+        encode_record(&mut buf, &input("T", b"hello", &props)).unwrap();
         patch_record(
             &mut buf,
-            pending,
             StorePatch {
                 queue_offset: 1,
                 physical_offset: 2,
@@ -726,11 +726,32 @@ mod tests {
             },
         );
         assert!(decode_message(&buf).is_ok());
-        buf[QUEUE_OFFSET_AT + 7] ^= 1;
+        buf[BORN_TIMESTAMP_AT + 7] ^= 1;
         assert!(matches!(
             decode_message(&buf),
             Err(RecordError::RecordCrc { .. })
         ));
+    }
+
+    #[test]
+    fn the_storage_fields_are_outside_the_record_crc() {
+        let mut buf = BytesMut::new();
+        encode_record(&mut buf, &input("T", b"hello", &[])).unwrap();
+        let crc_before = record_crc(&buf);
+        patch_record(
+            &mut buf,
+            StorePatch {
+                queue_offset: u64::MAX,
+                physical_offset: 1 << 40,
+                store_timestamp_ms: 1_700_000_000_123,
+            },
+        );
+        assert_eq!(
+            record_crc(&buf),
+            crc_before,
+            "patching must not change the CRC"
+        );
+        assert!(decode_message(&buf).is_ok());
     }
 
     proptest! {
@@ -750,10 +771,10 @@ mod tests {
                 rec.born_host = "[::1]:4242".parse().unwrap();
             }
             let mut buf = BytesMut::from(&b"prefix"[..]);
-            let pending = encode_record(&mut buf, &rec).unwrap();
-            prop_assert_eq!(pending.len as usize, encoded_len(&rec));
+            let len = encode_record(&mut buf, &rec).unwrap();
+            prop_assert_eq!(len as usize, encoded_len(&rec));
             let patch = StorePatch { queue_offset, physical_offset, store_timestamp_ms: store_ts };
-            patch_record(&mut buf[6..], pending, patch);
+            patch_record(&mut buf[6..], patch);
             let view = decode_message(&buf[6..]).unwrap();
             prop_assert_eq!(view.topic(), topic.as_str());
             prop_assert_eq!(view.body(), &body[..]);
@@ -769,13 +790,20 @@ mod tests {
             prop_assert_eq!(decoded.last().unwrap().0, PROPERTY_CRC32);
         }
 
+        /// Every byte but the three storage fields (queue offset, physical offset, store
+        /// timestamp: checked by recovery and reads against positions, not by the CRC).
         #[test]
         fn any_single_byte_flip_is_detected(pos_seed in any::<usize>(), bit in 0u8..8) {
             let props = [("KEYS", "k1 k2"), ("TAGS", "TagB")];
             let mut buf = BytesMut::new();
-            let pending = encode_record(&mut buf, &input("TopicX", b"some body bytes", &props)).unwrap();
-            patch_record(&mut buf, pending, StorePatch { queue_offset: 9, physical_offset: 4096, store_timestamp_ms: 77 });
-            let pos = pos_seed % buf.len();
+            encode_record(&mut buf, &input("TopicX", b"some body bytes", &props)).unwrap();
+            patch_record(&mut buf, StorePatch { queue_offset: 9, physical_offset: 4096, store_timestamp_ms: 77 });
+            let store_timestamp_at = Layout::for_sys_flag(0).store_timestamp_at;
+            let covered: Vec<usize> = (0..buf.len())
+                .filter(|&p| !(QUEUE_OFFSET_AT..PHYSICAL_OFFSET_AT + 8).contains(&p))
+                .filter(|&p| !(store_timestamp_at..store_timestamp_at + 8).contains(&p))
+                .collect();
+            let pos = covered[pos_seed % covered.len()];
             buf[pos] ^= 1 << bit;
             prop_assert!(decode_entry(&buf).is_err(), "flip at byte {} bit {} went unnoticed", pos, bit);
         }
