@@ -28,6 +28,8 @@ pub struct BrokerConfig {
     pub flush_interval_ms: u64,
     pub sync_flush_timeout_ms: u64,
     pub segment_bytes: u64,
+    /// Pre-allocate CommitLog segment files this far ahead of the data (0: never).
+    pub preallocate_ahead_bytes: u64,
     pub consume_queue_entries_per_file: u64,
     pub file_reserved_hours: u64,
     pub disk_max_used_ratio: f64,
@@ -109,6 +111,7 @@ impl Default for BrokerConfig {
             flush_interval_ms: 500,
             sync_flush_timeout_ms: 5_000,
             segment_bytes: 1 << 30,
+            preallocate_ahead_bytes: 64 << 20,
             consume_queue_entries_per_file: 300_000,
             file_reserved_hours: 72,
             disk_max_used_ratio: 0.75,
@@ -259,6 +262,7 @@ impl BrokerConfig {
         config.flush_interval_ms = self.flush_interval_ms;
         config.sync_flush_timeout_ms = self.sync_flush_timeout_ms;
         config.segment_bytes = self.segment_bytes;
+        config.preallocate_ahead_bytes = self.preallocate_ahead_bytes;
         config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
         config.file_reserved_hours = self.file_reserved_hours;
         config.disk_max_used_ratio = self.disk_max_used_ratio;

@@ -55,7 +55,7 @@ struct ServeArgs {
     /// Data directory. [default: data/broker]
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// When a send is acknowledged: `sync` (after fdatasync) or `async` (once buffered). [default: async]
+    /// When a send is acknowledged: `sync` (after fdatasync) or `async` (once its O_DIRECT write completed). [default: async]
     #[arg(long)]
     flush: Option<String>,
     /// Background flush interval under async flush, in ms. [default: 500]
@@ -67,6 +67,10 @@ struct ServeArgs {
     /// CommitLog segment size in bytes (multiple of 4096). [default: 1073741824]
     #[arg(long)]
     segment_bytes: Option<u64>,
+    /// Pre-allocate CommitLog segment files (fallocate) this many bytes ahead of the data; 0
+    /// never. [default: 67108864]
+    #[arg(long)]
+    preallocate_ahead_bytes: Option<u64>,
     /// Cores of the storage shards, comma separated; one shard per entry. [default: 0]
     #[arg(long, value_delimiter = ',')]
     storage_cores: Option<Vec<usize>>,
@@ -194,6 +198,7 @@ impl ServeArgs {
             flush_interval_ms,
             sync_flush_timeout_ms,
             segment_bytes,
+            preallocate_ahead_bytes,
             storage_cores,
             network_cores,
             cluster_name,

@@ -104,6 +104,10 @@ pub struct StoreArgs {
     /// CPU to pin the executor to; if pinning fails the run goes on unpinned and says so.
     #[arg(long, default_value_t = 0)]
     cpu: usize,
+    /// Pre-allocate CommitLog segment files this many bytes ahead of the data (the broker's
+    /// `preallocate_ahead_bytes`); 0 never.
+    #[arg(long, default_value_t = 64 << 20)]
+    preallocate_ahead_bytes: u64,
     /// Run in a non-empty data directory anyway, deleting an earlier run's shard-0/ there
     /// (and nothing else).
     #[arg(long)]
@@ -178,6 +182,7 @@ pub fn run(args: &StoreArgs) -> Result<()> {
     let shard_dir = data_dir::prepare(&args.data_dir, args.force)?;
     let mut config = StoreConfig::new(shard_dir);
     config.flush_mode = args.flush.mode();
+    config.preallocate_ahead_bytes = args.preallocate_ahead_bytes;
     let plans = plan_producers(args);
     let result = executor::run_pinned("perf-store", args.cpu, |pinning| {
         measure(config, plans, pinning)

@@ -1,7 +1,7 @@
 //! The shard's format file: the on-disk format version and the settings that the files' layout
 //! depends on, fixed when the shard is created.
 //!
-//! Owns `<shard>/format`, a small text file (`version=1`, `segment_bytes=N`) written atomically
+//! Owns `<shard>/format`, a small text file (`version=2`, `segment_bytes=N`) written atomically
 //! once. A store opened later with another configured segment size keeps the recorded one, since
 //! segment names and blank fillers depend on it.
 
@@ -11,7 +11,9 @@ use std::path::Path;
 use super::atomic_file::write_atomically;
 
 pub const FORMAT_FILE: &str = "format";
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: the record CRC leaves out the three fields the storage shard fills (version 1
+/// covered them); a version-1 store is refused rather than misread as damaged.
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreFormat {

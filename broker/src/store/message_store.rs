@@ -75,6 +75,10 @@ pub struct StoreConfig {
     pub index_max_entries_per_file: u64,
     /// Recent CommitLog bytes kept in memory for tailing readers.
     pub hot_tail_bytes: u64,
+    /// CommitLog segment files are pre-allocated (`fallocate`) this far ahead of the data; 0
+    /// never (each write then extends the file). See `docs/performance.md` for what it costs
+    /// and saves on ext4.
+    pub preallocate_ahead_bytes: u64,
     /// Appended bytes not yet written (completed O_DIRECT writes) above which appends get `Busy`.
     pub max_unflushed_bytes: u64,
     pub file_reserved_hours: u64,
@@ -99,6 +103,7 @@ impl StoreConfig {
             consume_queue_entries_per_file: 300_000,
             index_max_entries_per_file: 2_000_000,
             hot_tail_bytes: 64 << 20,
+            preallocate_ahead_bytes: 64 << 20,
             max_unflushed_bytes: 256 << 20,
             file_reserved_hours: 72,
             retention_interval_ms: 10_000,
@@ -320,9 +325,6 @@ struct PendingDispatch {
 /// Time within which the flush loop gets the CPU when it has work (its task queue's latency).
 const WRITER_LATENCY: Duration = Duration::from_micros(500);
 
-/// Sync flush: segment files are pre-allocated this far ahead of the data.
-const PREALLOCATE_AHEAD_BYTES: u64 = 64 << 20;
-
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
 /// sliced out of one read).
 const READ_SPAN_BYTES: u64 = 256 << 10;
@@ -430,9 +432,9 @@ impl MessageStore {
             inner: inner.clone(),
             tasks: Rc::new(RefCell::new(Vec::new())),
         };
-        if inner.config.flush_mode == FlushMode::Sync {
-            inner.commit_log.preallocate_ahead(PREALLOCATE_AHEAD_BYTES);
-        }
+        inner
+            .commit_log
+            .preallocate_ahead(inner.config.preallocate_ahead_bytes);
         // The flush loop and its writes get their own task queue with a latency guarantee:
         // glommio reaps I/O completions between task-queue runs, and in the shared queue busy
         // appenders would keep the next write from starting until the preemption tick.
@@ -1557,6 +1559,7 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
         }
         while let Some(job) = log.next_write_job() {
             let inner = inner.clone();
+            let is_syncing = is_syncing.clone();
             let spawned = glommio::spawn_local_into(
                 async move {
                     let from = job.from();
@@ -1565,6 +1568,18 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
                     if inner.commit_log.finish_write(from, outcome) {
                         inner.observe_flush(started.elapsed());
                         inner.report_flush_recovered();
+                        // Sync flush: the fdatasync starts here, not a loop turn later.
+                        let is_last = !inner.commit_log.has_writes_in_flight();
+                        match inner.config.flush_mode {
+                            FlushMode::Sync if is_last => start_sync(&inner, &is_syncing, queue),
+                            FlushMode::Sync => {}
+                            // Async: what was written is complete; acknowledge it now.
+                            FlushMode::Async => {
+                                if let Err(e) = inner.publish_progress() {
+                                    error!(error = %e, "dispatching appended records failed");
+                                }
+                            }
+                        }
                     }
                     inner.writer_wake.notify_all();
                 },
@@ -1589,34 +1604,8 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
             }
         };
         if has_unsynced && is_sync_due && !is_syncing.get() {
-            is_syncing.set(true);
             last_sync = std::time::Instant::now();
-            let inner = inner.clone();
-            let syncing = is_syncing.clone();
-            let spawned = glommio::spawn_local_into(
-                async move {
-                    let started = std::time::Instant::now();
-                    match inner.commit_log.sync().await {
-                        Ok(_) => inner.observe_flush(started.elapsed()),
-                        Err(e) => {
-                            inner.report_flush_failure(format!("fdatasync: {e}"));
-                            glommio::timer::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                    syncing.set(false);
-                    inner.writer_wake.notify_all();
-                },
-                queue,
-            );
-            match spawned {
-                Ok(task) => {
-                    task.detach();
-                }
-                Err(e) => {
-                    error!(error = %e, "cannot start a CommitLog sync");
-                    is_syncing.set(false);
-                }
-            }
+            start_sync(&inner, &is_syncing, queue);
         }
         if let Err(e) = inner.publish_progress() {
             error!(error = %e, "dispatching appended records failed");
@@ -1632,6 +1621,46 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
             future::or(woken, glommio::timer::sleep(wait)).await;
         } else {
             woken.await;
+        }
+    }
+}
+
+/// Starts an `fdatasync` of everything written, unless one is running (the next one then
+/// covers what was written meanwhile: group commit).
+fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>, queue: glommio::TaskQueueHandle) {
+    let log = &inner.commit_log;
+    if is_syncing.get() || log.written_offset() <= log.synced_offset() {
+        return;
+    }
+    is_syncing.set(true);
+    let inner = inner.clone();
+    let syncing = is_syncing.clone();
+    let spawned = glommio::spawn_local_into(
+        async move {
+            let started = std::time::Instant::now();
+            match inner.commit_log.sync().await {
+                Ok(_) => inner.observe_flush(started.elapsed()),
+                Err(e) => {
+                    inner.report_flush_failure(format!("fdatasync: {e}"));
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            syncing.set(false);
+            // Waiting appends are woken here, not a loop turn later.
+            if let Err(e) = inner.publish_progress() {
+                error!(error = %e, "dispatching appended records failed");
+            }
+            inner.writer_wake.notify_all();
+        },
+        queue,
+    );
+    match spawned {
+        Ok(task) => {
+            task.detach();
+        }
+        Err(e) => {
+            error!(error = %e, "cannot start a CommitLog sync");
+            is_syncing.set(false);
         }
     }
 }
