@@ -44,8 +44,9 @@ done
 # Message size and the scenarios: "label|shardmq-perf store arguments".
 message_bytes=1024
 scenarios=(
-  "async, batch 32|--flush async --batch 32 --producers 1"
-  "async, batch 1|--flush async --batch 1 --producers 1"
+  "async, batch 64, 64 producers|--flush async --batch 64 --producers 64"
+  "async, batch 32, 4 producers|--flush async --batch 32 --producers 4"
+  "async, batch 1, 1 producer|--flush async --batch 1 --producers 1"
   "sync, batch 1, 1 producer|--flush sync --batch 1 --producers 1"
   "sync, batch 1, 16 producers|--flush sync --batch 1 --producers 16"
   "sync, batch 32|--flush sync --batch 32 --producers 1"

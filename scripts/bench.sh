@@ -261,6 +261,7 @@ start_cluster async
 perf "async, batch 1, 1 producer" produce --batch 1 --producers 1 --duration "$seconds" --verify
 perf "async, batch 1, 16 producers" produce --batch 1 --producers 16 --duration "$seconds" --verify
 perf "async, batch 32, 4 producers" produce --batch 32 --producers 4 --duration "$seconds" --verify
+perf "async, batch 1000, 1 producer, 1 queue" produce --batch 1000 --producers 1 --queues 1 --duration "$seconds" --verify
 backlog="$(python3 -c 'import sys; print(max(10000, min(2000000, int(float(sys.argv[1]) * float(sys.argv[2])))))' \
   "$(json_field "async, batch 32, 4 producers" msgs_per_sec)" "$seconds")"
 perf "backlog, 1 consumer" consume --backlog "$backlog" --consumers 1

@@ -289,13 +289,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn run<T>(body: impl FnOnce() -> T) -> T {
-        body()
-    }
-
     #[test]
     fn a_slice_within_one_chunk_is_not_copied_and_outlives_a_trim() {
-        run(|| {
+        {
             let mut ring = WriteRing::new(4096, 0);
             ring.append(&[7u8; 5000]);
             let slice = ring.slice(100, 200).expect("in one chunk");
@@ -310,12 +306,12 @@ mod tests {
             drop(slice);
             ring.trim_below(8192);
             assert!(ring.retired.is_empty(), "released once the reader let go");
-        });
+        }
     }
 
     #[test]
     fn a_full_chunk_being_written_is_not_reused() {
-        run(|| {
+        {
             let mut ring = WriteRing::new(4096, 0);
             ring.append(&[1u8; 4096]);
             let in_flight = ring.full_chunk(0);
@@ -326,12 +322,12 @@ mod tests {
             ring.trim_below(8192);
             assert!(ring.retired.is_empty());
             assert_eq!(ring.spare.len(), 2);
-        });
+        }
     }
 
     #[test]
     fn a_ring_starting_mid_chunk_takes_the_partial_block_before_it() {
-        run(|| {
+        {
             let mut ring = WriteRing::new(8192, 4096 + 100);
             ring.prepend_partial(&[5u8; 100]);
             assert_eq!(ring.valid_from(), 4096);
@@ -339,7 +335,7 @@ mod tests {
             let bytes = ring.read(4096, 4206).expect("in memory");
             assert_eq!(&bytes[..100], &[5u8; 100][..]);
             assert_eq!(&bytes[100..], &[6u8; 10][..]);
-        });
+        }
     }
 
     proptest! {
@@ -352,7 +348,7 @@ mod tests {
             reads in proptest::collection::vec((any::<u16>(), any::<u16>()), 1..40),
             trim_every in 1usize..8,
         ) {
-            let outcome = run(move || -> Result<(), String> {
+            let outcome = (move || -> Result<(), String> {
                 let mut ring = WriteRing::new(4096, start);
                 let mut model: Vec<u8> = Vec::new();
                 let mut held: Vec<(u64, Bytes)> = Vec::new();
@@ -385,12 +381,12 @@ mod tests {
                 // Everything handed out is still intact after trims and reuse.
                 for (from, bytes) in &held {
                     let at = (from - start) as usize;
-                    if &bytes[..] != &model[at..at + bytes.len()] {
+                    if bytes[..] != model[at..at + bytes.len()] {
                         return Err(format!("held slice at {from} changed"));
                     }
                 }
                 Ok(())
-            });
+            })();
             prop_assert!(outcome.is_ok(), "{:?}", outcome);
         }
     }
