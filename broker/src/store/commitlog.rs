@@ -780,3 +780,132 @@ async fn scan_segment(
     let _ = file.close().await;
     Ok(result)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEGMENT_BYTES: u64 = 64 << 10;
+
+    fn run<F: std::future::Future<Output = ()> + 'static>(
+        body: impl FnOnce() -> F + Send + 'static,
+    ) {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(body)
+            .expect("executor")
+            .join()
+            .expect("executor ran");
+    }
+
+    async fn open(dir: &Path) -> CommitLog {
+        let (log, _) =
+            CommitLog::open(dir.to_path_buf(), SEGMENT_BYTES, 1 << 20, 0, &mut |_, _| {})
+                .await
+                .expect("open");
+        log
+    }
+
+    /// Appends `data` as one "record" (the CommitLog does not parse what it appends).
+    fn append(log: &CommitLog, data: &[u8]) {
+        let mut bytes = data.to_vec();
+        log.append_batch(
+            &mut bytes,
+            &mut std::iter::once(data.len() as u32),
+            &mut |_, _, _| {},
+        );
+    }
+
+    /// Runs every write job the log plans, in order, until nothing is left to write.
+    async fn write_all(log: &CommitLog) {
+        while let Some(job) = log.next_write_job() {
+            let from = job.from();
+            let outcome = log.write(job).await;
+            assert!(log.finish_write(from, outcome) || log.written_offset() > 0);
+        }
+    }
+
+    fn file_bytes(dir: &Path, base: u64) -> Vec<u8> {
+        std::fs::read(dir.join(segment_file_name(base))).expect("segment file")
+    }
+
+    #[test]
+    fn a_partly_filled_block_is_written_again_whole_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let log = open(&path).await;
+            append(&log, &[1u8; 100]);
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), 100);
+            append(&log, &[2u8; 5000]);
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), 5100);
+            let bytes = file_bytes(&path, 0);
+            assert_eq!(&bytes[..100], &[1u8; 100][..]);
+            assert_eq!(&bytes[100..5100], &[2u8; 5000][..]);
+            assert!(
+                bytes[5100..8192].iter().all(|&b| b == 0),
+                "zero padded to the block"
+            );
+            assert_eq!(log.sync().await.unwrap(), 5100);
+        });
+    }
+
+    #[test]
+    fn full_chunks_go_out_while_others_are_in_flight_but_a_partial_block_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let log = open(&path).await;
+            // The 64 KiB segment gives 64 KiB chunks: two full chunks and a partial third.
+            let chunk = 64 << 10;
+            append(&log, &vec![3u8; chunk as usize - BLANK_MIN_BYTES - 1]);
+            append(&log, &vec![4u8; 1000]); // rolls over: blank filler, then the next segment
+            let first = log.next_write_job().expect("the full first chunk");
+            assert_eq!((first.from(), first.data_to()), (0, chunk));
+            // The second chunk is only partly filled: it waits until nothing is in flight.
+            assert!(log.next_write_job().is_none());
+            let outcome = log.write(first).await;
+            assert!(log.finish_write(0, outcome));
+            let second = log.next_write_job().expect("now the partial chunk");
+            assert_eq!((second.from(), second.data_to()), (chunk, chunk + 1000));
+            assert!(log.next_write_job().is_none(), "nothing more to write");
+            append(&log, &[5u8; 10]);
+            assert!(
+                log.next_write_job().is_none(),
+                "rewriting the block still being written must wait"
+            );
+            let outcome = log.write(second).await;
+            assert!(log.finish_write(chunk, outcome));
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), chunk + 1010);
+            let read = log.read(chunk, 1010).await.unwrap();
+            assert_eq!(&read[..1000], &[4u8; 1000][..]);
+            assert_eq!(&read[1000..], &[5u8; 10][..]);
+            let second_file = file_bytes(&path, chunk);
+            assert_eq!(&second_file[1000..1010], &[5u8; 10][..]);
+        });
+    }
+
+    #[test]
+    fn a_failed_write_rewinds_to_the_written_offset_and_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let log = open(&path).await;
+            append(&log, &[6u8; 3000]);
+            let job = log.next_write_job().expect("a job");
+            drop(job);
+            assert!(!log.finish_write(0, Err(io::Error::other("simulated"))));
+            assert!(log.next_write_job().is_none(), "no writes after a failure");
+            let error = log
+                .take_write_error()
+                .expect("the failure is reported once");
+            assert_eq!(error.to_string(), "simulated");
+            assert!(log.take_write_error().is_none());
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), 3000);
+            assert_eq!(&file_bytes(&path, 0)[..3000], &[6u8; 3000][..]);
+        });
+    }
+}

@@ -1147,6 +1147,12 @@ impl Inner {
         Ok(())
     }
 
+    fn publish_progress_or_log(&self) {
+        if let Err(e) = self.publish_progress() {
+            error!(error = %e, "dispatching appended records failed");
+        }
+    }
+
     fn observe_flush(&self, elapsed: Duration) {
         if let Some(observe) = self.flush_observer.borrow().as_ref() {
             observe(elapsed);
@@ -1558,11 +1564,11 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
             continue;
         }
         while let Some(job) = log.next_write_job() {
+            let from = job.from();
             let inner = inner.clone();
             let is_syncing = is_syncing.clone();
-            let spawned = glommio::spawn_local_into(
+            let spawned = spawn_detached(
                 async move {
-                    let from = job.from();
                     let started = std::time::Instant::now();
                     let outcome = inner.commit_log.write(job).await;
                     if inner.commit_log.finish_write(from, outcome) {
@@ -1574,25 +1580,18 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
                             FlushMode::Sync if is_last => start_sync(&inner, &is_syncing, queue),
                             FlushMode::Sync => {}
                             // Async: what was written is complete; acknowledge it now.
-                            FlushMode::Async => {
-                                if let Err(e) = inner.publish_progress() {
-                                    error!(error = %e, "dispatching appended records failed");
-                                }
-                            }
+                            FlushMode::Async => inner.publish_progress_or_log(),
                         }
                     }
                     inner.writer_wake.notify_all();
                 },
                 queue,
             );
-            match spawned {
-                Ok(task) => {
-                    task.detach();
-                }
-                Err(e) => {
-                    error!(error = %e, "cannot start a CommitLog write");
-                    break;
-                }
+            if !spawned {
+                // Counted as a failed write: everything from it is planned again.
+                let error = io::Error::other("cannot start a CommitLog write task");
+                log.finish_write(from, Err(error));
+                break;
             }
         }
         let has_unsynced = log.written_offset() > log.synced_offset();
@@ -1607,17 +1606,26 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
             last_sync = std::time::Instant::now();
             start_sync(&inner, &is_syncing, queue);
         }
-        if let Err(e) = inner.publish_progress() {
-            error!(error = %e, "dispatching appended records failed");
-        }
+        inner.publish_progress_or_log();
         let is_done = log.synced_offset() == log.write_offset()
             && !log.has_writes_in_flight()
             && !is_syncing.get();
         if inner.is_closed.get() && is_done {
             break;
         }
-        if inner.config.flush_mode == FlushMode::Async && has_unsynced {
-            let wait = interval.saturating_sub(last_sync.elapsed());
+        if inner.is_closed.get() && inner.flush_error.borrow().is_some() && !is_syncing.get() {
+            error!("store closing while CommitLog writes fail; unsynced bytes stay as they are");
+            break;
+        }
+        // Async: wake for the next periodic sync, unless one is running (its end wakes us; a
+        // timed wait then would be zero long and spin).
+        let is_sync_pending = inner.config.flush_mode == FlushMode::Async
+            && log.written_offset() > log.synced_offset()
+            && !is_syncing.get();
+        if is_sync_pending {
+            let wait = interval
+                .saturating_sub(last_sync.elapsed())
+                .max(Duration::from_millis(1));
             future::or(woken, glommio::timer::sleep(wait)).await;
         } else {
             woken.await;
@@ -1635,7 +1643,7 @@ fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>, queue: glommio::Ta
     is_syncing.set(true);
     let inner = inner.clone();
     let syncing = is_syncing.clone();
-    let spawned = glommio::spawn_local_into(
+    let spawned = spawn_detached(
         async move {
             let started = std::time::Instant::now();
             match inner.commit_log.sync().await {
@@ -1647,20 +1655,29 @@ fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>, queue: glommio::Ta
             }
             syncing.set(false);
             // Waiting appends are woken here, not a loop turn later.
-            if let Err(e) = inner.publish_progress() {
-                error!(error = %e, "dispatching appended records failed");
-            }
+            inner.publish_progress_or_log();
             inner.writer_wake.notify_all();
         },
         queue,
     );
-    match spawned {
+    if !spawned {
+        is_syncing.set(false);
+    }
+}
+
+/// Spawns a task of the flush loop into its task queue; `false` (logged) if it cannot start.
+fn spawn_detached(
+    task: impl std::future::Future<Output = ()> + 'static,
+    queue: glommio::TaskQueueHandle,
+) -> bool {
+    match glommio::spawn_local_into(task, queue) {
         Ok(task) => {
             task.detach();
+            true
         }
         Err(e) => {
-            error!(error = %e, "cannot start a CommitLog sync");
-            is_syncing.set(false);
+            error!(error = %e, "cannot start a CommitLog writer task");
+            false
         }
     }
 }
