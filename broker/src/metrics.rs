@@ -157,7 +157,7 @@ impl BrokerMetrics {
         );
         r.register(
             "flush_latency_seconds",
-            "Time of one CommitLog group commit (write and fdatasync)",
+            "Time of one CommitLog O_DIRECT write or fdatasync (each is observed on its own)",
             self.flush_latency.clone(),
         );
         r.register(

@@ -167,7 +167,36 @@ struct StoreResult {
     stats: ProducerStats,
     appended_after: Duration,
     throughput: Throughput,
+    lag: LagStats,
 }
+
+/// How far the CommitLog's written offset trailed its append point, and its synced offset its
+/// written offset, sampled every [`LAG_SAMPLE_INTERVAL`] while the producers ran.
+#[derive(Debug, Default, Clone, Copy)]
+struct LagStats {
+    samples: u64,
+    unwritten_sum: u64,
+    unwritten_max: u64,
+    unsynced_sum: u64,
+    unsynced_max: u64,
+}
+
+impl LagStats {
+    fn add(&mut self, unwritten: u64, unsynced: u64) {
+        self.samples += 1;
+        self.unwritten_sum += unwritten;
+        self.unwritten_max = self.unwritten_max.max(unwritten);
+        self.unsynced_sum += unsynced;
+        self.unsynced_max = self.unsynced_max.max(unsynced);
+    }
+
+    fn mean(sum: u64, samples: u64) -> u64 {
+        sum.checked_div(samples).unwrap_or(0)
+    }
+}
+
+/// How often the lag sampler looks at the CommitLog's offsets.
+const LAG_SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
 
 pub fn run(args: &StoreArgs) -> Result<()> {
     let batch_bytes = u64::from(args.batch) * u64::from(args.size);
@@ -219,11 +248,28 @@ async fn measure(
         .into_iter()
         .map(|plan| glommio::spawn_local(produce(store.clone(), plan)))
         .collect();
+    let is_running = std::rc::Rc::new(std::cell::Cell::new(true));
+    let sampler = {
+        let store = store.clone();
+        let is_running = is_running.clone();
+        glommio::spawn_local(async move {
+            let mut lag = LagStats::default();
+            while is_running.get() {
+                let (_, appended, synced) = store.commitlog_offsets();
+                let written = store.commitlog_written_offset();
+                lag.add(appended - written, written - synced);
+                glommio::timer::sleep(LAG_SAMPLE_INTERVAL).await;
+            }
+            lag
+        })
+    };
     let mut stats = ProducerStats::new()?;
     for task in tasks {
         stats.merge(&task.await?)?;
     }
     let appended_after = started.elapsed();
+    is_running.set(false);
+    let lag = sampler.await;
     store.close().await.context("cannot close the store")?;
     let elapsed = started.elapsed();
     let throughput = Throughput {
@@ -237,6 +283,7 @@ async fn measure(
         stats,
         appended_after,
         throughput,
+        lag,
     })
 }
 
@@ -361,9 +408,28 @@ fn print_result(args: &StoreArgs, result: &StoreResult) {
         result.stats.busy_retries,
         result.stats.flush_timeouts
     );
+    let lag = &result.lag;
+    println!(
+        "CommitLog lag ({} samples): appended but not yet written mean {} B, max {} B; written but not yet synced mean {} B, max {} B",
+        lag.samples,
+        LagStats::mean(lag.unwritten_sum, lag.samples),
+        lag.unwritten_max,
+        LagStats::mean(lag.unsynced_sum, lag.samples),
+        lag.unsynced_max
+    );
     if args.json {
         let mut object = Map::new();
         object.insert("scenario".into(), json!("store"));
+        object.insert(
+            "unwritten_mean_bytes".into(),
+            json!(LagStats::mean(lag.unwritten_sum, lag.samples)),
+        );
+        object.insert("unwritten_max_bytes".into(), json!(lag.unwritten_max));
+        object.insert(
+            "unsynced_mean_bytes".into(),
+            json!(LagStats::mean(lag.unsynced_sum, lag.samples)),
+        );
+        object.insert("unsynced_max_bytes".into(), json!(lag.unsynced_max));
         object.insert("messages".into(), json!(result.stats.messages));
         object.insert("size".into(), json!(args.size));
         object.insert("flush".into(), json!(args.flush.name()));

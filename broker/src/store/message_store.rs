@@ -322,8 +322,8 @@ struct PendingDispatch {
 }
 
 /// Largest number of candidates one key/id query examines.
-/// Time within which the flush loop gets the CPU when it has work (its task queue's latency).
-const WRITER_LATENCY: Duration = Duration::from_micros(500);
+/// CPU shares of the flush loop's task queue (glommio's default queue has 1,000).
+const WRITER_SHARES: usize = 2_000;
 
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
 /// sliced out of one read).
@@ -435,12 +435,17 @@ impl MessageStore {
         inner
             .commit_log
             .preallocate_ahead(inner.config.preallocate_ahead_bytes);
-        // The flush loop and its writes get their own task queue with a latency guarantee:
-        // glommio reaps I/O completions between task-queue runs, and in the shared queue busy
-        // appenders would keep the next write from starting until the preemption tick.
+        // The flush loop and its writes get a task queue of their own, with twice the default
+        // queue's shares: appends are short tasks that wait right after copying their batch,
+        // so the default queue drains quickly and glommio reaps I/O completions between the
+        // two. No `Latency::Matters` here: in glommio 0.9.0 an executor that finds its
+        // preemption flag already set when it starts running task queues reports "nothing
+        // ran" and parks with runnable tasks (fixed upstream after 0.9.0, which is the latest
+        // release), and a 500 µs latency target made that a hang of the storage shard every
+        // few dozen restarts on a loaded 2-core machine.
         let writer_queue = glommio::executor().create_task_queue(
-            glommio::Shares::Static(1000),
-            glommio::Latency::Matters(WRITER_LATENCY),
+            glommio::Shares::Static(WRITER_SHARES),
+            glommio::Latency::NotImportant,
             "commitlog-writer",
         );
         let flush_task =
