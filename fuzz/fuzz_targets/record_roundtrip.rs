@@ -93,8 +93,8 @@ fuzz_target!(|input: Input| {
     // Something before the record, as in a batch.
     let mut buffer = BytesMut::from(&b"earlier records"[..]);
     let start = buffer.len();
-    let pending = match encode_record(&mut buffer, &record_input) {
-        Ok(pending) => pending,
+    let record_len = match encode_record(&mut buffer, &record_input) {
+        Ok(len) => len,
         Err(error) => {
             let is_expected = match error {
                 RecordError::EmptyTopic => input.topic.is_empty(),
@@ -117,10 +117,9 @@ fuzz_target!(|input: Input| {
     );
     let record = &mut buffer[start..];
     assert_eq!(record.len(), encoded_len(&record_input));
-    assert_eq!(record.len(), pending.len as usize);
+    assert_eq!(record.len(), record_len as usize);
     patch_record(
         record,
-        pending,
         StorePatch {
             queue_offset: input.queue_offset,
             physical_offset: input.physical_offset,
