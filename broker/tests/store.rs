@@ -445,3 +445,56 @@ fn oversized_and_malformed_batches_are_refused_whole() {
         store.close().await.unwrap();
     });
 }
+
+/// Async flush acknowledges an append only once its O_DIRECT write has completed: the bytes
+/// are then in the file (a crash of the process cannot lose them) although no `fdatasync` has
+/// run, and the message is visible to readers at that same moment.
+#[test]
+fn an_async_append_is_in_the_file_when_it_returns_before_any_fdatasync() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(dir.path(), FlushMode::Async);
+    config.flush_interval_ms = 600_000;
+    let shard_dir = dir.path().to_path_buf();
+    run(|| async move {
+        let (store, _) = MessageStore::open(config).await.unwrap();
+        for seq in 0..20u64 {
+            let outcome = store
+                .append(batch(
+                    "acked",
+                    0,
+                    &[plain("acked", 0, seq, 300 + seq as usize * 97)],
+                ))
+                .await
+                .unwrap();
+            assert_eq!(outcome.status, AppendStatus::Ok);
+            let record = outcome.records[0];
+            let (_, write, synced) = store.commitlog_offsets();
+            assert!(
+                store.commitlog_written_offset() >= record.physical_offset + u64::from(record.size)
+            );
+            assert!(
+                synced < write,
+                "no fdatasync yet under a 10-minute interval"
+            );
+            // Read the segment file with ordinary (page cache) reads: what a restarted broker
+            // would find after a kill -9.
+            let segment = std::fs::read_dir(shard_dir.join("commitlog"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().unwrap().to_str().unwrap().len() == 20)
+                .unwrap();
+            let on_disk = std::fs::read(&segment).unwrap();
+            let start = record.physical_offset as usize;
+            let stored = &on_disk[start..start + record.size as usize];
+            let view = shardmq_broker::store::record::decode_message(stored).unwrap();
+            assert_eq!(
+                view.body(),
+                &body_for("acked", 0, seq, 300 + seq as usize * 97)[..]
+            );
+            assert_eq!(view.queue_offset(), seq);
+            let visible = read_all(&store, "acked", 0, 0).await;
+            assert_eq!(visible.len() as u64, seq + 1, "visible once acknowledged");
+        }
+        store.close().await.unwrap();
+    });
+}
