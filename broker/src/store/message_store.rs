@@ -322,9 +322,6 @@ struct PendingDispatch {
 }
 
 /// Largest number of candidates one key/id query examines.
-/// CPU shares of the flush loop's task queue (glommio's default queue has 1,000).
-const WRITER_SHARES: usize = 2_000;
-
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
 /// sliced out of one read).
 const READ_SPAN_BYTES: u64 = 256 << 10;
@@ -435,26 +432,14 @@ impl MessageStore {
         inner
             .commit_log
             .preallocate_ahead(inner.config.preallocate_ahead_bytes);
-        // The flush loop and its writes get a task queue of their own, with twice the default
-        // queue's shares: appends are short tasks that wait right after copying their batch,
-        // so the default queue drains quickly and glommio reaps I/O completions between the
-        // two. No `Latency::Matters` here: in glommio 0.9.0 an executor that finds its
-        // preemption flag already set when it starts running task queues reports "nothing
-        // ran" and parks with runnable tasks (fixed upstream after 0.9.0, which is the latest
-        // release), and a 500 µs latency target made that a hang of the storage shard every
-        // few dozen restarts on a loaded 2-core machine.
-        let writer_queue = glommio::executor().create_task_queue(
-            glommio::Shares::Static(WRITER_SHARES),
-            glommio::Latency::NotImportant,
-            "commitlog-writer",
-        );
-        let flush_task =
-            glommio::spawn_local_into(flush_loop(inner.clone(), writer_queue), writer_queue)
-                .map_err(|e| StoreError::Io {
-                    context: "starting the flush loop".into(),
-                    source: io::Error::other(e.to_string()),
-                })?
-                .detach();
+        // The flush loop and its writes run in the executor's default task queue, beside the
+        // appends. Appends are short tasks that wait right after copying their batch, so they do
+        // not hold the CPU until the preemption tick (what starved the previous engine's flush),
+        // and glommio reaps I/O completions whenever the queue drains. A task queue of its own
+        // was tried and dropped: glommio 0.9.0 (the latest release) can park an executor that
+        // has runnable task queues when its preemption flag is already set as it starts running
+        // them, and with two queues that hung a storage shard now and then in the test suite.
+        let flush_task = glommio::spawn_local(flush_loop(inner.clone())).detach();
         let housekeeping_task = glommio::spawn_local(housekeeping_loop(inner)).detach();
         store
             .tasks
@@ -1543,14 +1528,14 @@ async fn open_consume_queues(
     Ok(queues)
 }
 
-/// The flush loop (write-behind and group commit), in its own task queue. It starts every
+/// The flush loop (write-behind and group commit). It starts every
 /// O_DIRECT write the CommitLog plans as soon as it may (a full chunk at once, several in
 /// flight; a partly filled chunk when the disk would otherwise idle), each in a task of its own;
 /// `fdatasync`s whatever is written whenever it can under sync flush (everything that arrived
 /// meanwhile goes out with the next one: group commit) and at least every `flush_interval_ms`
 /// under async flush; and makes completed records visible. On close it finishes everything
 /// appended, then stops.
-async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
+async fn flush_loop(inner: Rc<Inner>) {
     let interval = Duration::from_millis(inner.config.flush_interval_ms.max(1));
     let retry_delay = Duration::from_millis(100);
     let is_syncing = Rc::new(Cell::new(false));
@@ -1572,32 +1557,24 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
             let from = job.from();
             let inner = inner.clone();
             let is_syncing = is_syncing.clone();
-            let spawned = spawn_detached(
-                async move {
-                    let started = std::time::Instant::now();
-                    let outcome = inner.commit_log.write(job).await;
-                    if inner.commit_log.finish_write(from, outcome) {
-                        inner.observe_flush(started.elapsed());
-                        inner.report_flush_recovered();
-                        // Sync flush: the fdatasync starts here, not a loop turn later.
-                        let is_last = !inner.commit_log.has_writes_in_flight();
-                        match inner.config.flush_mode {
-                            FlushMode::Sync if is_last => start_sync(&inner, &is_syncing, queue),
-                            FlushMode::Sync => {}
-                            // Async: what was written is complete; acknowledge it now.
-                            FlushMode::Async => inner.publish_progress_or_log(),
-                        }
+            glommio::spawn_local(async move {
+                let started = std::time::Instant::now();
+                let outcome = inner.commit_log.write(job).await;
+                if inner.commit_log.finish_write(from, outcome) {
+                    inner.observe_flush(started.elapsed());
+                    inner.report_flush_recovered();
+                    // Sync flush: the fdatasync starts here, not a loop turn later.
+                    let is_last = !inner.commit_log.has_writes_in_flight();
+                    match inner.config.flush_mode {
+                        FlushMode::Sync if is_last => start_sync(&inner, &is_syncing),
+                        FlushMode::Sync => {}
+                        // Async: what was written is complete; acknowledge it now.
+                        FlushMode::Async => inner.publish_progress_or_log(),
                     }
-                    inner.writer_wake.notify_all();
-                },
-                queue,
-            );
-            if !spawned {
-                // Counted as a failed write: everything from it is planned again.
-                let error = io::Error::other("cannot start a CommitLog write task");
-                log.finish_write(from, Err(error));
-                break;
-            }
+                }
+                inner.writer_wake.notify_all();
+            })
+            .detach();
         }
         let has_unsynced = log.written_offset() > log.synced_offset();
         let is_sync_due = match inner.config.flush_mode {
@@ -1609,7 +1586,7 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
         };
         if has_unsynced && is_sync_due && !is_syncing.get() {
             last_sync = std::time::Instant::now();
-            start_sync(&inner, &is_syncing, queue);
+            start_sync(&inner, &is_syncing);
         }
         inner.publish_progress_or_log();
         let is_done = log.synced_offset() == log.write_offset()
@@ -1640,7 +1617,7 @@ async fn flush_loop(inner: Rc<Inner>, queue: glommio::TaskQueueHandle) {
 
 /// Starts an `fdatasync` of everything written, unless one is running (the next one then
 /// covers what was written meanwhile: group commit).
-fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>, queue: glommio::TaskQueueHandle) {
+fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>) {
     let log = &inner.commit_log;
     if is_syncing.get() || log.written_offset() <= log.synced_offset() {
         return;
@@ -1648,43 +1625,21 @@ fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>, queue: glommio::Ta
     is_syncing.set(true);
     let inner = inner.clone();
     let syncing = is_syncing.clone();
-    let spawned = spawn_detached(
-        async move {
-            let started = std::time::Instant::now();
-            match inner.commit_log.sync().await {
-                Ok(_) => inner.observe_flush(started.elapsed()),
-                Err(e) => {
-                    inner.report_flush_failure(format!("fdatasync: {e}"));
-                    glommio::timer::sleep(Duration::from_millis(100)).await;
-                }
+    glommio::spawn_local(async move {
+        let started = std::time::Instant::now();
+        match inner.commit_log.sync().await {
+            Ok(_) => inner.observe_flush(started.elapsed()),
+            Err(e) => {
+                inner.report_flush_failure(format!("fdatasync: {e}"));
+                glommio::timer::sleep(Duration::from_millis(100)).await;
             }
-            syncing.set(false);
-            // Waiting appends are woken here, not a loop turn later.
-            inner.publish_progress_or_log();
-            inner.writer_wake.notify_all();
-        },
-        queue,
-    );
-    if !spawned {
-        is_syncing.set(false);
-    }
-}
-
-/// Spawns a task of the flush loop into its task queue; `false` (logged) if it cannot start.
-fn spawn_detached(
-    task: impl std::future::Future<Output = ()> + 'static,
-    queue: glommio::TaskQueueHandle,
-) -> bool {
-    match glommio::spawn_local_into(task, queue) {
-        Ok(task) => {
-            task.detach();
-            true
         }
-        Err(e) => {
-            error!(error = %e, "cannot start a CommitLog writer task");
-            false
-        }
-    }
+        syncing.set(false);
+        // Waiting appends are woken here, not a loop turn later.
+        inner.publish_progress_or_log();
+        inner.writer_wake.notify_all();
+    })
+    .detach();
 }
 
 /// Checkpoints every `checkpoint_interval_ms`; checks disk usage and runs retention every
