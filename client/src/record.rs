@@ -211,20 +211,25 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
     Ok((message, total_size))
 }
 
-/// Offsets of the fields the record CRC leaves out besides the trailer (the broker's storage
-/// shard fills them after the CRC is computed): queue offset and physical offset.
+/// Offsets of the fields the broker's storage shard fills in after the producer's part of the
+/// record is hashed: queue offset and physical offset (the store timestamp's place depends on
+/// the born host's size).
 const QUEUE_OFFSET_AT: usize = 20;
 const PHYSICAL_OFFSET_END: usize = 36;
 
 /// The whole-record CRC as the broker computes it (`docs/storage-format.md`, "Record CRC"):
 /// CRC32 of the record except queue offset, physical offset, store timestamp (at
-/// `store_timestamp_at`) and the trailer (the ten digits and the final separator).
+/// `store_timestamp_at`) and the trailer (the ten digits and the final separator), XOR the
+/// CRC32 of those three fields.
 fn record_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&record[..QUEUE_OFFSET_AT]);
-    hasher.update(&record[PHYSICAL_OFFSET_END..store_timestamp_at]);
-    hasher.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
-    hasher.finalize()
+    let mut producer_part = crc32fast::Hasher::new();
+    producer_part.update(&record[..QUEUE_OFFSET_AT]);
+    producer_part.update(&record[PHYSICAL_OFFSET_END..store_timestamp_at]);
+    producer_part.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    let mut store_fields = crc32fast::Hasher::new();
+    store_fields.update(&record[QUEUE_OFFSET_AT..PHYSICAL_OFFSET_END]);
+    store_fields.update(&record[store_timestamp_at..store_timestamp_at + 8]);
+    producer_part.finalize() ^ store_fields.finalize()
 }
 
 /// Checks the `__CRC32#` property when the record ends with one: [`record_crc`] written as ten
@@ -373,7 +378,7 @@ mod tests {
     #[test]
     fn damaged_header_is_refused_by_the_record_crc() {
         let mut bytes = two_records().to_vec();
-        bytes[16] ^= 0x01; // flag
+        bytes[20] ^= 0x01; // queue offset
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert!(
             error.reason.contains("whole-record CRC"),
@@ -383,13 +388,18 @@ mod tests {
     }
 
     #[test]
-    fn the_broker_filled_fields_are_outside_the_record_crc() {
-        let mut bytes = two_records().to_vec();
-        bytes[27] ^= 0x01; // queue offset
-        bytes[35] ^= 0x01; // physical offset
-        bytes[63] ^= 0x01; // store timestamp (IPv4 born host)
-        let messages = decode_records(&Bytes::from(bytes), "b").unwrap();
-        assert_eq!(messages[0].queue_offset, 7 ^ 1);
+    fn a_damaged_broker_filled_field_is_refused_by_the_record_crc() {
+        for at in [27, 35, 63] {
+            // queue offset, physical offset, store timestamp (IPv4 born host)
+            let mut bytes = two_records().to_vec();
+            bytes[at] ^= 0x01;
+            let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
+            assert!(
+                error.reason.contains("whole-record CRC"),
+                "{}",
+                error.reason
+            );
+        }
     }
 
     #[test]

@@ -11,8 +11,9 @@ use std::path::Path;
 use super::atomic_file::write_atomically;
 
 pub const FORMAT_FILE: &str = "format";
-/// Version 2: the record CRC leaves out the three fields the storage shard fills (version 1
-/// covered them); a version-1 store is refused rather than misread as damaged.
+/// Version 2: the record CRC is the CRC of the three fields the storage shard fills XOR the CRC
+/// of the rest (version 1 hashed the record in one pass); a version-1 store is refused rather
+/// than misread as damaged.
 pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

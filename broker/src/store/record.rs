@@ -189,17 +189,31 @@ impl Layout {
     }
 }
 
-/// The whole-record CRC: CRC32 of every byte of `record` except the three fields only the
-/// storage shard knows (queue offset, physical offset, store timestamp) and the CRC trailer.
-/// Leaving those fields out lets the network shard compute the CRC before the record is stored;
-/// the storage shard only writes the fields (see `docs/storage-format.md`, "Record CRC").
+/// The whole-record CRC (`docs/storage-format.md`, "Record CRC"): the CRC32 of every byte of
+/// `record` except the three fields only the storage shard knows (queue offset, physical
+/// offset, store timestamp) and the CRC trailer, XOR the CRC32 of those three fields. Every byte
+/// is covered, yet the network shard can hash everything it knows before the record is placed,
+/// and the storage shard hashes only the 24 bytes it fills in (no CRC combine).
 /// `record` must be at least as long as its header.
 pub fn record_crc(record: &[u8]) -> u32 {
-    let layout = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT));
+    let store_timestamp_at = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT)).store_timestamp_at;
+    producer_part_crc(record, store_timestamp_at) ^ store_fields_crc(record, store_timestamp_at)
+}
+
+/// CRC32 of the bytes the producer's side fixes: all but the storage fields and the trailer.
+fn producer_part_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&record[..QUEUE_OFFSET_AT]);
-    hasher.update(&record[PHYSICAL_OFFSET_AT + 8..layout.store_timestamp_at]);
-    hasher.update(&record[layout.store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    hasher.update(&record[PHYSICAL_OFFSET_AT + 8..store_timestamp_at]);
+    hasher.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    hasher.finalize()
+}
+
+/// CRC32 of the queue offset, physical offset and store timestamp fields (24 bytes).
+fn store_fields_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&record[QUEUE_OFFSET_AT..PHYSICAL_OFFSET_AT + 8]);
+    hasher.update(&record[store_timestamp_at..store_timestamp_at + 8]);
     hasher.finalize()
 }
 
@@ -309,14 +323,16 @@ pub fn encode_record(buf: &mut BytesMut, input: &RecordInput<'_>) -> Result<u32,
     buf.put_u8(PROPERTY_SEPARATOR);
     debug_assert_eq!(buf.len() - start, total);
 
+    // The digits hold the producer part's CRC until `patch_record` folds in the storage
+    // fields; a record is never stored or served before that.
     let record = &mut buf[start..];
-    let crc = record_crc(record);
+    let crc = producer_part_crc(record, layout.store_timestamp_at);
     write_crc_digits(&mut record[total - CRC_TRAILER_BYTES..total - 1], crc);
     Ok(total as u32)
 }
 
-/// Writes the storage shard's fields into an encoded record. The record CRC does not cover
-/// them, so nothing is hashed here.
+/// Writes the storage shard's fields into an encoded record and completes its CRC: hashes the
+/// 24 bytes it wrote and XORs that into the producer part's CRC the encoder left in the digits.
 pub fn patch_record(record: &mut [u8], patch: StorePatch) {
     let store_timestamp_at = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT)).store_timestamp_at;
     record[QUEUE_OFFSET_AT..QUEUE_OFFSET_AT + 8].copy_from_slice(&patch.queue_offset.to_be_bytes());
@@ -324,6 +340,12 @@ pub fn patch_record(record: &mut [u8], patch: StorePatch) {
         .copy_from_slice(&patch.physical_offset.to_be_bytes());
     record[store_timestamp_at..store_timestamp_at + 8]
         .copy_from_slice(&patch.store_timestamp_ms.to_be_bytes());
+    let len = record.len();
+    let digits = len - CRC_TRAILER_BYTES..len - 1;
+    let producer_part =
+        parse_crc_digits(&record[digits.clone()]).expect("encode_record wrote ten CRC digits");
+    let crc = producer_part ^ store_fields_crc(record, store_timestamp_at);
+    write_crc_digits(&mut record[digits], crc);
 }
 
 fn write_crc_digits(out: &mut [u8], crc: u32) {
@@ -734,24 +756,31 @@ mod tests {
     }
 
     #[test]
-    fn the_storage_fields_are_outside_the_record_crc() {
+    fn a_flipped_storage_field_is_caught_by_the_record_crc() {
         let mut buf = BytesMut::new();
         encode_record(&mut buf, &input("T", b"hello", &[])).unwrap();
-        let crc_before = record_crc(&buf);
         patch_record(
             &mut buf,
             StorePatch {
-                queue_offset: u64::MAX,
+                queue_offset: 5,
                 physical_offset: 1 << 40,
                 store_timestamp_ms: 1_700_000_000_123,
             },
         );
-        assert_eq!(
-            record_crc(&buf),
-            crc_before,
-            "patching must not change the CRC"
-        );
         assert!(decode_message(&buf).is_ok());
+        let store_timestamp_at = Layout::for_sys_flag(0).store_timestamp_at;
+        for at in [
+            QUEUE_OFFSET_AT + 7,
+            PHYSICAL_OFFSET_AT,
+            store_timestamp_at + 7,
+        ] {
+            let mut damaged = buf.clone();
+            damaged[at] ^= 1;
+            assert!(
+                matches!(decode_message(&damaged), Err(RecordError::RecordCrc { .. })),
+                "flip at {at} went unnoticed"
+            );
+        }
     }
 
     proptest! {
@@ -790,20 +819,13 @@ mod tests {
             prop_assert_eq!(decoded.last().unwrap().0, PROPERTY_CRC32);
         }
 
-        /// Every byte but the three storage fields (queue offset, physical offset, store
-        /// timestamp: checked by recovery and reads against positions, not by the CRC).
         #[test]
         fn any_single_byte_flip_is_detected(pos_seed in any::<usize>(), bit in 0u8..8) {
             let props = [("KEYS", "k1 k2"), ("TAGS", "TagB")];
             let mut buf = BytesMut::new();
             encode_record(&mut buf, &input("TopicX", b"some body bytes", &props)).unwrap();
             patch_record(&mut buf, StorePatch { queue_offset: 9, physical_offset: 4096, store_timestamp_ms: 77 });
-            let store_timestamp_at = Layout::for_sys_flag(0).store_timestamp_at;
-            let covered: Vec<usize> = (0..buf.len())
-                .filter(|&p| !(QUEUE_OFFSET_AT..PHYSICAL_OFFSET_AT + 8).contains(&p))
-                .filter(|&p| !(store_timestamp_at..store_timestamp_at + 8).contains(&p))
-                .collect();
-            let pos = covered[pos_seed % covered.len()];
+            let pos = pos_seed % buf.len();
             buf[pos] ^= 1 << bit;
             prop_assert!(decode_entry(&buf).is_err(), "flip at byte {} bit {} went unnoticed", pos, bit);
         }
