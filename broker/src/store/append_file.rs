@@ -24,9 +24,6 @@ use glommio::io::{DmaFile, OpenOptions};
 /// Alignment of every O_DIRECT write offset, length and buffer.
 pub const DMA_ALIGNMENT_BYTES: u64 = 4096;
 
-/// Files are prepared ahead only while the disk has this many times the prepare distance free.
-const MIN_FREE_PREPARE_MULTIPLE: u64 = 8;
-
 /// Largest single O_DIRECT write of a flush (a multiple of the block size).
 const MAX_WRITE_PIECE_BYTES: u64 = 1 << 20;
 
@@ -112,26 +109,9 @@ pub struct AppendFile {
     hot_tail_bytes: Cell<u64>,
     is_flushing: Cell<bool>,
     tail: RefCell<Tail>,
-    /// Zero-filled bytes kept on disk ahead of the data (0: none) and the size never to
-    /// prepare past. See [`AppendFile::prepare_ahead`].
-    prepare_ahead_bytes: Cell<u64>,
-    max_len: Cell<u64>,
-    /// Bytes the file is known to hold on disk (data or prepared zeros); `None` until read.
-    prepared_len: Cell<Option<u64>>,
 }
 
 impl AppendFile {
-    /// Keeps up to `ahead_bytes` of zeros written on disk past the data, never past
-    /// `max_len`. Writing into bytes that already exist does not change the file's size, so
-    /// the `fdatasync` after it commits data only: measured on this project's disk, an
-    /// `fdatasync` after a 4 KiB O_DIRECT write that grows the file took 183/880 µs (p50/p99),
-    /// one that overwrites prepared zeros 122/188 µs. The zeros are extended as part of a
-    /// flush, once per `ahead_bytes`; failing to extend (a full disk) is not a flush failure.
-    pub fn prepare_ahead(&self, ahead_bytes: u64, max_len: u64) {
-        self.prepare_ahead_bytes.set(align_down(ahead_bytes));
-        self.max_len.set(max_len);
-    }
-
     /// A file that does not exist yet; it is created by the first flush.
     pub fn new_lazy(path: PathBuf, hot_tail_bytes: u64) -> AppendFile {
         AppendFile::with_state(path, None, 0, hot_tail_bytes)
@@ -177,9 +157,6 @@ impl AppendFile {
                 start: len,
                 open: BytesMut::new(),
             }),
-            prepare_ahead_bytes: Cell::new(0),
-            max_len: Cell::new(u64::MAX),
-            prepared_len: Cell::new(None),
         }
     }
 
@@ -199,23 +176,6 @@ impl AppendFile {
     /// Bytes known to be on disk (written, and synced when the flush asked for it).
     pub fn durable_len(&self) -> u64 {
         self.durable_len.get()
-    }
-
-    /// Changes how much flushed data stays in memory (0 for sealed files).
-    pub fn set_hot_tail_bytes(&self, bytes: u64) {
-        self.hot_tail_bytes.set(bytes);
-        self.trim_tail();
-    }
-
-    /// Appends a frozen chunk without copying it.
-    pub fn append_bytes(&self, bytes: Bytes) {
-        if bytes.is_empty() {
-            return;
-        }
-        let mut tail = self.tail.borrow_mut();
-        tail.freeze_open();
-        self.len.set(self.len.get() + bytes.len() as u64);
-        tail.chunks.push_back(bytes);
     }
 
     /// Appends a copy of small data (index and queue entries).
@@ -254,7 +214,6 @@ impl AppendFile {
                 "hot tail lost bytes still to be written"
             );
         }
-        self.extend_prepared(&file, write_end).await;
         // Written in pieces of at most MAX_WRITE_PIECE_BYTES: a DMA buffer of that size is
         // recycled by the allocator from one piece to the next, where one buffer the size of the
         // whole unflushed range (up to max_unflushed_bytes) was fresh memory, page-faulted in
@@ -290,48 +249,6 @@ impl AppendFile {
         self.durable_len.set(end);
         self.trim_tail();
         Ok(end)
-    }
-
-    /// Writes zeros from the end of what is on disk (at least `data_end`) up to `data_end` plus
-    /// the prepare-ahead distance, when the data is about to pass what is prepared. Runs inside
-    /// a flush (no other write to the file is in flight) and only ever beyond the data.
-    async fn extend_prepared(&self, file: &DmaFile, data_end: u64) {
-        let ahead = self.prepare_ahead_bytes.get();
-        if ahead == 0 {
-            return;
-        }
-        let prepared = match self.prepared_len.get() {
-            Some(prepared) => prepared,
-            None => std::fs::metadata(&self.path).map_or(0, |m| m.len()),
-        };
-        self.prepared_len.set(Some(prepared));
-        if data_end <= prepared {
-            return;
-        }
-        // Zeros must not take the last free space: that is for data (and a disk near full is
-        // refused by usage ratio anyway, prepared or not).
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let is_roomy = super::message_store::available_bytes(dir)
-            .is_ok_and(|free| free >= ahead.saturating_mul(MIN_FREE_PREPARE_MULTIPLE));
-        if !is_roomy {
-            return;
-        }
-        let from = align_up(data_end.max(prepared));
-        let to = align_down((data_end + ahead).min(self.max_len.get()));
-        let mut at = from;
-        while at < to {
-            let piece_len = (to - at).min(MAX_WRITE_PIECE_BYTES);
-            let mut zeros = file.alloc_dma_buffer(piece_len as usize);
-            zeros.as_bytes_mut().fill(0);
-            match file.write_at(zeros, at).await {
-                Ok(written) if written > 0 => at += written as u64,
-                outcome => {
-                    tracing::debug!(file = %self.path.display(), at, ?outcome, "cannot prepare the file ahead of its data");
-                    break;
-                }
-            }
-        }
-        self.prepared_len.set(Some(at.max(prepared)));
     }
 
     async fn file_or_create(&self) -> io::Result<Rc<DmaFile>> {
@@ -395,17 +312,7 @@ impl AppendFile {
 
     async fn read_from_disk(&self, pos: u64, len: u64) -> io::Result<Bytes> {
         let file = self.file_or_create().await?;
-        let result = file.read_at(pos, len as usize).await.map_err(to_io)?;
-        if (result.len() as u64) < len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{} is shorter than expected: wanted {len} bytes at {pos}",
-                    self.path.display()
-                ),
-            ));
-        }
-        Ok(Bytes::copy_from_slice(&result[..len as usize]))
+        read_exact_at(&file, pos, len, &self.path).await
     }
 
     /// Cuts the file's content to `len` bytes (recovery only: nothing may be appended yet past
@@ -424,7 +331,6 @@ impl AppendFile {
         };
         file.truncate(len).await.map_err(to_io)?;
         file.fdatasync().await.map_err(to_io)?;
-        self.prepared_len.set(Some(len));
         self.len.set(len);
         self.durable_len.set(len);
         let mut tail = self.tail.borrow_mut();
@@ -448,7 +354,6 @@ impl AppendFile {
         );
         let file = self.file_or_create().await?;
         file.truncate(len).await.map_err(to_io)?;
-        self.prepared_len.set(Some(len));
         file.fdatasync().await.map_err(to_io)
     }
 
@@ -465,6 +370,21 @@ impl AppendFile {
             other => other,
         }
     }
+}
+
+/// Reads exactly `[pos, pos + len)` of `file` (at `path`, for the error) with an O_DIRECT read.
+pub async fn read_exact_at(file: &DmaFile, pos: u64, len: u64, path: &Path) -> io::Result<Bytes> {
+    let result = file.read_at(pos, len as usize).await.map_err(to_io)?;
+    if (result.len() as u64) < len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "{} is shorter than expected: wanted {len} bytes at {pos}",
+                path.display()
+            ),
+        ));
+    }
+    Ok(Bytes::copy_from_slice(&result[..len as usize]))
 }
 
 /// Opens (creating if needed) a file for O_DIRECT reads and writes.

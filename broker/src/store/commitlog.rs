@@ -24,8 +24,10 @@ use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile};
 use tracing::{info, warn};
 
-use super::append_file::{align_down, align_up, open_read_write, DMA_ALIGNMENT_BYTES};
-use super::record::{RecordView, BLANK_MAGIC_CODE, BLANK_MIN_BYTES};
+use super::append_file::{
+    align_down, align_up, open_read_write, read_exact_at, DMA_ALIGNMENT_BYTES,
+};
+use super::record::{blank_header, RecordView, BLANK_MIN_BYTES};
 use super::scan::{scan_window, ScanStop};
 use super::write_ring::WriteRing;
 
@@ -358,11 +360,6 @@ impl CommitLog {
         self.segment_bytes - BLANK_MIN_BYTES as u64
     }
 
-    /// Bytes of write-ring memory held.
-    pub fn ring_memory_bytes(&self) -> u64 {
-        self.ring.borrow().memory_bytes()
-    }
-
     fn segment_base(&self, offset: u64) -> u64 {
         offset - offset % self.segment_bytes
     }
@@ -397,9 +394,7 @@ impl CommitLog {
                 ring.append(&batch[run_start..at]);
                 run_start = at;
                 let segment_end = segment_base + self.segment_bytes;
-                let mut header = [0u8; BLANK_MIN_BYTES];
-                encode_blank_header(&mut header, segment_end - position);
-                ring.append(&header);
+                ring.append(&blank_header(segment_end - position));
                 ring.append_zeros(segment_end - position - BLANK_MIN_BYTES as u64);
                 self.write_offset.set(segment_end);
                 info!(
@@ -645,23 +640,8 @@ impl CommitLog {
             })?;
             segment.clone()
         };
-        let position = offset - segment.base;
-        let result = segment
-            .file()
-            .await?
-            .read_at(position, len as usize)
-            .await
-            .map_err(io::Error::from)?;
-        if (result.len() as u64) < len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{} is shorter than expected: wanted {len} bytes at {position}",
-                    segment.path.display()
-                ),
-            ));
-        }
-        Ok(Bytes::copy_from_slice(&result[..len as usize]))
+        let file = segment.file().await?;
+        read_exact_at(&file, offset - segment.base, len, &segment.path).await
     }
 
     /// End offset of the data of the segment holding `offset` (a read must not cross it).
@@ -711,12 +691,6 @@ impl CommitLog {
         let min = self.min_offset();
         self.write_offset.get().saturating_sub(min)
     }
-}
-
-/// Writes a blank filler header for a filler `total_size` bytes long.
-fn encode_blank_header(out: &mut [u8; BLANK_MIN_BYTES], total_size: u64) {
-    out[..4].copy_from_slice(&(total_size as u32).to_be_bytes());
-    out[4..8].copy_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
 }
 
 fn file_len_on_disk(path: &Path) -> io::Result<u64> {

@@ -1038,7 +1038,13 @@ impl Inner {
                 });
             }
             if usize::from(pending.topic) >= batch.topics.len() {
-                return Err(StoreError::InvalidRecord(RecordError::EmptyTopic));
+                return Err(StoreError::InvalidRecord(RecordError::InvalidTopic(
+                    format!(
+                        "topic index {} is outside the batch's {} topics",
+                        pending.topic,
+                        batch.topics.len()
+                    ),
+                )));
             }
             total += u64::from(pending.len);
             hashes += usize::from(pending.index_hash_count);
@@ -1689,11 +1695,6 @@ pub fn disk_space(path: &Path) -> io::Result<(u64, u64)> {
         stat.f_blocks as u64 * fragment,
         stat.f_bavail as u64 * fragment,
     ))
-}
-
-/// Bytes available to unprivileged writers on the file system holding `path`.
-pub fn available_bytes(path: &Path) -> io::Result<u64> {
-    disk_space(path).map(|(_, available)| available)
 }
 
 /// Fraction of the file system holding `path` that is in use (as `df` computes it).

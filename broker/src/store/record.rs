@@ -694,9 +694,16 @@ pub fn tags_hash(tag: &str) -> u64 {
 /// Writes a blank filler header covering all of `out` (the rest is left as zeros).
 pub fn encode_blank(out: &mut [u8]) {
     debug_assert!(out.len() >= BLANK_MIN_BYTES);
-    let total_size = out.len() as u32;
-    out[..4].copy_from_slice(&total_size.to_be_bytes());
-    out[4..8].copy_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
+    let header = blank_header(out.len() as u64);
+    out[..BLANK_MIN_BYTES].copy_from_slice(&header);
+}
+
+/// The header of a blank filler `total_size` bytes long (its body is zeros).
+pub fn blank_header(total_size: u64) -> [u8; BLANK_MIN_BYTES] {
+    let mut header = [0u8; BLANK_MIN_BYTES];
+    header[..4].copy_from_slice(&(total_size as u32).to_be_bytes());
+    header[4..8].copy_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
+    header
 }
 
 #[cfg(test)]

@@ -102,11 +102,6 @@ impl WriteRing {
         self.end
     }
 
-    /// Bytes of chunk memory held (in the ring, spare or retired).
-    pub fn memory_bytes(&self) -> u64 {
-        (self.chunks.len() + self.spare.len() + self.retired.len()) as u64 * self.chunk_bytes
-    }
-
     /// Places `data`, which holds the bytes `[valid_from - data.len(), valid_from)` (the
     /// partial block at the end of the data on disk), before the ring's first byte. Only on an
     /// empty ring whose start is not a chunk boundary.
