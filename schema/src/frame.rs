@@ -31,8 +31,11 @@ pub const FRAME_FILE_IDENTIFIER: &str = wire::FRAME_IDENTIFIER;
 pub const MAX_STATUS_MESSAGE_BYTES: usize = 4 * 1024;
 
 /// A builder that grew past this many bytes for one frame is dropped after that frame rather
-/// than kept for reuse, so one large send does not pin its memory for the connection's life.
-const RETAINED_BUILDER_BYTES: usize = 1024 * 1024;
+/// than kept for reuse, so one rare huge send does not pin its memory for the connection's
+/// life. Large enough for a full batch of 1 KiB messages (1,000 of them make a 1.1 MiB frame,
+/// which needs a 2 MiB builder): a builder dropped after every batch grows again from 4 KiB by
+/// doubling, copying and zeroing about twice the frame's size each time.
+const RETAINED_BUILDER_BYTES: usize = 4 * 1024 * 1024;
 
 /// Capacity a fresh builder starts with: most frames (requests, responses without records)
 /// fit without growing.

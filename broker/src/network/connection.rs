@@ -33,6 +33,11 @@ use super::{handlers, NetworkShard, Outbound};
 const MIN_READ_CHUNK_BYTES: usize = 4 << 10;
 const MAX_READ_CHUNK_BYTES: usize = 64 << 10;
 
+/// Largest single read into the room the decoder reserved for the rest of a frame whose length
+/// it knows (a 1 MiB batch arrives in one or two reads instead of seventeen): the room is
+/// allocated already, and the frame's size was checked against `max_frame_bytes`.
+const MAX_FRAME_READ_BYTES: usize = 1 << 20;
+
 /// Largest frame accepted before the handshake: a `HandshakeRequest` is a few hundred bytes,
 /// so a stranger cannot make the broker buffer `max_frame_bytes` before saying who it is.
 pub const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
@@ -179,7 +184,10 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         }
         buffer.reserve(read_chunk_bytes);
         let start = buffer.len();
-        buffer.resize(start + read_chunk_bytes, 0);
+        // Read into all the room there is when the decoder reserved it for a known frame.
+        let read_bytes =
+            read_chunk_bytes.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
+        buffer.resize(start + read_bytes, 0);
         let read = if connection.is_handshaken.get() {
             Some(reader.read(&mut buffer[start..]).await)
         } else {
@@ -205,7 +213,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
             }
             Some(Ok(n)) => {
                 buffer.truncate(start + n);
-                read_chunk_bytes = if n == read_chunk_bytes {
+                read_chunk_bytes = if n >= read_chunk_bytes {
                     (read_chunk_bytes * 2).min(MAX_READ_CHUNK_BYTES)
                 } else if n < read_chunk_bytes / 4 {
                     (read_chunk_bytes / 2).max(MIN_READ_CHUNK_BYTES)

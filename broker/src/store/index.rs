@@ -3,7 +3,7 @@
 //!
 //! Owns the index files (`<shard>/index/<20-digit ms>`, the first entry's store timestamp, bumped
 //! by one when that name is taken) and, for
-//! the newest file, an in-memory hash table over its entries. Files are append-only sequences of
+//! the newest file, its entries in memory (scanned on lookup). Files are append-only sequences of
 //! 24-byte entries (key hash u64, commitlog offset u64, store timestamp ms i64; layout in
 //! `docs/storage-format.md`); a file holds at most `max_entries_per_file`, then a new one starts.
 //! Older files are searched by a sequential scan bounded by the query's time range.
@@ -13,8 +13,7 @@
 //! derived data, rebuilt from the CommitLog after the checkpoint like the ConsumeQueues.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -94,76 +93,45 @@ struct IndexFile {
     first_commitlog_offset: u64,
 }
 
-/// The newest file's entries in memory, chained per hash as RocketMQ's IndexFile chains its
-/// slots: one map entry per distinct hash pointing at its newest entry, each entry pointing at
-/// the one before it. No allocation per key (a `Vec` per hash was one `malloc` per message,
-/// since every message has a unique id), and the keys, already hashes, are not hashed again.
+/// The newest file's entries in memory, in CommitLog order, searched by a scan from the newest.
+///
+/// Adding an entry is a push onto a vector, not a hash table insert: with a table, every
+/// message (each has a unique id) inserted a new key into a table of millions, two cache misses
+/// or about 0.4 µs per message, a tenth of the storage core's time under load. Queries by key
+/// or id are rare administrative reads; scanning a full active file (2,000,000 entries, 48 MB)
+/// takes a few milliseconds, in steps that let other tasks run (see [`MessageIndex::lookup`]).
 #[derive(Default)]
 struct ActiveIndex {
-    newest: HashMap<u64, u32, BuildHasherDefault<PrehashedKey>>,
-    entries: Vec<ActiveEntry>,
+    entries: Vec<IndexEntry>,
+    /// Bumped when the active file is replaced, so a scan that yielded can tell.
+    generation: u64,
 }
 
-struct ActiveEntry {
-    commitlog_offset: u64,
-    store_timestamp_ms: i64,
-    /// Index in `entries` of the previous entry with the same hash; `NO_ENTRY` when none.
-    previous: u32,
-}
-
-const NO_ENTRY: u32 = u32::MAX;
+/// Entries an index scan looks at between chances for other tasks to run.
+const SCAN_STEP_ENTRIES: usize = 64 * 1024;
 
 impl ActiveIndex {
-    fn insert(&mut self, hash: u64, commitlog_offset: u64, store_timestamp_ms: i64) {
-        let at = u32::try_from(self.entries.len()).expect("an index file holds < 4G entries");
-        let previous = self.newest.insert(hash, at).unwrap_or(NO_ENTRY);
-        self.entries.push(ActiveEntry {
-            commitlog_offset,
-            store_timestamp_ms,
-            previous,
-        });
+    fn insert(&mut self, entry: IndexEntry) {
+        self.entries.push(entry);
     }
 
-    /// (commitlog offset, store timestamp) of every entry with `hash`, newest first.
-    fn newest_first(&self, hash: u64) -> impl Iterator<Item = (u64, i64)> + '_ {
-        let mut next = self.newest.get(&hash).copied().unwrap_or(NO_ENTRY);
-        std::iter::from_fn(move || {
-            let entry = self.entries.get(next as usize)?;
-            next = entry.previous;
-            Some((entry.commitlog_offset, entry.store_timestamp_ms))
-        })
+    /// (commitlog offset, store timestamp) of the entries with `hash` among `entries[range]`,
+    /// newest first.
+    fn newest_first(
+        &self,
+        hash: u64,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.entries[range]
+            .iter()
+            .rev()
+            .filter(move |e| e.hash == hash)
+            .map(|e| (e.commitlog_offset, e.store_timestamp_ms))
     }
 
     fn clear(&mut self) {
-        self.newest.clear();
         self.entries.clear();
-    }
-}
-
-/// Hasher for keys that are hashes already: one cheap mixing step (MurmurHash3's finalizer),
-/// because the table picks buckets by the low bits and FNV-1a's low bits depend only on the
-/// low bits of the input bytes.
-#[derive(Default)]
-struct PrehashedKey(u64);
-
-impl Hasher for PrehashedKey {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed here; fold anything else in without losing bits.
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        let mut mixed = value;
-        mixed ^= mixed >> 33;
-        mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        mixed ^= mixed >> 33;
-        self.0 = mixed;
+        self.generation += 1;
     }
 }
 
@@ -173,7 +141,7 @@ pub struct MessageIndex {
     max_entries_per_file: u64,
     /// Files by first store timestamp (ties broken by the entry offset in the name order).
     files: RefCell<BTreeMap<(i64, u64), IndexFile>>,
-    /// Hash → (commitlog offset, store timestamp) for the newest file.
+    /// The newest file's entries.
     active: RefCell<ActiveIndex>,
     active_entries: Cell<u64>,
     last_timestamp_ms: Cell<i64>,
@@ -233,9 +201,7 @@ impl MessageIndex {
                     .take_while(|e| e.commitlog_offset < keep_below)
                     .collect();
                 let mut active = index.active.borrow_mut();
-                for e in &entries {
-                    active.insert(e.hash, e.commitlog_offset, e.store_timestamp_ms);
-                }
+                active.entries.extend_from_slice(&entries);
                 index.active_entries.set(entries.len() as u64);
                 let last_ts = entries
                     .iter()
@@ -282,11 +248,7 @@ impl MessageIndex {
         let (_, newest) = files.iter().next_back().expect("an index file exists");
         newest.file.append_copy(&entry.encode());
         self.active_entries.set(self.active_entries.get() + 1);
-        self.active.borrow_mut().insert(
-            entry.hash,
-            entry.commitlog_offset,
-            entry.store_timestamp_ms,
-        );
+        self.active.borrow_mut().insert(entry);
         self.last_timestamp_ms
             .set(self.last_timestamp_ms.get().max(entry.store_timestamp_ms));
     }
@@ -328,13 +290,35 @@ impl MessageIndex {
     ) -> io::Result<Vec<u64>> {
         let mut found: Vec<u64> = Vec::new();
         let in_range = |ts: i64| ts >= begin_ms && ts <= end_ms;
-        found.extend(
-            self.active
-                .borrow()
-                .newest_first(hash)
-                .filter(|(_, ts)| in_range(*ts))
-                .map(|(offset, _)| offset),
-        );
+        // The active file, newest first, a step at a time. Store times only grow along the
+        // file (checked on open), so the scan ends at the first entry older than the range.
+        // If the file is replaced while the scan yields, it has become the newest older file,
+        // which the loop below reads whole (duplicates are dropped at the end).
+        let (generation, mut end) = {
+            let active = self.active.borrow();
+            (active.generation, active.entries.len())
+        };
+        while end > 0 {
+            let start = end.saturating_sub(SCAN_STEP_ENTRIES);
+            let older_than_range = {
+                let active = self.active.borrow();
+                if active.generation != generation {
+                    break;
+                }
+                found.extend(
+                    active
+                        .newest_first(hash, start..end)
+                        .filter(|(_, ts)| in_range(*ts))
+                        .map(|(offset, _)| offset),
+                );
+                active.entries[start].store_timestamp_ms < begin_ms
+            };
+            if older_than_range {
+                break;
+            }
+            end = start;
+            glommio::yield_if_needed().await;
+        }
         // Older files, newest first, skipping those wholly outside the range: a file's entries
         // are no older than its name and older than the next file's name.
         let older: Vec<(i64, i64, Rc<AppendFile>)> = {
@@ -504,24 +488,34 @@ mod tests {
     fn active_entries_of_a_hash_come_newest_first_and_others_stay_apart() {
         let mut active = ActiveIndex::default();
         for (offset, hash) in [(0u64, 7u64), (10, 8), (20, 7), (30, 9), (40, 7)] {
-            active.insert(hash, offset, offset as i64 + 1000);
+            active.insert(IndexEntry {
+                hash,
+                commitlog_offset: offset,
+                store_timestamp_ms: offset as i64 + 1000,
+            });
         }
-        let offsets = |active: &ActiveIndex, hash| {
+        let offsets = |active: &ActiveIndex, hash, range: std::ops::Range<usize>| {
             active
-                .newest_first(hash)
+                .newest_first(hash, range)
                 .map(|(offset, _)| offset)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(offsets(&active, 7), [40, 20, 0]);
-        assert_eq!(offsets(&active, 8), [10]);
+        assert_eq!(offsets(&active, 7, 0..5), [40, 20, 0]);
+        assert_eq!(offsets(&active, 7, 1..4), [20], "only the range asked for");
+        assert_eq!(offsets(&active, 8, 0..5), [10]);
         assert_eq!(
-            active.newest_first(9).collect::<Vec<_>>(),
+            active.newest_first(9, 0..5).collect::<Vec<_>>(),
             [(30, 1030)],
             "the timestamp travels with its entry"
         );
-        assert!(offsets(&active, 1).is_empty());
+        assert!(offsets(&active, 1, 0..5).is_empty());
+        let generation = active.generation;
         active.clear();
-        assert!(offsets(&active, 7).is_empty());
+        assert!(offsets(&active, 7, 0..0).is_empty());
+        assert_ne!(
+            active.generation, generation,
+            "a scan can tell the file changed"
+        );
     }
 
     #[test]
