@@ -50,6 +50,8 @@ pub(crate) struct PullArgs<'a> {
     pub queue_id: u32,
     pub offset: i64,
     pub max_messages: u32,
+    /// Most record bytes (0: the broker's own limit).
+    pub max_bytes: u32,
     pub tag_expression: &'a str,
     pub suspend: Duration,
     /// The group's offset to commit with the pull, if any.
@@ -323,7 +325,7 @@ impl ConnectionPool {
                         queue_id: args.queue_id as i32,
                         queue_offset: args.offset,
                         max_messages: args.max_messages,
-                        max_bytes: 0,
+                        max_bytes: args.max_bytes,
                         tag_expression: Some(expression),
                         suspend_timeout_ms: u32::try_from(args.suspend.as_millis())
                             .unwrap_or(u32::MAX),

@@ -68,6 +68,9 @@ pub struct PullResult {
 pub struct PullOptions {
     /// Most messages to return (default 32).
     pub max_messages: u32,
+    /// Most record bytes to return (default 0: the broker's limit, `max_pull_bytes`). A
+    /// record larger than this still comes, alone.
+    pub max_bytes: u32,
     /// Tag expression (default `*`).
     pub tags: TagExpression,
     /// How long the broker may hold the pull when nothing is there (default 0: answer at
@@ -79,6 +82,7 @@ impl Default for PullOptions {
     fn default() -> Self {
         Self {
             max_messages: DEFAULT_PULL_BATCH,
+            max_bytes: 0,
             tags: TagExpression::all(),
             wait: Duration::ZERO,
         }
@@ -211,6 +215,7 @@ impl PullConsumer {
             queue_id: queue.queue_id,
             offset,
             max_messages: options.max_messages,
+            max_bytes: options.max_bytes,
             tag_expression: options.tags.as_str(),
             suspend: options.wait.min(MAX_PULL_WAIT),
             commit_offset: None,

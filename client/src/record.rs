@@ -171,13 +171,16 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
             reader.at
         ));
     }
-    let computed_body_crc = crc32fast::hash(body);
-    if computed_body_crc != body_crc {
-        return Err(format!(
-            "body CRC {computed_body_crc:#010X} does not match the stored {body_crc:#010X} (topic {topic}, queue {queue_id}, offset {queue_offset})"
-        ));
+    // The whole-record CRC covers the body too, so a record that carries one is checked in one
+    // pass; the body CRC is compared only for a record without it.
+    if !check_record_crc(record, store_timestamp_at, properties_bytes)? {
+        let computed_body_crc = crc32fast::hash(body);
+        if computed_body_crc != body_crc {
+            return Err(format!(
+                "body CRC {computed_body_crc:#010X} does not match the stored {body_crc:#010X} (topic {topic}, queue {queue_id}, offset {queue_offset})"
+            ));
+        }
     }
-    check_record_crc(record, store_timestamp_at, properties_bytes)?;
     let properties = decode_properties(properties_bytes)?;
     // A body the producer compressed is handed over inflated, with the flag cleared; one that
     // cannot be inflated is handed over as stored, flagged, for the application to judge.
@@ -234,19 +237,20 @@ fn record_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
 
 /// Checks the `__CRC32#` property when the record ends with one: [`record_crc`] written as ten
 /// decimal digits.
+/// Checks the whole-record CRC when the record carries one; `Ok(false)` when it carries none.
 fn check_record_crc(
     record: &[u8],
     store_timestamp_at: usize,
     properties: &[u8],
-) -> Result<(), String> {
+) -> Result<bool, String> {
     if properties.len() < CRC_PROPERTY_BYTES {
-        return Ok(());
+        return Ok(false);
     }
     let crc_property = &properties[properties.len() - CRC_PROPERTY_BYTES..];
     let starts_property = properties.len() == CRC_PROPERTY_BYTES
         || properties[properties.len() - CRC_PROPERTY_BYTES - 1] == PROPERTY_SEPARATOR as u8;
     if !starts_property || !crc_property.starts_with(CRC_PROPERTY) {
-        return Ok(());
+        return Ok(false);
     }
     let digits = &crc_property[CRC_PROPERTY.len() + 1..CRC_PROPERTY_BYTES - 1];
     let stored = std::str::from_utf8(digits)
@@ -260,7 +264,7 @@ fn check_record_crc(
             "whole-record CRC {computed} does not match the stored {stored}"
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Parses `name 0x01 value 0x02` pairs.
@@ -289,6 +293,19 @@ pub(crate) fn encode_test_record(
     body: &[u8],
     properties: &[(&str, &str)],
 ) -> Vec<u8> {
+    encode_test_record_with(topic, queue_id, queue_offset, body, properties, true)
+}
+
+/// [`encode_test_record`], with or without the whole-record CRC property.
+#[cfg(test)]
+pub(crate) fn encode_test_record_with(
+    topic: &str,
+    queue_id: u32,
+    queue_offset: u64,
+    body: &[u8],
+    properties: &[(&str, &str)],
+    with_record_crc: bool,
+) -> Vec<u8> {
     let mut props = String::new();
     for (name, value) in properties {
         props.push_str(name);
@@ -296,7 +313,9 @@ pub(crate) fn encode_test_record(
         props.push_str(value);
         props.push(PROPERTY_SEPARATOR);
     }
-    props.push_str("__CRC32#\u{1}0000000000\u{2}");
+    if with_record_crc {
+        props.push_str("__CRC32#\u{1}0000000000\u{2}");
+    }
     let mut out = Vec::new();
     out.extend_from_slice(&0u32.to_be_bytes());
     out.extend_from_slice(&MESSAGE_MAGIC_CODE.to_be_bytes());
@@ -320,6 +339,9 @@ pub(crate) fn encode_test_record(
     out.extend_from_slice(props.as_bytes());
     let total = out.len() as u32;
     out[..4].copy_from_slice(&total.to_be_bytes());
+    if !with_record_crc {
+        return out;
+    }
     let crc = record_crc(&out, BORN_HOST_AT + 8);
     let digits = format!("{crc:010}");
     let digits_at = out.len() - CRC_TRAILER_BYTES;
@@ -372,6 +394,23 @@ mod tests {
         bytes[88] ^= 0xFF;
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert_eq!(error.at, 0);
+        assert!(
+            error.reason.contains("whole-record CRC"),
+            "the record CRC covers the body: {}",
+            error.reason
+        );
+    }
+
+    #[test]
+    fn a_record_without_the_record_crc_is_checked_by_its_body_crc() {
+        let record = encode_test_record_with("orders", 3, 7, b"hello", &[], false);
+        assert_eq!(
+            decode_records(&Bytes::from(record.clone()), "b").unwrap()[0].body,
+            &b"hello"[..]
+        );
+        let mut damaged = record;
+        damaged[88] ^= 0xFF;
+        let error = decode_records(&Bytes::from(damaged), "b").unwrap_err();
         assert!(error.reason.contains("body CRC"), "{}", error.reason);
     }
 

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::body::new_run_id;
 use crate::cluster::{self, ClusterArgs};
-use crate::consumers::{ConsumerGroup, GroupPlan, WaitEnd};
+use crate::consumers::{ConsumerGroup, ConsumerTuning, GroupPlan, WaitEnd};
 use crate::producers::{self, LoadPlan, Stop};
 use crate::progress::{Counters, Goal, Progress};
 use crate::summary::{Latency, Outcome};
@@ -69,6 +69,8 @@ pub struct ConsumeArgs {
     /// Stop when nothing new arrives for this many seconds.
     #[arg(long, default_value_t = 10.0)]
     pub idle_timeout: f64,
+    #[command(flatten)]
+    pub tuning: ConsumerTuning,
 }
 
 pub fn run(args: &ConsumeArgs) -> Result<()> {
@@ -142,6 +144,7 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
         },
         run_id: Some(run_id),
         counters,
+        tuning: &args.tuning,
     })
     .await;
     let consumers = match consumers {

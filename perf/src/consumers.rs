@@ -34,8 +34,6 @@ use crate::tracker::Receipts;
 
 /// Most consumers one run starts.
 pub const MAX_CONSUMERS: u32 = 256;
-/// Messages per pull and per listener call.
-const CONSUME_BATCH: u32 = 32;
 /// How long the group may take to share out its queues.
 const STABLE_TIMEOUT: Duration = Duration::from_secs(60);
 const STABLE_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -108,6 +106,21 @@ pub struct GroupResult {
     pub last_received: Option<Instant>,
 }
 
+/// How the benchmark's push consumers pull and hand messages to their listener.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConsumerTuning {
+    /// Most messages per pull (the transfer size; default: the client's default).
+    #[arg(long, default_value_t = shardmq_client::DEFAULT_PUSH_PULL_BATCH)]
+    pub pull_batch: u32,
+    /// Most record bytes per pull (0: only the broker's `max_pull_bytes`; default: the
+    /// client's default).
+    #[arg(long, default_value_t = shardmq_client::DEFAULT_PUSH_PULL_MAX_BYTES)]
+    pub pull_max_bytes: u32,
+    /// Most messages per listener call.
+    #[arg(long, default_value_t = 32)]
+    pub consume_batch: usize,
+}
+
 /// Which consumers to start.
 pub struct GroupPlan<'a> {
     pub namesrv: &'a str,
@@ -120,6 +133,7 @@ pub struct GroupPlan<'a> {
     /// Distinct messages of this run are counted for [`ConsumerGroup::received_of_run`].
     pub run_id: Option<u32>,
     pub counters: Arc<Counters>,
+    pub tuning: &'a ConsumerTuning,
 }
 
 /// A running group of push consumers.
@@ -169,8 +183,9 @@ impl ConsumerGroup {
                 .group(group)
                 .subscribe(plan.topic, "*")
                 .consume_from(plan.from)
-                .pull_batch(CONSUME_BATCH)
-                .consume_batch_max(CONSUME_BATCH as usize)
+                .pull_batch(plan.tuning.pull_batch)
+                .pull_max_bytes(plan.tuning.pull_max_bytes)
+                .consume_batch_max(plan.tuning.consume_batch)
                 .listen_concurrently(move |messages| {
                     let shared = Arc::clone(&listener_shared);
                     let owned = Arc::clone(&owned);

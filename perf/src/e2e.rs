@@ -23,7 +23,7 @@ use shardmq_client::ConsumeFrom;
 
 use crate::body::new_run_id;
 use crate::cluster::{self, ClusterArgs};
-use crate::consumers::{ConsumerGroup, GroupPlan};
+use crate::consumers::{ConsumerGroup, ConsumerTuning, GroupPlan};
 use crate::produce::{goal_of, stop_of};
 use crate::producers::{self, LoadPlan};
 use crate::progress::{Counters, Progress};
@@ -58,6 +58,8 @@ pub struct E2eArgs {
     /// missing messages as lost.
     #[arg(long, default_value_t = 10.0)]
     pub idle_timeout: f64,
+    #[command(flatten)]
+    pub tuning: ConsumerTuning,
 }
 
 pub fn run(args: &E2eArgs) -> Result<()> {
@@ -92,6 +94,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
         from: ConsumeFrom::LastOffset,
         run_id: Some(run_id),
         counters: Arc::clone(&counters),
+        tuning: &args.tuning,
     })
     .await?;
     let ready = producers::prepare(LoadPlan {

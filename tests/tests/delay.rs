@@ -69,6 +69,7 @@ async fn read_topic(consumer: &PullConsumer, topic: &str) -> Vec<MessageExt> {
         max_messages: 32,
         tags: TagExpression::parse("*").unwrap(),
         wait: Duration::ZERO,
+        ..PullOptions::default()
     };
     let mut messages = Vec::new();
     for queue in consumer.queues(topic).await.expect("queues") {

@@ -13,11 +13,14 @@
 //! after its answer.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use bytes::{Buf, Bytes, BytesMut};
+use futures_lite::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -44,6 +47,9 @@ pub const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
 
 /// Malformed frames one connection may send (each answered) before it is closed.
 pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
+
+/// Most slices one `sendmsg` carries (Linux's `IOV_MAX`).
+const MAX_WRITE_SLICES: usize = 1024;
 
 /// Per-connection state shared by its request tasks.
 pub struct Connection {
@@ -73,6 +79,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         Err(_) => return,
     };
     let _ = stream.set_nodelay(true);
+    let socket = stream.as_raw_fd();
     let (mut reader, mut writer) = futures_lite::io::split(stream);
     let inflight_limit = shard.config.max_inflight_per_connection;
     let (out, out_rx) = local_channel::new_bounded::<Outbound>(inflight_limit * 2 + 16);
@@ -89,11 +96,21 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     debug!(%peer, connection_id, "connection opened");
 
     let writer_task = glommio::spawn_local(async move {
+        let mut pending: VecDeque<Bytes> = VecDeque::new();
         while let Some(frames) = out_rx.recv().await {
-            for frame in frames {
-                if writer.write_all(&frame).await.is_err() {
-                    return;
+            pending.extend(frames);
+            // Whatever else is queued already leaves in the same system call.
+            while pending.len() < MAX_WRITE_SLICES {
+                match futures_lite::future::poll_once(out_rx.recv()).await {
+                    Some(Some(more)) => pending.extend(more),
+                    _ => break,
                 }
+            }
+            if write_all_vectored(socket, &mut writer, &mut pending)
+                .await
+                .is_err()
+            {
+                return;
             }
         }
         let _ = writer.close().await;
@@ -229,4 +246,88 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     drop(connection);
     writer_task.await;
     debug!(%peer, connection_id, "connection closed");
+}
+
+/// Writes every byte of `pending` (frames, and the stored records a pull answer carries as
+/// slices of the CommitLog's buffers) to the socket `socket`, in as few system calls as it
+/// takes: one `sendmsg` gathers up to [`MAX_WRITE_SLICES`] slices, so a pull answer of a
+/// thousand records leaves in one call instead of one `send` per record, and nothing is copied
+/// into a contiguous buffer first. When the socket's send buffer is full, it waits for room
+/// through `writer` (glommio's write of the first slice, which returns once some of it went).
+///
+/// `writer` must be the write half of the stream `socket` belongs to; it is the only writer.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    socket: RawFd,
+    writer: &mut W,
+    pending: &mut VecDeque<Bytes>,
+) -> io::Result<()> {
+    while !pending.is_empty() {
+        let sent = {
+            let slices: Vec<IoSlice<'_>> = pending
+                .iter()
+                .filter(|frame| !frame.is_empty())
+                .take(MAX_WRITE_SLICES)
+                .map(|frame| IoSlice::new(frame))
+                .collect();
+            if slices.is_empty() {
+                pending.clear();
+                break;
+            }
+            send_slices(socket, &slices)
+        };
+        let written = match sent {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let first = pending
+                    .iter()
+                    .find(|frame| !frame.is_empty())
+                    .expect("a non-empty slice is pending");
+                writer.write(first).await?
+            }
+            Err(e) => return Err(e),
+        };
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the peer stopped taking bytes",
+            ));
+        }
+        consume(pending, written);
+    }
+    Ok(())
+}
+
+/// One non-blocking `sendmsg` of `slices` (without SIGPIPE on a closed peer).
+fn send_slices(socket: RawFd, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); `IoSlice` is ABI-compatible
+    // with `iovec` on Unix, and the slices outlive the call; `socket` is the open socket of the
+    // connection, owned by the stream whose write half the caller holds.
+    let sent = unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = slices.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = slices.len() as _;
+        libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// Drops the first `written` bytes of `pending`.
+fn consume(pending: &mut VecDeque<Bytes>, mut written: usize) {
+    while written > 0 {
+        let front = pending.front_mut().expect("written bytes were pending");
+        let take = written.min(front.len());
+        front.advance(take);
+        written -= take;
+        if front.is_empty() {
+            pending.pop_front();
+        }
+    }
+    while pending.front().is_some_and(Bytes::is_empty) {
+        pending.pop_front();
+    }
 }

@@ -611,6 +611,21 @@ impl CommitLog {
         self.ring.borrow_mut().trim_below(keep_from);
     }
 
+    /// Whether `[from, to)` is in the write ring: bytes this process appended and still holds
+    /// (reads of them never touch the disk).
+    pub fn is_in_ring(&self, from: u64, to: u64) -> bool {
+        let ring = self.ring.borrow();
+        from >= ring.valid_from() && to <= ring.end()
+    }
+
+    /// End of the write-ring chunk that holds `offset`, when the ring holds it: a read that
+    /// stops there is a slice of the ring, with no copy.
+    pub fn ring_chunk_end(&self, offset: u64) -> Option<u64> {
+        let ring = self.ring.borrow();
+        (offset >= ring.valid_from() && offset < ring.end())
+            .then(|| (offset - offset % ring.chunk_bytes() + ring.chunk_bytes()).min(ring.end()))
+    }
+
     /// Reads `len` bytes at physical offset `offset` (a record never spans segments): from the
     /// write ring when they are there (a slice of it when they lie in one chunk), else from
     /// the segment file with an O_DIRECT read.

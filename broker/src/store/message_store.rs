@@ -1293,9 +1293,13 @@ impl Inner {
             .commit_log
             .segment_end(start)?
             .min(self.commit_log.written_offset());
-        let len = READ_SPAN_BYTES.min(limit.saturating_sub(start));
+        let mut len = READ_SPAN_BYTES.min(limit.saturating_sub(start));
         if len < min_len {
             return None;
+        }
+        // In the write ring, stop at the chunk's end so the span is a slice, not a copy.
+        if let Some(chunk_end) = self.commit_log.ring_chunk_end(start) {
+            len = len.min(chunk_end - start).max(min_len);
         }
         self.commit_log.read(start, len).await.ok()
     }
@@ -1360,8 +1364,19 @@ impl Inner {
                 bytes = read(own_size).await?;
             }
         }
-        // Full validation (both CRCs): a record damaged on disk is reported, never served.
-        let view = decode_message(&bytes).map_err(|e| {
+        // A record read from disk is fully validated (both CRCs): one damaged there is
+        // reported, never served. One still in the write ring was encoded and checked by this
+        // process moments ago; the client checks its CRC end to end (storage-format.md §4.5).
+        let from_ring = self.commit_log.is_in_ring(
+            entry.commitlog_offset,
+            entry.commitlog_offset + bytes.len() as u64,
+        );
+        let parsed = if from_ring {
+            RecordView::parse_unchecked(&bytes)
+        } else {
+            decode_message(&bytes)
+        };
+        let view = parsed.map_err(|e| {
             StoreError::Corrupt(format!(
                 "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) is damaged: {e}; run `shardmq-broker verify`",
                 entry.commitlog_offset

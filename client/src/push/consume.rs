@@ -32,12 +32,15 @@ pub(super) fn dispatch(
 ) {
     match &core.listener {
         Listener::Concurrently(_) => {
-            for batch in messages.chunks(core.config.consume_batch_max) {
+            let batch_max = core.config.consume_batch_max.max(1);
+            let mut messages = messages.into_iter().peekable();
+            while messages.peek().is_some() {
+                let batch: Vec<MessageExt> = messages.by_ref().take(batch_max).collect();
                 tokio::spawn(consume_concurrently(
                     Arc::clone(core),
                     queue.clone(),
                     Arc::clone(process_queue),
-                    batch.to_vec(),
+                    batch,
                 ));
             }
         }
@@ -93,7 +96,9 @@ async fn consume_concurrently(
         return;
     }
     let offsets: Vec<i64> = messages.iter().map(|m| m.queue_offset).collect();
-    let call = call_listener(listener_of(&core.listener), as_originally_sent(&messages));
+    // The listener gets the batch itself; a send-back reads the messages from the cache,
+    // where they stay until consumed.
+    let call = call_listener(listener_of(&core.listener), as_originally_sent(messages));
     let result = match tokio::time::timeout(core.config.consume_timeout, call).await {
         Ok(result) => result,
         Err(_) => {
@@ -113,6 +118,7 @@ async fn consume_concurrently(
             }
         }
         ConsumeResult::ReconsumeLater => {
+            let messages = process_queue.cached(&offsets);
             let offsets = send_back_or_keep(&core, &queue, &process_queue, &messages).await;
             if offsets.is_empty() {
                 return;
@@ -135,11 +141,10 @@ async fn consume_concurrently(
 
 /// The messages as the listener sees them: a redelivery from the retry topic shows the topic
 /// the message was first sent to (RocketMQ's `resetRetryTopic`).
-fn as_originally_sent(messages: &[MessageExt]) -> Vec<MessageExt> {
+fn as_originally_sent(messages: Vec<MessageExt>) -> Vec<MessageExt> {
     messages
-        .iter()
-        .map(|message| {
-            let mut message = message.clone();
+        .into_iter()
+        .map(|mut message| {
             if message.topic.starts_with(RETRY_TOPIC_PREFIX) {
                 if let Some(original) = message.retry_topic() {
                     message.topic = original.to_owned();
@@ -255,7 +260,7 @@ async fn consume_orderly(
             continue;
         }
         let offsets: Vec<i64> = messages.iter().map(|m| m.queue_offset).collect();
-        match call_listener(listener_of(&core.listener), as_originally_sent(&messages)).await {
+        match call_listener(listener_of(&core.listener), as_originally_sent(messages)).await {
             ConsumeResult::Success => {
                 let offset = process_queue.remove(&offsets);
                 if !process_queue.is_dropped() {

@@ -61,6 +61,9 @@ pub(crate) struct ProcessQueue {
     /// Orderly mode: held for each listener call, and by a rebalance that gives the queue up
     /// (so the offset it persists covers every call, and no call starts after it).
     consuming: tokio::sync::Mutex<()>,
+    /// Signalled when consumed messages leave the cache, so a pull loop paused by flow control
+    /// pulls again as soon as there is room rather than after a fixed pause.
+    drained: tokio::sync::Notify,
 }
 
 impl ProcessQueue {
@@ -73,6 +76,7 @@ impl ProcessQueue {
             }),
             is_dropped: AtomicBool::new(false),
             consuming: tokio::sync::Mutex::new(()),
+            drained: tokio::sync::Notify::new(),
         }
     }
 
@@ -196,7 +200,16 @@ impl ProcessQueue {
                 state.cached_bytes -= message.body.len();
             }
         }
-        committable(&state)
+        let committable = committable(&state);
+        drop(state);
+        self.drained.notify_one();
+        committable
+    }
+
+    /// Waits until messages leave the cache (or a removal happened since the last wait), at
+    /// most `limit`.
+    pub(crate) async fn wait_drained(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.drained.notified()).await;
     }
 
     /// The offset that may be committed: the lowest unfinished message's, or how far the
@@ -208,6 +221,15 @@ impl ProcessQueue {
     #[cfg(test)]
     pub(crate) fn cached_count(&self) -> usize {
         self.state().messages.len()
+    }
+
+    /// Copies of the cached messages at `offsets` (those still cached), in offset order.
+    pub(crate) fn cached(&self, offsets: &[i64]) -> Vec<MessageExt> {
+        let state = self.state();
+        offsets
+            .iter()
+            .filter_map(|offset| state.messages.get(offset).cloned())
+            .collect()
     }
 
     /// Counts one more delivery of the cached messages at `offsets` (after ReconsumeLater)

@@ -21,8 +21,9 @@ use crate::error::{Error, Result};
 use crate::pull_consumer::PullStatus;
 use crate::route::MessageQueue;
 
-/// How long a queue over its flow limits waits before checking again
-/// (`PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL`).
+/// Longest wait of a queue over its flow limits before it checks again
+/// (`PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL`); it checks sooner when consumed messages leave
+/// its cache.
 const FLOW_CONTROL_PAUSE: Duration = Duration::from_millis(50);
 
 /// How long a pull loop waits after a failed pull (`PULL_TIME_DELAY_MILLS_WHEN_EXCEPTION`).
@@ -204,7 +205,7 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                 debug!(%queue, %reason, "flow control: pulling paused");
             }
             flow_control_pauses = (flow_control_pauses + 1) % FLOW_CONTROL_LOG_EVERY;
-            tokio::time::sleep(FLOW_CONTROL_PAUSE).await;
+            process_queue.wait_drained(FLOW_CONTROL_PAUSE).await;
             continue;
         }
         let offset = process_queue.pulled_up_to();
@@ -221,6 +222,7 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                 queue_id: queue.queue_id,
                 offset,
                 max_messages: core.config.pull_batch,
+                max_bytes: core.config.pull_max_bytes,
                 tag_expression: tags.as_str(),
                 suspend: core.config.pull_wait,
                 commit_offset,

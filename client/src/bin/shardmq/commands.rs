@@ -284,6 +284,7 @@ async fn consume_until_done(
                 max_messages: u32::try_from(left)
                     .unwrap_or(u32::MAX)
                     .min(CONSUME_PULL_BATCH),
+                max_bytes: 0,
                 tags: tags.clone(),
                 wait: Duration::ZERO,
             };

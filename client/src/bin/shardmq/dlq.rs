@@ -89,6 +89,7 @@ fn is_topic_not_found(error: &anyhow::Error) -> bool {
 async fn read_topic(consumer: &PullConsumer, topic: &str, max: u64) -> Result<Vec<MessageExt>> {
     let options = PullOptions {
         max_messages: DLQ_PULL_BATCH,
+        max_bytes: 0,
         tags: TagExpression::parse("*")?,
         wait: Duration::ZERO,
     };
