@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for message in &messages {
                     println!(
                         "{}#{} offset {} id {} tags {:?} keys {:?}: {}",
-                        message.broker_name,
+                        message.broker_name(),
                         message.queue_id,
                         message.queue_offset,
                         message.msg_id(),

@@ -384,7 +384,7 @@ impl Admin {
                 )
                 .await?;
             for message in &mut messages {
-                message.broker_name.clone_from(broker_name);
+                message.set_broker_name(broker_name);
             }
             found.extend(messages);
         }
@@ -403,8 +403,8 @@ impl Admin {
                 .pool
                 .query_by_unique_id(address, self.timeout(), msg_id, 0, 0)
                 .await?;
-            if let Some(mut message) = messages.into_iter().find(|m| m.topic == topic) {
-                message.broker_name.clone_from(broker_name);
+            if let Some(mut message) = messages.into_iter().find(|m| m.topic() == topic) {
+                message.set_broker_name(broker_name);
                 return Ok(Some(message));
             }
         }

@@ -263,6 +263,39 @@ fn decode_records_of(
     })
 }
 
+/// A pull answer whose records are not decoded yet.
+#[derive(Debug)]
+pub(crate) struct UndecodedPull {
+    address: String,
+    pub status: PullStatus,
+    pub next_begin_offset: i64,
+    pub min_offset: i64,
+    pub max_offset: i64,
+    /// The stored records, concatenated (a slice of the answer's frame).
+    records: Bytes,
+}
+
+impl UndecodedPull {
+    /// Decodes and checks the records (`broker_name`: where they were pulled from).
+    pub(crate) fn decode(self, broker_name: &str) -> Result<PullResult> {
+        let messages = if self.records.is_empty() {
+            Vec::new()
+        } else {
+            decode_records(&self.records, broker_name).map_err(|error| Error::CorruptRecord {
+                address: self.address.clone(),
+                reason: error.to_string(),
+            })?
+        };
+        Ok(PullResult {
+            status: self.status,
+            next_begin_offset: self.next_begin_offset,
+            min_offset: self.min_offset,
+            max_offset: self.max_offset,
+            messages,
+        })
+    }
+}
+
 impl ConnectionPool {
     /// Sends `messages` (one topic) to one queue of the broker at `address` (`None`: the
     /// broker picks one) and waits for the answer.
@@ -311,6 +344,19 @@ impl ConnectionPool {
 
     /// Pulls from one queue, waiting up to `args.suspend` at the broker when nothing is there.
     pub(crate) async fn pull(&self, address: &str, args: &PullArgs<'_>) -> Result<PullResult> {
+        self.pull_undecoded(address, args)
+            .await?
+            .decode(args.broker_name)
+    }
+
+    /// Like [`pull`](Self::pull), leaving the records undecoded: the answer's status and
+    /// offsets are known at once (a push consumer sends its next pull from them and decodes
+    /// this answer while that one travels).
+    pub(crate) async fn pull_undecoded(
+        &self,
+        address: &str,
+        args: &PullArgs<'_>,
+    ) -> Result<UndecodedPull> {
         let timeout = args.suspend + PULL_TIMEOUT_MARGIN;
         let frame = self
             .request(address, "pull", timeout, |builder| {
@@ -346,17 +392,19 @@ impl ConnectionPool {
         let response = header
             .body_as_pull_response()
             .ok_or_else(|| missing_body(address, "PullResponse"))?;
-        let messages = if status == PullStatus::Found {
-            decode_records_of(address, &frame, response.records(), args.broker_name)?
-        } else {
-            Vec::new()
+        let records = match response.records().filter(|r| !r.is_empty()) {
+            Some(records) if status == PullStatus::Found => frame
+                .share(records.bytes())
+                .unwrap_or_else(|| Bytes::copy_from_slice(records.bytes())),
+            _ => Bytes::new(),
         };
-        Ok(PullResult {
+        Ok(UndecodedPull {
+            address: address.to_owned(),
             status,
             next_begin_offset: response.next_begin_offset(),
             min_offset: response.min_offset(),
             max_offset: response.max_offset(),
-            messages,
+            records,
         })
     }
 

@@ -318,7 +318,7 @@ impl Admin {
                 .unwrap_or_default();
             if !found.is_empty() {
                 for message in &mut found {
-                    message.broker_name = name_of(&address);
+                    message.set_broker_name(&name_of(&address));
                 }
                 return Ok(found);
             }
@@ -334,7 +334,7 @@ impl Admin {
                 .query_by_unique_id(address, self.timeout(), id, begin_ms, end_ms)
                 .await?;
             for message in &mut messages {
-                message.broker_name = name_of(address);
+                message.set_broker_name(&name_of(address));
             }
             found.extend(messages);
         }

@@ -8,12 +8,13 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
+use crate::record::{NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR};
 
 /// Longest topic name, in bytes (RocketMQ's limit).
 pub const MAX_TOPIC_NAME_BYTES: usize = 127;
@@ -356,12 +357,16 @@ impl Message {
 }
 
 /// A message as a consumer receives it: the stored record decoded, with where it was stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Decoding allocates nothing per message: the body, the topic and the properties are slices
+/// of the pull answer's bytes, read when asked, and the broker name is shared by every message
+/// of a pull. Cloning one is a few reference counts.
+#[derive(Clone, PartialEq, Eq)]
 pub struct MessageExt {
-    /// The topic the message was stored in.
-    pub topic: String,
+    /// The topic, UTF-8 (checked when decoded).
+    topic: Bytes,
     /// The broker name it was pulled from (empty when not known, as in a query result).
-    pub broker_name: String,
+    broker_name: Arc<str>,
     pub queue_id: u32,
     /// Index of the message in its queue.
     pub queue_offset: i64,
@@ -378,13 +383,125 @@ pub struct MessageExt {
     /// How often this message has been redelivered: stored by the broker, plus local
     /// redeliveries after `ReconsumeLater`.
     pub reconsume_times: i32,
-    /// Every stored property (`TAGS`, `KEYS`, `UNIQ_KEY`, user properties, the CRC), in
-    /// stored order.
-    pub properties: Vec<(String, String)>,
+    /// The stored properties as stored: `name 0x01 value 0x02` pairs, UTF-8, each with its
+    /// separator (checked when decoded).
+    properties: Bytes,
     pub body: Bytes,
 }
 
+/// The fields of a stored record, for [`MessageExt::from_record_parts`].
+pub(crate) struct RecordParts {
+    pub topic: Bytes,
+    pub broker_name: Arc<str>,
+    pub queue_id: u32,
+    pub queue_offset: i64,
+    pub commit_log_offset: i64,
+    pub flag: i32,
+    pub sys_flag: u32,
+    pub born_timestamp_ms: i64,
+    pub born_host: SocketAddr,
+    pub store_timestamp_ms: i64,
+    pub store_host: SocketAddr,
+    pub reconsume_times: i32,
+    pub properties: Bytes,
+    pub body: Bytes,
+}
+
+impl std::fmt::Debug for MessageExt {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("MessageExt")
+            .field("topic", &self.topic())
+            .field("broker_name", &self.broker_name())
+            .field("queue_id", &self.queue_id)
+            .field("queue_offset", &self.queue_offset)
+            .field("commit_log_offset", &self.commit_log_offset)
+            .field("flag", &self.flag)
+            .field("sys_flag", &self.sys_flag)
+            .field("born_timestamp_ms", &self.born_timestamp_ms)
+            .field("born_host", &self.born_host)
+            .field("store_timestamp_ms", &self.store_timestamp_ms)
+            .field("store_host", &self.store_host)
+            .field("reconsume_times", &self.reconsume_times)
+            .field("properties", &self.properties().collect::<Vec<_>>())
+            .field("body", &self.body)
+            .finish()
+    }
+}
+
+/// Checks that `bytes` are stored properties: UTF-8, every pair with a name-value separator.
+pub(crate) fn check_properties(bytes: &[u8]) -> std::result::Result<(), String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "properties are not UTF-8".to_owned())?;
+    for pair in text
+        .split(PROPERTY_SEPARATOR)
+        .filter(|pair| !pair.is_empty())
+    {
+        if !pair.contains(NAME_VALUE_SEPARATOR) {
+            return Err(format!(
+                "property `{}` has no value separator",
+                pair.escape_debug()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl MessageExt {
+    /// A message from the fields of a stored record; `topic` and `properties` must have passed
+    /// UTF-8 and [`check_properties`] checks (they read as empty otherwise).
+    pub(crate) fn from_record_parts(parts: RecordParts) -> Self {
+        Self {
+            topic: parts.topic,
+            broker_name: parts.broker_name,
+            queue_id: parts.queue_id,
+            queue_offset: parts.queue_offset,
+            commit_log_offset: parts.commit_log_offset,
+            flag: parts.flag,
+            sys_flag: parts.sys_flag,
+            born_timestamp_ms: parts.born_timestamp_ms,
+            born_host: parts.born_host,
+            store_timestamp_ms: parts.store_timestamp_ms,
+            store_host: parts.store_host,
+            reconsume_times: parts.reconsume_times,
+            properties: parts.properties,
+            body: parts.body,
+        }
+    }
+
+    /// The topic the message was stored in.
+    #[must_use]
+    pub fn topic(&self) -> &str {
+        std::str::from_utf8(&self.topic).unwrap_or_default()
+    }
+
+    /// Shows the message under another topic (a redelivery from the retry topic shows the
+    /// topic it was first sent to).
+    pub(crate) fn set_topic(&mut self, topic: &str) {
+        self.topic = Bytes::copy_from_slice(topic.as_bytes());
+    }
+
+    /// The broker name it was pulled from (empty when not known, as in a query result).
+    #[must_use]
+    pub fn broker_name(&self) -> &str {
+        &self.broker_name
+    }
+
+    /// Names the broker the message was read from (a query answer learns it afterwards).
+    pub(crate) fn set_broker_name(&mut self, broker_name: &str) {
+        if &*self.broker_name != broker_name {
+            self.broker_name = Arc::from(broker_name);
+        }
+    }
+
+    /// Every stored property (`TAGS`, `KEYS`, `UNIQ_KEY`, user properties, the CRC), in stored
+    /// order.
+    pub fn properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::str::from_utf8(&self.properties)
+            .unwrap_or_default()
+            .split(PROPERTY_SEPARATOR)
+            .filter_map(|pair| pair.split_once(NAME_VALUE_SEPARATOR))
+    }
+
     /// The message id users see: the client-generated unique id (`UNIQ_KEY`), or the store
     /// position (`host:port` + commit log offset in hex) when the producer set none.
     #[must_use]
@@ -398,10 +515,9 @@ impl MessageExt {
     /// The property `name`, if stored.
     #[must_use]
     pub fn property(&self, name: &str) -> Option<&str> {
-        self.properties
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
+        self.properties()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value)
     }
 
     /// The message's tag, if any.
@@ -420,10 +536,8 @@ impl MessageExt {
 
     /// User properties: every stored property but the ones the broker and client manage.
     pub fn user_properties(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.properties
-            .iter()
-            .filter(|(key, _)| !RESERVED_PROPERTY_NAMES.contains(&key.as_str()))
-            .map(|(key, value)| (key.as_str(), value.as_str()))
+        self.properties()
+            .filter(|(key, _)| !RESERVED_PROPERTY_NAMES.contains(key))
     }
 
     /// For a retry or dead-letter copy: the topic the message was first sent to.

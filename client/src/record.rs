@@ -11,7 +11,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bytes::Bytes;
 
-use crate::message::MessageExt;
+use std::sync::Arc;
+
+use crate::message::{check_properties, MessageExt, RecordParts};
 
 /// Magic code of a version-1 message record (1-byte topic length).
 pub const MESSAGE_MAGIC_CODE: u32 = 0xDAA3_20A7;
@@ -35,9 +37,9 @@ const CRC_TRAILER_BYTES: usize = 11;
 const CRC_PROPERTY_BYTES: usize = 20;
 
 /// Separates a property's name from its value.
-const NAME_VALUE_SEPARATOR: char = '\u{1}';
+pub(crate) const NAME_VALUE_SEPARATOR: char = '\u{1}';
 /// Ends each property.
-const PROPERTY_SEPARATOR: char = '\u{2}';
+pub(crate) const PROPERTY_SEPARATOR: char = '\u{2}';
 
 /// Why a record is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,12 +52,13 @@ pub struct RecordError {
 /// Decodes every record in `records` (concatenated stored records, as in
 /// `PullResponse.records`). Bodies are slices of `records`, not copies.
 pub fn decode_records(records: &Bytes, broker_name: &str) -> Result<Vec<MessageExt>, RecordError> {
+    let broker_name: Arc<str> = Arc::from(broker_name);
     let mut messages = Vec::new();
     let mut at = 0;
     while at < records.len() {
         let rest = records.slice(at..);
         let (message, total_size) =
-            decode_record(&rest, broker_name).map_err(|reason| RecordError { at, reason })?;
+            decode_record(&rest, &broker_name).map_err(|reason| RecordError { at, reason })?;
         messages.push(message);
         at += total_size;
     }
@@ -123,7 +126,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Decodes the record at the start of `bytes`; returns it and its total size.
-fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize), String> {
+fn decode_record(bytes: &Bytes, broker_name: &Arc<str>) -> Result<(MessageExt, usize), String> {
     let mut head = Reader { bytes, at: 0 };
     let total_size = head.u32("total size")? as usize;
     if total_size < BORN_HOST_AT || total_size > bytes.len() {
@@ -160,10 +163,11 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
     let body_start = reader.at;
     let body = reader.take(body_length, "body")?;
     let topic_length = usize::from(reader.u8("topic length")?);
+    let topic_start = reader.at;
     let topic = std::str::from_utf8(reader.take(topic_length, "topic")?)
-        .map_err(|_| "topic is not UTF-8".to_owned())?
-        .to_owned();
+        .map_err(|_| "topic is not UTF-8".to_owned())?;
     let properties_length = usize::from(reader.u16("properties length")?);
+    let properties_start = reader.at;
     let properties_bytes = reader.take(properties_length, "properties")?;
     if reader.at != total_size {
         return Err(format!(
@@ -181,7 +185,7 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
             ));
         }
     }
-    let properties = decode_properties(properties_bytes)?;
+    check_properties(properties_bytes)?;
     // A body the producer compressed is handed over inflated, with the flag cleared; one that
     // cannot be inflated is handed over as stored, flagged, for the application to judge.
     let mut sys_flag = sys_flag;
@@ -195,9 +199,9 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
             Err(why) => tracing::warn!(%topic, queue_id, queue_offset, "{why}"),
         }
     }
-    let message = MessageExt {
-        topic,
-        broker_name: broker_name.to_owned(),
+    let message = MessageExt::from_record_parts(RecordParts {
+        topic: bytes.slice(topic_start..topic_start + topic_length),
+        broker_name: Arc::clone(broker_name),
         queue_id,
         queue_offset,
         commit_log_offset,
@@ -208,9 +212,9 @@ fn decode_record(bytes: &Bytes, broker_name: &str) -> Result<(MessageExt, usize)
         store_timestamp_ms,
         store_host,
         reconsume_times,
-        properties,
+        properties: bytes.slice(properties_start..properties_start + properties_length),
         body,
-    };
+    });
     Ok((message, total_size))
 }
 
@@ -235,9 +239,8 @@ fn record_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
     producer_part.finalize() ^ store_fields.finalize()
 }
 
-/// Checks the `__CRC32#` property when the record ends with one: [`record_crc`] written as ten
-/// decimal digits.
-/// Checks the whole-record CRC when the record carries one; `Ok(false)` when it carries none.
+/// Checks the `__CRC32#` property when the record ends with one ([`record_crc`] written as ten
+/// decimal digits); `Ok(false)` when it carries none.
 fn check_record_crc(
     record: &[u8],
     store_timestamp_at: usize,
@@ -265,22 +268,6 @@ fn check_record_crc(
         ));
     }
     Ok(true)
-}
-
-/// Parses `name 0x01 value 0x02` pairs.
-fn decode_properties(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "properties are not UTF-8".to_owned())?;
-    let mut properties = Vec::new();
-    for pair in text
-        .split(PROPERTY_SEPARATOR)
-        .filter(|pair| !pair.is_empty())
-    {
-        let (name, value) = pair
-            .split_once(NAME_VALUE_SEPARATOR)
-            .ok_or_else(|| format!("property `{}` has no value separator", pair.escape_debug()))?;
-        properties.push((name.to_owned(), value.to_owned()));
-    }
-    Ok(properties)
 }
 
 /// Encodes a record as the broker stores it (IPv4 hosts, CRC property last): for tests of
@@ -370,8 +357,8 @@ mod tests {
         let messages = decode_records(&two_records(), "broker-a").unwrap();
         assert_eq!(messages.len(), 2);
         let first = &messages[0];
-        assert_eq!(first.topic, "orders");
-        assert_eq!(first.broker_name, "broker-a");
+        assert_eq!(first.topic(), "orders");
+        assert_eq!(first.broker_name(), "broker-a");
         assert_eq!(first.queue_id, 3);
         assert_eq!(first.queue_offset, 7);
         assert_eq!(first.commit_log_offset, 1007);

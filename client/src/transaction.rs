@@ -214,7 +214,7 @@ pub(crate) fn check_back_handler(group: String, check: CheckFn) -> RequestHandle
 /// The half message as the application sent it: its real topic and queue.
 fn as_real_message(mut message: MessageExt) -> MessageExt {
     if let Some(topic) = message.property(PROPERTY_REAL_TOPIC).map(str::to_owned) {
-        message.topic = topic;
+        message.set_topic(&topic);
     }
     if let Some(queue_id) = message
         .property(PROPERTY_REAL_QUEUE_ID)

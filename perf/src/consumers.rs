@@ -199,7 +199,10 @@ impl ConsumerGroup {
                             messages
                                 .into_iter()
                                 .filter(|message| {
-                                    owned.contains(&(message.broker_name.clone(), message.queue_id))
+                                    owned.iter().any(|(broker, queue)| {
+                                        broker == message.broker_name()
+                                            && *queue == message.queue_id
+                                    })
                                 })
                                 .collect()
                         };

@@ -103,12 +103,12 @@ async fn sent_messages_come_back_whole_from_every_queue() {
     for message in received {
         let (original, result) = &sent[&message.msg_id()];
         assert_eq!(&message.body, original.body());
-        assert_eq!(message.topic, "RoundTrip");
+        assert_eq!(message.topic(), "RoundTrip");
         assert_eq!(message.tags(), original.tags());
         assert_eq!(message.keys(), original.keys());
         assert_eq!(message.queue_id, result.queue.queue_id);
         assert_eq!(message.queue_offset, result.queue_offset);
-        assert_eq!(message.broker_name, result.queue.broker_name);
+        assert_eq!(message.broker_name(), result.queue.broker_name);
         let properties: Vec<(&str, &str)> = message.user_properties().collect();
         assert_eq!(properties.len(), 1);
         assert_eq!(properties[0].0, "index");

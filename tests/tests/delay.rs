@@ -156,7 +156,7 @@ async fn a_delayed_message_stays_invisible_until_its_level_has_passed() {
     })
     .await;
     assert_eq!(delivered.msg_id(), sent.msg_id);
-    assert_eq!(delivered.topic, "Delayed");
+    assert_eq!(delivered.topic(), "Delayed");
     assert_eq!(delivered.queue_id, 0);
     assert_eq!(delivered.tags(), Some("TagA"));
     assert_eq!(delivered.keys(), vec!["order-7"]);

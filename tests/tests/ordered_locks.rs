@@ -65,7 +65,7 @@ async fn member(cluster: &LocalCluster, name: &'static str, calls: &Calls) -> Pu
                 tokio::time::sleep(Duration::from_millis(25)).await;
                 let ended = Instant::now();
                 let mut calls = sink.lock().unwrap();
-                for message in messages.iter().filter(|m| m.topic == TOPIC) {
+                for message in messages.iter().filter(|m| m.topic() == TOPIC) {
                     calls.push(Call {
                         queue_id: message.queue_id,
                         offset: message.queue_offset,

@@ -114,7 +114,7 @@ async fn failed_messages_are_retried_then_dead_lettered_and_can_be_resent() {
                 for message in messages {
                     let body = String::from_utf8_lossy(&message.body).into_owned();
                     seen.lock().unwrap().push(Delivery {
-                        topic: message.topic.clone(),
+                        topic: message.topic().to_owned(),
                         msg_id: message.msg_id(),
                         body: body.clone(),
                         reconsume_times: message.reconsume_times,

@@ -161,7 +161,7 @@ async fn commit_is_delivered_once_and_rollback_never() {
     assert_eq!(copies.len(), 1, "a committed message is delivered once");
     let message = &copies[0];
     assert_eq!(message.msg_id(), committed.send_result.msg_id);
-    assert_eq!(message.topic, TOPIC);
+    assert_eq!(message.topic(), TOPIC);
     assert_eq!(message.queue_id, committed.send_result.queue.queue_id);
     assert_eq!(message.property("TRAN_MSG"), Some("true"));
     assert_eq!(message.property("REAL_TOPIC"), None);
@@ -203,7 +203,7 @@ async fn unknown_transactions_are_resolved_by_check_back() {
     );
     let asked = checks.lock().unwrap().clone();
     assert!(!asked.is_empty());
-    assert_eq!(asked[0].topic, TOPIC, "the callback sees the real topic");
+    assert_eq!(asked[0].topic(), TOPIC, "the callback sees the real topic");
     assert_eq!(asked[0].queue_id, unknown.send_result.queue.queue_id);
     assert_eq!(&asked[0].body[..], b"resolved later");
     assert_eq!(asked[0].msg_id(), unknown.send_result.msg_id);

@@ -321,11 +321,13 @@ struct PendingDispatch {
     index_hashes: VecDeque<u64>,
 }
 
-/// Largest number of candidates one key/id query examines.
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
-/// sliced out of one read).
-const READ_SPAN_BYTES: u64 = 256 << 10;
+/// sliced out of one read); a read asks for what the pull still has room for, at least
+/// [`MIN_READ_SPAN_BYTES`]. A 1 MiB pull of one queue's backlog is one O_DIRECT read.
+const READ_SPAN_BYTES: u64 = 1 << 20;
+const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
 
+/// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
 
 struct Inner {
@@ -614,7 +616,15 @@ impl MessageStore {
                 });
                 let first_read = match cached {
                     Some(bytes) => Some(bytes),
-                    None => match self.inner.read_span(start, u64::from(entry.size)).await {
+                    None => match self
+                        .inner
+                        .read_span(
+                            start,
+                            u64::from(entry.size),
+                            max_bytes.saturating_sub(bytes_total),
+                        )
+                        .await
+                    {
                         Some(bytes) => {
                             let record = bytes.slice(..(entry.size as usize).min(bytes.len()));
                             span = Some((start, bytes));
@@ -1284,16 +1294,17 @@ impl Inner {
         Ok(())
     }
 
-    /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
-    /// Bytes from `start` up to [`READ_SPAN_BYTES`] (at least `min_len`), within its segment
-    /// and the durable data; `None` when that cannot be had in one read (the caller reads the
-    /// record alone).
-    async fn read_span(&self, start: u64, min_len: u64) -> Option<Bytes> {
+    /// Bytes from `start`: what the pull has `room` for, between [`MIN_READ_SPAN_BYTES`] and
+    /// [`READ_SPAN_BYTES`] (at least `min_len`), within its segment and the visible data; `None`
+    /// when that cannot be had in one read (the caller reads the record alone).
+    async fn read_span(&self, start: u64, min_len: u64, room: u64) -> Option<Bytes> {
         let limit = self
             .commit_log
             .segment_end(start)?
             .min(self.commit_log.written_offset());
-        let mut len = READ_SPAN_BYTES.min(limit.saturating_sub(start));
+        let mut len = room
+            .clamp(MIN_READ_SPAN_BYTES, READ_SPAN_BYTES)
+            .min(limit.saturating_sub(start));
         if len < min_len {
             return None;
         }
@@ -1304,6 +1315,7 @@ impl Inner {
         self.commit_log.read(start, len).await.ok()
     }
 
+    /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
     async fn read_queue_record(
         &self,
         topic: &str,

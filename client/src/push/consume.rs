@@ -145,9 +145,9 @@ fn as_originally_sent(messages: Vec<MessageExt>) -> Vec<MessageExt> {
     messages
         .into_iter()
         .map(|mut message| {
-            if message.topic.starts_with(RETRY_TOPIC_PREFIX) {
-                if let Some(original) = message.retry_topic() {
-                    message.topic = original.to_owned();
+            if message.topic().starts_with(RETRY_TOPIC_PREFIX) {
+                if let Some(original) = message.retry_topic().map(str::to_owned) {
+                    message.set_topic(&original);
                 }
             }
             message

@@ -41,7 +41,9 @@ impl Default for FlowLimits {
 #[derive(Debug, Default)]
 struct State {
     /// Pulled, not yet consumed successfully, by queue offset.
-    messages: BTreeMap<i64, MessageExt>,
+    /// Boxed: a `MessageExt` is a few hundred bytes, and a B-tree node shifts its entries on
+    /// every insert and removal.
+    messages: BTreeMap<i64, Box<MessageExt>>,
     cached_bytes: usize,
     /// The offset after everything pulled so far (the last pull's next begin offset).
     pulled_up_to: i64,
@@ -168,7 +170,7 @@ impl ProcessQueue {
                 continue;
             }
             state.cached_bytes += message.body.len();
-            state.messages.insert(offset, message.clone());
+            state.messages.insert(offset, Box::new(message.clone()));
             added.push(message);
         }
         state.pulled_up_to = state.pulled_up_to.max(next_offset);
@@ -228,7 +230,7 @@ impl ProcessQueue {
         let state = self.state();
         offsets
             .iter()
-            .filter_map(|offset| state.messages.get(offset).cloned())
+            .filter_map(|offset| state.messages.get(offset).map(|m| MessageExt::clone(m)))
             .collect()
     }
 
@@ -241,7 +243,7 @@ impl ProcessQueue {
             .filter_map(|offset| {
                 let message = state.messages.get_mut(offset)?;
                 message.reconsume_times = message.reconsume_times.saturating_add(1);
-                Some(message.clone())
+                Some(MessageExt::clone(message))
             })
             .collect()
     }
@@ -252,7 +254,7 @@ impl ProcessQueue {
             .messages
             .values()
             .take(count)
-            .cloned()
+            .map(|m| MessageExt::clone(m))
             .collect()
     }
 

@@ -16,7 +16,7 @@ use super::allocate::allocate_averagely;
 use super::consume::dispatch;
 use super::process_queue::ProcessQueue;
 use super::{Assigned, ConsumeFrom, ConsumerCore, Listener, MessageModel, RETRY_TOPIC_PREFIX};
-use crate::api::PullArgs;
+use crate::api::{PullArgs, UndecodedPull};
 use crate::error::{Error, Result};
 use crate::pull_consumer::PullStatus;
 use crate::route::MessageQueue;
@@ -186,6 +186,11 @@ impl ConsumerCore {
 }
 
 /// Pulls `queue` into `process_queue` until the queue is dropped.
+///
+/// Pipelined: an answer with messages is decoded, cached and handed to the listener while the
+/// next pull (from the answer's next offset, known before decoding) is already on its way, so
+/// one queue's round trips overlap the client's decoding. Flow control and the order of the
+/// messages are as with one pull at a time.
 async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: Arc<ProcessQueue>) {
     let is_span_limited = matches!(core.listener, Listener::Concurrently(_));
     let tags = core
@@ -195,12 +200,23 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
         .unwrap_or_else(crate::subscription::TagExpression::all);
     let mut flow_control_pauses: u64 = 0;
     let uses_queue_locks = core.uses_queue_locks();
+    // An answer with messages, not yet decoded (taken in the next turn, beside the next pull).
+    let mut undecoded: Option<UndecodedPull> = None;
     while !process_queue.is_dropped() && !core.is_stopping() {
         if uses_queue_locks && !take_lock(&core, &queue, &process_queue).await {
+            undecoded = None;
             tokio::time::sleep(super::queue_lock::LOCK_RETRY_PAUSE).await;
             continue;
         }
         if let Some(reason) = process_queue.over_limit(&core.config.flow_limits, is_span_limited) {
+            if let Some(answer) = undecoded.take() {
+                // Already here: cache it, then wait for room.
+                if let Err(error) = take_answer(&core, &queue, &process_queue, &tags, answer) {
+                    warn!(%queue, %error, "pulled records do not decode; pulling them again in {} s", PULL_ERROR_PAUSE.as_secs());
+                    tokio::time::sleep(PULL_ERROR_PAUSE).await;
+                }
+                continue;
+            }
             if flow_control_pauses == 0 {
                 debug!(%queue, %reason, "flow control: pulling paused");
             }
@@ -208,8 +224,11 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             process_queue.wait_drained(FLOW_CONTROL_PAUSE).await;
             continue;
         }
-        let offset = process_queue.pulled_up_to();
-        let outcome = async {
+        let offset = match &undecoded {
+            Some(answer) => answer.next_begin_offset,
+            None => process_queue.pulled_up_to(),
+        };
+        let pull = async {
             let address = core.instance.broker_address(&queue, false).await?;
             let commit_offset = match core.config.model {
                 MessageModel::Clustering => core.offsets.get(&queue).filter(|o| *o > 0),
@@ -227,29 +246,32 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                 suspend: core.config.pull_wait,
                 commit_offset,
             };
-            core.instance.pool.pull(&address, &args).await
-        }
-        .await;
+            core.instance.pool.pull_undecoded(&address, &args).await
+        };
+        // The previous answer is decoded while this pull travels (the pull is polled first, so
+        // its request is out before the decoding starts).
+        let previous = undecoded.take();
+        let (outcome, taken) = tokio::join!(pull, async {
+            match previous {
+                Some(answer) => take_answer(&core, &queue, &process_queue, &tags, answer),
+                None => Ok(()),
+            }
+        });
         if process_queue.is_dropped() {
             return;
         }
+        if let Err(error) = taken {
+            // The pull just made continued past records that did not decode: drop its answer
+            // and pull those records again after a pause.
+            warn!(%queue, %error, "pulled records do not decode; pulling them again in {} s", PULL_ERROR_PAUSE.as_secs());
+            tokio::time::sleep(PULL_ERROR_PAUSE).await;
+            continue;
+        }
         match outcome {
-            Ok(result) => match result.status {
-                PullStatus::Found => {
-                    let matching: Vec<_> = result
-                        .messages
-                        .into_iter()
-                        .filter(|message| tags.matches(message.tags()))
-                        .collect();
-                    let added = process_queue.put(matching, result.next_begin_offset);
-                    core.offsets
-                        .advance(&queue, process_queue.committable_offset());
-                    if !added.is_empty() {
-                        dispatch(&core, &queue, &process_queue, added);
-                    }
-                }
+            Ok(answer) => match answer.status {
+                PullStatus::Found => undecoded = Some(answer),
                 PullStatus::NoNewMessage | PullStatus::NoMatchedMessage => {
-                    process_queue.advance(result.next_begin_offset);
+                    process_queue.advance(answer.next_begin_offset);
                     core.offsets
                         .advance(&queue, process_queue.committable_offset());
                 }
@@ -257,13 +279,13 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                     warn!(
                         %queue,
                         offset,
-                        next = result.next_begin_offset,
-                        min = result.min_offset,
-                        max = result.max_offset,
+                        next = answer.next_begin_offset,
+                        min = answer.min_offset,
+                        max = answer.max_offset,
                         "pull offset out of range; moving to the broker's next offset"
                     );
-                    process_queue.reset(result.next_begin_offset);
-                    core.offsets.set(&queue, result.next_begin_offset);
+                    process_queue.reset(answer.next_begin_offset);
+                    core.offsets.set(&queue, answer.next_begin_offset);
                 }
             },
             Err(error) => {
@@ -279,6 +301,33 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             }
         }
     }
+}
+
+/// Decodes a pull answer with messages, caches the ones the tag expression matches and hands
+/// them to the listener; the queue is then pulled up to the answer's next offset.
+fn take_answer(
+    core: &Arc<ConsumerCore>,
+    queue: &MessageQueue,
+    process_queue: &Arc<ProcessQueue>,
+    tags: &crate::subscription::TagExpression,
+    answer: UndecodedPull,
+) -> Result<()> {
+    let result = answer.decode(&queue.broker_name)?;
+    if process_queue.is_dropped() {
+        return Ok(());
+    }
+    let matching: Vec<_> = result
+        .messages
+        .into_iter()
+        .filter(|message| tags.matches(message.tags()))
+        .collect();
+    let added = process_queue.put(matching, result.next_begin_offset);
+    core.offsets
+        .advance(queue, process_queue.committable_offset());
+    if !added.is_empty() {
+        dispatch(core, queue, process_queue, added);
+    }
+    Ok(())
 }
 
 /// Orderly (clustering) mode: whether this instance holds `queue`'s broker-side lock, asking for

@@ -445,7 +445,7 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
                 .query_by_any_id(&msg_id, begin_ms, end_ms)
                 .await?
                 .into_iter()
-                .filter(|m| topic.as_ref().is_none_or(|t| &m.topic == t))
+                .filter(|m| topic.as_ref().is_none_or(|t| m.topic() == t))
                 .collect();
             if found.is_empty() {
                 match topic {

@@ -34,8 +34,8 @@ pub fn message_json(message: &MessageExt) -> Value {
         .map(|(name, value)| (name.to_owned(), Value::from(value)))
         .collect();
     json!({
-        "topic": message.topic,
-        "broker_name": message.broker_name,
+        "topic": message.topic(),
+        "broker_name": message.broker_name(),
         "queue_id": message.queue_id,
         "queue_offset": message.queue_offset,
         "msg_id": message.msg_id(),
@@ -52,8 +52,8 @@ pub fn message_json(message: &MessageExt) -> Value {
 pub fn message_text(message: &MessageExt) -> String {
     format!(
         "queue={}@{}#{} offset={} msg_id={} tags={} keys={} body={}",
-        message.topic,
-        message.broker_name,
+        message.topic(),
+        message.broker_name(),
         message.queue_id,
         message.queue_offset,
         message.msg_id(),
