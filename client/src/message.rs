@@ -48,18 +48,15 @@ pub const RESERVED_PROPERTY_NAMES: &[&str] = &[
     "MAX_OFFSET",
 ];
 
-/// Property holding the message's tag.
-pub const PROPERTY_TAGS: &str = "TAGS";
-/// Property holding the message's keys, space separated.
-pub const PROPERTY_KEYS: &str = "KEYS";
+/// Property names the client reads, from the shared record codec (one place for the format's
+/// constants): the tag, the keys (space separated), a retry or dead-letter copy's first topic,
+/// first id and send-back count.
+pub use shardmq_codec::{
+    PROPERTY_KEYS, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+};
 /// Property holding the client-generated unique id.
-pub const PROPERTY_UNIQUE_ID: &str = "UNIQ_KEY";
-/// Property of a retry or dead-letter copy: the topic the message was first sent to.
-pub const PROPERTY_RETRY_TOPIC: &str = "RETRY_TOPIC";
-/// Property of a retry or dead-letter copy: the message's first id.
-pub const PROPERTY_ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
-/// Property of a retry or dead-letter copy: how often it has been sent back.
-pub const PROPERTY_RECONSUME_TIME: &str = "RECONSUME_TIME";
+pub const PROPERTY_UNIQUE_ID: &str = shardmq_codec::PROPERTY_UNIQUE_KEY;
 
 fn is_name_char(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'%' | b'|' | b'_' | b'-')

@@ -1,45 +1,27 @@
 //! Decoding stored CommitLog records, as pull and query responses carry them
 //! (docs/storage-format.md §4.2–4.5: RocketMQ's version-1 record, big-endian, with the
-//! `__CRC32#` whole-record CRC property last).
+//! `__CRC32#` whole-record CRC property last), with the shared codec (`shardmq-codec`, the
+//! broker's own).
 //!
-//! Owns: walking concatenated records by their total size, checking each one's layout, body
-//! CRC and (when present) whole-record CRC, and turning it into a [`MessageExt`] whose body
-//! shares the response's memory. Never: anything about the broker's files; a record that fails
-//! a check is an error, never a message.
-
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-use bytes::Bytes;
+//! Owns: walking concatenated records by their total size, checking each one's layout and its
+//! whole-record CRC (which covers the body: one pass over each record, end to end), and turning
+//! it into a [`MessageExt`] whose body, topic and properties share the response's memory.
+//! Never: anything about the broker's files; a record that fails a check is an error, never a
+//! message.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use shardmq_codec::{RecordView, SYS_FLAG_COMPRESSED};
+
 use crate::message::{check_properties, MessageExt, RecordParts};
 
-/// Magic code of a version-1 message record (1-byte topic length).
-pub const MESSAGE_MAGIC_CODE: u32 = 0xDAA3_20A7;
-
-/// Sys flag bit: the born host is IPv6 (20 bytes instead of 8).
-const SYS_FLAG_BORN_HOST_V6: u32 = 0x10;
-/// Sys flag bit: the store host is IPv6.
-const SYS_FLAG_STORE_HOST_V6: u32 = 0x20;
-/// Sys flag bit: the body is zlib-compressed (RocketMQ's `COMPRESSED_FLAG`).
-const SYS_FLAG_COMPRESSED: u32 = 0x1;
-
-/// Bytes before the born host: total size, magic, body CRC, queue id, flag, queue offset,
-/// physical offset, sys flag, born timestamp.
-const BORN_HOST_AT: usize = 48;
-
-/// Name of the whole-record CRC property (docs/storage-format.md §4.5).
-const CRC_PROPERTY: &[u8] = b"__CRC32#";
-/// The CRC property's ten decimal digits and final 0x02 are outside its own coverage.
-const CRC_TRAILER_BYTES: usize = 11;
-/// `__CRC32#`, 0x01, ten digits, 0x02.
-const CRC_PROPERTY_BYTES: usize = 20;
+pub use shardmq_codec::MESSAGE_MAGIC_CODE;
 
 /// Separates a property's name from its value.
-pub(crate) const NAME_VALUE_SEPARATOR: char = '\u{1}';
+pub(crate) const NAME_VALUE_SEPARATOR: char = shardmq_codec::NAME_VALUE_SEPARATOR as char;
 /// Ends each property.
-pub(crate) const PROPERTY_SEPARATOR: char = '\u{2}';
+pub(crate) const PROPERTY_SEPARATOR: char = shardmq_codec::PROPERTY_SEPARATOR as char;
 
 /// Why a record is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,224 +32,67 @@ pub struct RecordError {
 }
 
 /// Decodes every record in `records` (concatenated stored records, as in
-/// `PullResponse.records`). Bodies are slices of `records`, not copies.
+/// `PullResponse.records`). Bodies, topics and properties are slices of `records`, not copies.
 pub fn decode_records(records: &Bytes, broker_name: &str) -> Result<Vec<MessageExt>, RecordError> {
     let broker_name: Arc<str> = Arc::from(broker_name);
     let mut messages = Vec::new();
     let mut at = 0;
     while at < records.len() {
-        let rest = records.slice(at..);
-        let (message, total_size) =
-            decode_record(&rest, &broker_name).map_err(|reason| RecordError { at, reason })?;
+        let (message, total_size) = decode_record(records, at, &broker_name)
+            .map_err(|reason| RecordError { at, reason })?;
         messages.push(message);
         at += total_size;
     }
     Ok(messages)
 }
 
-/// A cursor over one record's bytes; every read is bounds-checked.
-struct Reader<'a> {
-    bytes: &'a [u8],
+/// Decodes the record at byte `at` of `records`; returns it and its total size.
+fn decode_record(
+    records: &Bytes,
     at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, count: usize, field: &str) -> Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(count)
-            .filter(|end| *end <= self.bytes.len())
-            .ok_or_else(|| {
-                format!(
-                    "{field} ({count} bytes at {}) runs past the record's {} bytes",
-                    self.at,
-                    self.bytes.len()
-                )
-            })?;
-        let slice = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(slice)
-    }
-
-    fn u8(&mut self, field: &str) -> Result<u8, String> {
-        Ok(self.take(1, field)?[0])
-    }
-
-    fn u16(&mut self, field: &str) -> Result<u16, String> {
-        let bytes = self.take(2, field)?;
-        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
-    }
-
-    fn u32(&mut self, field: &str) -> Result<u32, String> {
-        let bytes = self.take(4, field)?;
-        Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
-    }
-
-    fn u64(&mut self, field: &str) -> Result<u64, String> {
-        let bytes = self.take(8, field)?;
-        let mut array = [0u8; 8];
-        array.copy_from_slice(bytes);
-        Ok(u64::from_be_bytes(array))
-    }
-
-    fn host(&mut self, is_v6: bool, field: &str) -> Result<SocketAddr, String> {
-        let ip = if is_v6 {
-            let mut octets = [0u8; 16];
-            octets.copy_from_slice(self.take(16, field)?);
-            IpAddr::V6(Ipv6Addr::from(octets))
-        } else {
-            let bytes = self.take(4, field)?;
-            IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
-        };
-        // Ports take 4 bytes; the low 16 bits are the port.
-        let port = self.u32(field)? as u16;
-        Ok(SocketAddr::new(ip, port))
-    }
-}
-
-/// Decodes the record at the start of `bytes`; returns it and its total size.
-fn decode_record(bytes: &Bytes, broker_name: &Arc<str>) -> Result<(MessageExt, usize), String> {
-    let mut head = Reader { bytes, at: 0 };
-    let total_size = head.u32("total size")? as usize;
-    if total_size < BORN_HOST_AT || total_size > bytes.len() {
-        return Err(format!(
-            "total size {total_size} is under {BORN_HOST_AT} or past the {} bytes left",
-            bytes.len()
-        ));
-    }
-    let record = &bytes[..total_size];
-    let mut reader = Reader {
-        bytes: record,
-        at: 4,
-    };
-    let magic = reader.u32("magic code")?;
-    if magic != MESSAGE_MAGIC_CODE {
-        return Err(format!(
-            "magic code {magic:#010X} is not a version-1 message ({MESSAGE_MAGIC_CODE:#010X})"
-        ));
-    }
-    let body_crc = reader.u32("body CRC")?;
-    let queue_id = reader.u32("queue id")?;
-    let flag = reader.u32("flag")? as i32;
-    let queue_offset = reader.u64("queue offset")? as i64;
-    let commit_log_offset = reader.u64("physical offset")? as i64;
-    let sys_flag = reader.u32("sys flag")?;
-    let born_timestamp_ms = reader.u64("born timestamp")? as i64;
-    let born_host = reader.host(sys_flag & SYS_FLAG_BORN_HOST_V6 != 0, "born host")?;
-    let store_timestamp_at = reader.at;
-    let store_timestamp_ms = reader.u64("store timestamp")? as i64;
-    let store_host = reader.host(sys_flag & SYS_FLAG_STORE_HOST_V6 != 0, "store host")?;
-    let reconsume_times = reader.u32("reconsume times")? as i32;
-    let _prepared_transaction_offset = reader.u64("prepared transaction offset")?;
-    let body_length = reader.u32("body length")? as usize;
-    let body_start = reader.at;
-    let body = reader.take(body_length, "body")?;
-    let topic_length = usize::from(reader.u8("topic length")?);
-    let topic_start = reader.at;
-    let topic = std::str::from_utf8(reader.take(topic_length, "topic")?)
-        .map_err(|_| "topic is not UTF-8".to_owned())?;
-    let properties_length = usize::from(reader.u16("properties length")?);
-    let properties_start = reader.at;
-    let properties_bytes = reader.take(properties_length, "properties")?;
-    if reader.at != total_size {
-        return Err(format!(
-            "fields end at {} but the total size is {total_size}",
-            reader.at
-        ));
-    }
-    // The whole-record CRC covers the body too, so a record that carries one is checked in one
-    // pass; the body CRC is compared only for a record without it.
-    if !check_record_crc(record, store_timestamp_at, properties_bytes)? {
-        let computed_body_crc = crc32fast::hash(body);
-        if computed_body_crc != body_crc {
-            return Err(format!(
-                "body CRC {computed_body_crc:#010X} does not match the stored {body_crc:#010X} (topic {topic}, queue {queue_id}, offset {queue_offset})"
-            ));
-        }
-    }
-    check_properties(properties_bytes)?;
+    broker_name: &Arc<str>,
+) -> Result<(MessageExt, usize), String> {
+    let view = RecordView::parse_unchecked(&records[at..]).map_err(|e| e.to_string())?;
+    view.check_record_crc().map_err(|e| e.to_string())?;
+    check_properties(view.properties_bytes())?;
+    let topic =
+        std::str::from_utf8(view.topic_bytes()).map_err(|_| "topic is not UTF-8".to_owned())?;
+    let total_size = view.total_size() as usize;
     // A body the producer compressed is handed over inflated, with the flag cleared; one that
     // cannot be inflated is handed over as stored, flagged, for the application to judge.
-    let mut sys_flag = sys_flag;
-    let mut body = bytes.slice(body_start..body_start + body_length);
+    let mut sys_flag = view.sys_flag();
+    let mut body = records.slice_ref(view.body());
     if sys_flag & SYS_FLAG_COMPRESSED != 0 {
         match crate::compression::inflate(&body) {
             Ok(inflated) => {
                 body = inflated;
                 sys_flag &= !SYS_FLAG_COMPRESSED;
             }
-            Err(why) => tracing::warn!(%topic, queue_id, queue_offset, "{why}"),
+            Err(why) => tracing::warn!(
+                %topic,
+                queue_id = view.queue_id(),
+                queue_offset = view.queue_offset(),
+                "{why}"
+            ),
         }
     }
     let message = MessageExt::from_record_parts(RecordParts {
-        topic: bytes.slice(topic_start..topic_start + topic_length),
+        topic: records.slice_ref(view.topic_bytes()),
         broker_name: Arc::clone(broker_name),
-        queue_id,
-        queue_offset,
-        commit_log_offset,
-        flag,
+        queue_id: view.queue_id(),
+        queue_offset: view.queue_offset() as i64,
+        commit_log_offset: view.physical_offset() as i64,
+        flag: view.flag(),
         sys_flag,
-        born_timestamp_ms,
-        born_host,
-        store_timestamp_ms,
-        store_host,
-        reconsume_times,
-        properties: bytes.slice(properties_start..properties_start + properties_length),
+        born_timestamp_ms: view.born_timestamp_ms(),
+        born_host: view.born_host(),
+        store_timestamp_ms: view.store_timestamp_ms(),
+        store_host: view.store_host(),
+        reconsume_times: view.reconsume_times(),
+        properties: records.slice_ref(view.properties_bytes()),
         body,
     });
     Ok((message, total_size))
-}
-
-/// Offsets of the fields the broker's storage shard fills in after the producer's part of the
-/// record is hashed: queue offset and physical offset (the store timestamp's place depends on
-/// the born host's size).
-const QUEUE_OFFSET_AT: usize = 20;
-const PHYSICAL_OFFSET_END: usize = 36;
-
-/// The whole-record CRC as the broker computes it (`docs/storage-format.md`, "Record CRC"):
-/// CRC32 of the record except queue offset, physical offset, store timestamp (at
-/// `store_timestamp_at`) and the trailer (the ten digits and the final separator), XOR the
-/// CRC32 of those three fields.
-fn record_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
-    let mut producer_part = crc32fast::Hasher::new();
-    producer_part.update(&record[..QUEUE_OFFSET_AT]);
-    producer_part.update(&record[PHYSICAL_OFFSET_END..store_timestamp_at]);
-    producer_part.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
-    let mut store_fields = crc32fast::Hasher::new();
-    store_fields.update(&record[QUEUE_OFFSET_AT..PHYSICAL_OFFSET_END]);
-    store_fields.update(&record[store_timestamp_at..store_timestamp_at + 8]);
-    producer_part.finalize() ^ store_fields.finalize()
-}
-
-/// Checks the `__CRC32#` property when the record ends with one ([`record_crc`] written as ten
-/// decimal digits); `Ok(false)` when it carries none.
-fn check_record_crc(
-    record: &[u8],
-    store_timestamp_at: usize,
-    properties: &[u8],
-) -> Result<bool, String> {
-    if properties.len() < CRC_PROPERTY_BYTES {
-        return Ok(false);
-    }
-    let crc_property = &properties[properties.len() - CRC_PROPERTY_BYTES..];
-    let starts_property = properties.len() == CRC_PROPERTY_BYTES
-        || properties[properties.len() - CRC_PROPERTY_BYTES - 1] == PROPERTY_SEPARATOR as u8;
-    if !starts_property || !crc_property.starts_with(CRC_PROPERTY) {
-        return Ok(false);
-    }
-    let digits = &crc_property[CRC_PROPERTY.len() + 1..CRC_PROPERTY_BYTES - 1];
-    let stored = std::str::from_utf8(digits)
-        .ok()
-        .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|text| text.parse::<u32>().ok())
-        .ok_or_else(|| "the __CRC32# property is not ten decimal digits".to_owned())?;
-    let computed = record_crc(record, store_timestamp_at);
-    if computed != stored {
-        return Err(format!(
-            "whole-record CRC {computed} does not match the stored {stored}"
-        ));
-    }
-    Ok(true)
 }
 
 /// Encodes a record as the broker stores it (IPv4 hosts, CRC property last): for tests of
@@ -329,9 +154,9 @@ pub(crate) fn encode_test_record_with(
     if !with_record_crc {
         return out;
     }
-    let crc = record_crc(&out, BORN_HOST_AT + 8);
+    let crc = shardmq_codec::record_crc(&out);
     let digits = format!("{crc:010}");
-    let digits_at = out.len() - CRC_TRAILER_BYTES;
+    let digits_at = out.len() - shardmq_codec::CRC_TRAILER_BYTES;
     out[digits_at..digits_at + 10].copy_from_slice(digits.as_bytes());
     out
 }
@@ -382,23 +207,18 @@ mod tests {
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert_eq!(error.at, 0);
         assert!(
-            error.reason.contains("whole-record CRC"),
+            error.reason.contains("record CRC mismatch"),
             "the record CRC covers the body: {}",
             error.reason
         );
     }
 
     #[test]
-    fn a_record_without_the_record_crc_is_checked_by_its_body_crc() {
+    fn a_record_without_the_record_crc_is_refused() {
+        // Every record the broker stores ends with the CRC property (storage-format.md §4.5).
         let record = encode_test_record_with("orders", 3, 7, b"hello", &[], false);
-        assert_eq!(
-            decode_records(&Bytes::from(record.clone()), "b").unwrap()[0].body,
-            &b"hello"[..]
-        );
-        let mut damaged = record;
-        damaged[88] ^= 0xFF;
-        let error = decode_records(&Bytes::from(damaged), "b").unwrap_err();
-        assert!(error.reason.contains("body CRC"), "{}", error.reason);
+        let error = decode_records(&Bytes::from(record), "b").unwrap_err();
+        assert!(error.reason.contains("__CRC32#"), "{}", error.reason);
     }
 
     #[test]
@@ -407,7 +227,7 @@ mod tests {
         bytes[20] ^= 0x01; // queue offset
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert!(
-            error.reason.contains("whole-record CRC"),
+            error.reason.contains("record CRC mismatch"),
             "{}",
             error.reason
         );
@@ -421,7 +241,7 @@ mod tests {
             bytes[at] ^= 0x01;
             let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
             assert!(
-                error.reason.contains("whole-record CRC"),
+                error.reason.contains("record CRC mismatch"),
                 "{}",
                 error.reason
             );

@@ -25,10 +25,8 @@ use crate::pool::ConnectionPool;
 use crate::producer::SendResult;
 use crate::record::decode_records;
 
-/// Property naming the real topic of a half message (as the broker stores it).
-const PROPERTY_REAL_TOPIC: &str = "REAL_TOPIC";
-/// Property naming the real queue of a half message.
-const PROPERTY_REAL_QUEUE_ID: &str = "REAL_QID";
+/// Properties naming the real topic and queue of a half message (as the broker stores it).
+use shardmq_codec::{PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC};
 
 /// How a local transaction ended, or what a check-back found (RocketMQ's
 /// `LocalTransactionState`).

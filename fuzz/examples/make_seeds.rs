@@ -8,7 +8,7 @@ use std::path::Path;
 
 use bytes::BytesMut;
 use flatbuffers::FlatBufferBuilder;
-use shardmq_broker::store::record::{
+use shardmq_codec::{
     encode_blank, encode_record, patch_record, RecordInput, StorePatch,
 };
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader};

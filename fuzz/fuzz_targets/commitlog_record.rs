@@ -1,4 +1,4 @@
-//! Fuzzes the CommitLog record decoder (`shardmq_broker::store::record`): what recovery, every
+//! Fuzzes the CommitLog record decoder (`shardmq_codec`, the record codec the broker and the client share): what recovery, every
 //! read and `verify` run on bytes from disk (docs/storage-format.md §4.8).
 //!
 //! What must hold for any bytes:
@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use shardmq_broker::store::record::{
+use shardmq_codec::{
     decode_entry, decode_message, peek_total_size, record_crc, Entry, RecordView, BLANK_MIN_BYTES,
     CRC_PROPERTY_BYTES, CRC_TRAILER_BYTES, NAME_VALUE_SEPARATOR, PROPERTY_CRC32,
     PROPERTY_SEPARATOR,

@@ -12,7 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardmq_broker::store::record::decode_message;
+use shardmq_codec::decode_message;
 use shardmq_broker::store::scan::{scan_window, ScanStop};
 
 fuzz_target!(|data: &[u8]| {

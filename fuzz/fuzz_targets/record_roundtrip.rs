@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use shardmq_broker::store::record::{
+use shardmq_codec::{
     decode_message, encode_record, encoded_len, patch_record, RecordError, RecordInput, StorePatch,
     MAX_PROPERTIES_BYTES, MAX_TOPIC_BYTES, PROPERTY_CRC32, SYS_FLAG_BORN_HOST_V6,
     SYS_FLAG_STORE_HOST_V6,
