@@ -276,6 +276,29 @@ pub(crate) struct UndecodedPull {
 }
 
 impl UndecodedPull {
+    /// What decoding and caching this answer will add, for flow control: its records (found by
+    /// their total sizes, without decoding), their bytes and the last offset it can hold.
+    pub(crate) fn pending(&self) -> crate::push::Pending {
+        let mut messages = 0;
+        let mut at = 0usize;
+        while let Some(size) = self
+            .records
+            .get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        {
+            messages += 1;
+            if size == 0 {
+                break;
+            }
+            at += size;
+        }
+        crate::push::Pending {
+            messages,
+            bytes: self.records.len(),
+            last_offset: Some(self.next_begin_offset - 1),
+        }
+    }
+
     /// Decodes and checks the records (`broker_name`: where they were pulled from).
     pub(crate) fn decode(self, broker_name: &str) -> Result<PullResult> {
         let messages = if self.records.is_empty() {

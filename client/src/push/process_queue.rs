@@ -38,6 +38,15 @@ impl Default for FlowLimits {
     }
 }
 
+/// What an answer not decoded yet will add to the cache (an upper bound).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Pending {
+    pub messages: usize,
+    pub bytes: usize,
+    /// The largest offset it may hold.
+    pub last_offset: Option<i64>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Pulled, not yet consumed successfully, by queue offset.
@@ -127,26 +136,43 @@ impl ProcessQueue {
 
     /// Whether pulling must pause: over a limit of `limits` (the span only when
     /// `is_span_limited`, i.e. in concurrent mode). Returns which limit, for the log.
+    #[cfg(test)]
     pub(crate) fn over_limit(&self, limits: &FlowLimits, is_span_limited: bool) -> Option<String> {
+        self.over_limit_with(limits, is_span_limited, Pending::default())
+    }
+
+    /// [`over_limit`](Self::over_limit) counting `pending` as cached already: an answer that
+    /// arrived and is not decoded yet (so a pipelined pull loop holds no more than one pull
+    /// beyond the limits, as a loop with one pull at a time does).
+    pub(crate) fn over_limit_with(
+        &self,
+        limits: &FlowLimits,
+        is_span_limited: bool,
+        pending: Pending,
+    ) -> Option<String> {
         let state = self.state();
-        let count = state.messages.len();
+        let count = state.messages.len() + pending.messages;
         if count > limits.max_cached_messages {
             return Some(format!(
                 "{count} cached messages, over {}",
                 limits.max_cached_messages
             ));
         }
-        if state.cached_bytes > limits.max_cached_bytes {
+        let cached_bytes = state.cached_bytes + pending.bytes;
+        if cached_bytes > limits.max_cached_bytes {
             return Some(format!(
-                "{} cached bytes, over {}",
-                state.cached_bytes, limits.max_cached_bytes
+                "{cached_bytes} cached bytes, over {}",
+                limits.max_cached_bytes
             ));
         }
         if is_span_limited {
-            if let (Some(first), Some(last)) = (
-                state.messages.keys().next(),
-                state.messages.keys().next_back(),
-            ) {
+            let last = state
+                .messages
+                .keys()
+                .next_back()
+                .copied()
+                .max(pending.last_offset);
+            if let (Some(first), Some(last)) = (state.messages.keys().next(), last) {
                 let span = last - first;
                 if span > limits.max_offset_span {
                     return Some(format!(
@@ -355,6 +381,37 @@ mod tests {
             .over_limit(&small_bytes, false)
             .unwrap()
             .contains("bytes"));
+    }
+
+    #[test]
+    fn an_answer_not_decoded_yet_counts_against_the_limits() {
+        let limits = FlowLimits {
+            max_cached_messages: 4,
+            max_cached_bytes: 1000,
+            max_offset_span: 10,
+        };
+        let queue = ProcessQueue::new(0);
+        queue.put(messages(0..3), 3);
+        let pending = |messages, bytes, last| Pending {
+            messages,
+            bytes,
+            last_offset: Some(last),
+        };
+        assert!(queue
+            .over_limit_with(&limits, true, pending(1, 10, 3))
+            .is_none());
+        assert!(queue
+            .over_limit_with(&limits, false, pending(2, 10, 4))
+            .unwrap()
+            .contains("5 cached messages"));
+        assert!(queue
+            .over_limit_with(&limits, false, pending(1, 2000, 3))
+            .unwrap()
+            .contains("bytes"));
+        assert!(queue
+            .over_limit_with(&limits, true, pending(1, 10, 11))
+            .unwrap()
+            .contains("span 11"));
     }
 
     #[test]

@@ -208,7 +208,15 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             tokio::time::sleep(super::queue_lock::LOCK_RETRY_PAUSE).await;
             continue;
         }
-        if let Some(reason) = process_queue.over_limit(&core.config.flow_limits, is_span_limited) {
+        // The answer waiting to be decoded counts as cached: the next pull leaves only when
+        // both fit, so no more than one pull ever lies beyond the limits.
+        let pending = undecoded
+            .as_ref()
+            .map(UndecodedPull::pending)
+            .unwrap_or_default();
+        if let Some(reason) =
+            process_queue.over_limit_with(&core.config.flow_limits, is_span_limited, pending)
+        {
             if let Some(answer) = undecoded.take() {
                 // Already here: cache it, then wait for room.
                 if let Err(error) = take_answer(&core, &queue, &process_queue, &tags, answer) {
