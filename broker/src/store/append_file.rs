@@ -108,6 +108,9 @@ pub struct AppendFile {
     durable_len: Cell<u64>,
     hot_tail_bytes: Cell<u64>,
     is_flushing: Cell<bool>,
+    /// Set by [`remove`](Self::remove): nothing more is written, and a flush running when the
+    /// file was removed unlinks it when it ends (it may be creating the file right then).
+    is_removed: Cell<bool>,
     tail: RefCell<Tail>,
 }
 
@@ -152,6 +155,7 @@ impl AppendFile {
             durable_len: Cell::new(len),
             hot_tail_bytes: Cell::new(hot_tail_bytes),
             is_flushing: Cell::new(false),
+            is_removed: Cell::new(false),
             tail: RefCell::new(Tail {
                 chunks: VecDeque::new(),
                 start: len,
@@ -194,13 +198,18 @@ impl AppendFile {
         );
         let result = self.flush_inner(is_sync).await;
         self.is_flushing.set(false);
+        if self.is_removed.get() {
+            // Removed while this flush ran: what it wrote is not wanted.
+            self.unlink().await?;
+            return Ok(self.durable_len.get());
+        }
         result
     }
 
     async fn flush_inner(&self, is_sync: bool) -> io::Result<u64> {
         let end = self.len.get();
         let durable = self.durable_len.get();
-        if end == durable {
+        if end == durable || self.is_removed.get() {
             return Ok(durable);
         }
         let file = self.file_or_create().await?;
@@ -358,7 +367,19 @@ impl AppendFile {
     }
 
     /// Closes and deletes the file.
+    ///
+    /// While a flush runs the file is only marked removed, and that flush unlinks it when it
+    /// ends: it may be creating the file at this moment, and unlinking a file glommio is still
+    /// opening makes glommio panic.
     pub async fn remove(&self) -> io::Result<()> {
+        self.is_removed.set(true);
+        if self.is_flushing.get() {
+            return Ok(());
+        }
+        self.unlink().await
+    }
+
+    async fn unlink(&self) -> io::Result<()> {
         let file = self.file.borrow_mut().take();
         if let Some(file) = file {
             if let Ok(file) = Rc::try_unwrap(file) {
@@ -411,4 +432,44 @@ pub async fn prime_direct_io_probe(dir: &Path) -> io::Result<()> {
     let file = open_read_write(&path).await?;
     let _ = file.close().await;
     std::fs::remove_file(&path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<F: std::future::Future<Output = ()> + 'static>(
+        body: impl FnOnce() -> F + Send + 'static,
+    ) {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(body)
+            .expect("executor")
+            .join()
+            .expect("executor ran");
+    }
+
+    #[test]
+    fn a_file_removed_while_its_first_flush_creates_it_is_gone_afterwards() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("00000000000000000000");
+        let checked = path.clone();
+        run(move || async move {
+            let file = Rc::new(AppendFile::new_lazy(path.clone(), 4096));
+            file.append_copy(&[7u8; 100]);
+            let flushing = Rc::clone(&file);
+            let flush = glommio::spawn_local(async move { flushing.flush(true).await });
+            // Let the flush start creating the file, then remove it meanwhile (retention
+            // deleting a ConsumeQueue file a checkpoint is flushing for the first time).
+            glommio::yield_if_needed().await;
+            futures_lite::future::yield_now().await;
+            assert!(file.is_flushing.get(), "the flush is under way");
+            file.remove().await.expect("remove");
+            flush.await.expect("the flush ends without error");
+            file.append_copy(&[8u8; 10]);
+            file.flush(true)
+                .await
+                .expect("a later flush writes nothing");
+        });
+        assert!(!checked.exists(), "the removed file stays removed");
+    }
 }
