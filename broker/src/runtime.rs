@@ -124,7 +124,7 @@ pub fn run(
     );
 
     let listen = Arc::new(OnceLock::new());
-    let configured_listen = config.listen_addr()?;
+    let configured_listen = claim_listen_address(config.listen_addr()?)?;
     let (listening_tx, listening_rx) = mpsc::channel::<SocketAddr>();
     let (done_tx, done_rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let shared_config = Arc::new(config);
@@ -231,4 +231,26 @@ pub fn run(
             Ok(())
         }
     }
+}
+
+/// Refuses an address another process listens on, and resolves port 0 to a free port.
+///
+/// The network shards listen with `SO_REUSEPORT` (glommio's listener) so that they share one
+/// port; the same option would let this broker silently join a socket that another broker of
+/// the same user already listens on, and connections would alternate between the two. A plain
+/// bind without `SO_REUSEPORT` fails while anyone listens on the address, so it is tried first
+/// (and closed again before the shards bind).
+fn claim_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
+    let probe = std::net::TcpListener::bind(addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!(
+                "cannot listen on {addr}: another process is listening there (another broker?); stop it or pick another --listen address"
+            )
+        } else {
+            format!("cannot listen on {addr}: {e}")
+        }
+    })?;
+    probe
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))
 }

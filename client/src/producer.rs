@@ -552,7 +552,11 @@ impl ProducerInner {
             .next_queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(counters.entry(topic.to_owned()).or_default())
+        Arc::clone(
+            counters
+                .entry(topic.to_owned())
+                .or_insert_with(|| Arc::new(AtomicUsize::new(random_start(topic)))),
+        )
     }
 
     fn select_queue(
@@ -884,6 +888,15 @@ fn results(answer: SendAnswer, queue: MessageQueue, messages: &[Message]) -> Vec
             queue_offset: stored.queue_offset,
         })
         .collect()
+}
+
+/// Where a new producer's round-robin over a topic's queues starts: a different queue in each
+/// producer (RocketMQ starts at a random index too), so one-shot senders (`shardmq send`, each
+/// a new producer) spread over the queues instead of all landing on the first.
+fn random_start(topic: &str) -> usize {
+    use std::hash::BuildHasher;
+    // A `RandomState` is seeded from the OS for each process and differs per instance.
+    std::collections::hash_map::RandomState::new().hash_one(topic) as usize
 }
 
 #[cfg(test)]

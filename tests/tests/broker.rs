@@ -1492,6 +1492,22 @@ fn created_topic_is_routed_by_the_namesrv_until_the_broker_stops_gracefully() {
         wire::Status::TOPIC_NOT_FOUND,
         "deleting Doomed twice",
     );
+    // System topics are the broker's own: deleting one is refused, as creating one is.
+    for system in [
+        "SCHEDULE_TOPIC_XXXX",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "%RETRY%some-group",
+        "%DLQ%some-group",
+    ] {
+        let response = client
+            .request(|builder| delete_topic_body(builder, system))
+            .expect("an answer to DeleteTopicRequest");
+        require_status(
+            &response,
+            wire::Status::NO_PERMISSION,
+            &format!("deleting the system topic {system}"),
+        );
+    }
     let response = client
         .request(|builder| send_request_body(builder, "Doomed", 0, &[TestMessage::new("late")]))
         .expect("an answer to SendRequest");
@@ -2124,4 +2140,43 @@ fn auto_create_makes_unknown_topics_on_first_send_but_not_invalid_or_system_ones
         1,
         "a refused send created a topic"
     );
+}
+
+#[test]
+fn a_second_broker_on_a_taken_address_refuses_to_start() {
+    // The network shards share their port with SO_REUSEPORT, which would also let a second
+    // broker join the first one's socket: connections would alternate between the two.
+    let first_dir = temp_dir();
+    let first = BrokerProcess::start(first_dir.path(), &[]);
+    let taken = first.addr().to_string();
+    let second_dir = temp_dir();
+    let mut second = Command::new(shardmq_tests::binary_path(BrokerProcess::BINARY))
+        .args(["--listen", taken.as_str(), "--data-dir"])
+        .arg(second_dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a second broker");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait for the second broker") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second broker on {taken} kept running instead of refusing the address");
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    io::Read::read_to_string(&mut second.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(!status.success(), "the second broker exited successfully");
+    assert!(
+        stderr.contains("another process is listening there"),
+        "the error names the cause: {stderr}"
+    );
+    // The first broker still answers alone.
+    let mut client = first.client();
+    create_topic(&mut client, "StillMine", 1);
 }

@@ -321,6 +321,14 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
     if let Some(r) = request.body_as_delete_topic_request() {
         let topic = r.topic().unwrap_or_default().to_owned();
         check_topic_name(&topic).map_err(invalid)?;
+        if is_system_topic(&topic) {
+            // The broker's own machinery reads them (delays, timers, transactions, retries,
+            // dead letters); deleting one would lose what is parked there.
+            return Err(refuse(
+                wire::Status::NO_PERMISSION,
+                format!("{topic} is a system topic; the broker owns it and it cannot be deleted"),
+            ));
+        }
         let removed = shard
             .ask(0, |reply| StorageRequest::DeleteTopic { topic, reply })
             .await?;

@@ -163,7 +163,40 @@ async fn upsert_topic(
     Ok(())
 }
 
+/// Most bytes `--body-file` reads: the largest frame a broker accepts by default; a larger file
+/// is refused before anything is sent.
+const MAX_BODY_FILE_BYTES: u64 = 16 << 20;
+
+/// The body of a `send`: `--body`, or the bytes of `--body-file` (`-`: standard input).
+fn body_of(args: &SendArgs) -> Result<bytes::Bytes> {
+    use std::io::Read;
+    let Some(path) = &args.body_file else {
+        return Ok(bytes::Bytes::from(args.body.clone().unwrap_or_default()));
+    };
+    let mut body = Vec::new();
+    let source = if path.as_os_str() == "-" {
+        "standard input".to_owned()
+    } else {
+        path.display().to_string()
+    };
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(MAX_BODY_FILE_BYTES + 1)
+            .read_to_end(&mut body)
+    } else {
+        std::fs::File::open(path)
+            .and_then(|file| file.take(MAX_BODY_FILE_BYTES + 1).read_to_end(&mut body))
+    };
+    read.with_context(|| format!("cannot read the body from {source}"))?;
+    if body.len() as u64 > MAX_BODY_FILE_BYTES {
+        bail!("the body in {source} is over {MAX_BODY_FILE_BYTES} bytes");
+    }
+    Ok(bytes::Bytes::from(body))
+}
+
 async fn send(context: &Settings, args: SendArgs) -> Result<()> {
+    let body = body_of(&args)?;
     let producer = Producer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
@@ -183,7 +216,7 @@ async fn send(context: &Settings, args: SendArgs) -> Result<()> {
         })?),
         None => None,
     };
-    let outcome = send_all(context, &producer, &args, &properties, deliver_at_ms).await;
+    let outcome = send_all(context, &producer, &args, &body, &properties, deliver_at_ms).await;
     producer.shutdown().await;
     outcome
 }
@@ -192,11 +225,12 @@ async fn send_all(
     context: &Settings,
     producer: &Producer,
     args: &SendArgs,
+    body: &bytes::Bytes,
     properties: &[(String, String)],
     deliver_at_ms: Option<i64>,
 ) -> Result<()> {
     for _ in 0..args.count {
-        let mut message = Message::new(&args.topic, args.body.clone());
+        let mut message = Message::new(&args.topic, body.clone());
         if let Some(tags) = &args.tags {
             message = message.with_tags(tags);
         }

@@ -151,8 +151,17 @@ pub struct TopicConfigArgs {
 pub struct SendArgs {
     pub topic: String,
     /// Message body (UTF-8 text).
-    #[arg(long)]
-    pub body: String,
+    #[arg(
+        long,
+        required_unless_present = "body_file",
+        conflicts_with = "body_file"
+    )]
+    pub body: Option<String>,
+    /// Read the body from this file, as bytes (`-`: standard input); for bodies too large or
+    /// too binary for an argument. At most 16 MiB is read (the broker's own limit,
+    /// `max_message_bytes`, is 4 MiB by default).
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<std::path::PathBuf>,
     /// The message's tag.
     #[arg(long)]
     pub tags: Option<String>,
