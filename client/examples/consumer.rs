@@ -18,7 +18,18 @@ use std::sync::Arc;
 use shardmq_client::{ConsumeFrom, ConsumeResult, PushConsumer};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    // Errors are shown as their message, not as a `Debug` dump.
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let namesrv = std::env::var("SHARDMQ_NAMESRV").unwrap_or_else(|_| "127.0.0.1:9876".into());
     let tags = std::env::var("TAGS").unwrap_or_else(|_| "*".into());
     let consumed = Arc::new(AtomicU64::new(0));

@@ -26,7 +26,18 @@ use shardmq_client::{
 const TOPIC: &str = "DelayLateness";
 
 #[tokio::main]
-async fn main() -> shardmq_client::Result<()> {
+async fn main() -> std::process::ExitCode {
+    // Errors are shown as their message, not as a `Debug` dump.
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> shardmq_client::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let namesrv = args
         .get(1)

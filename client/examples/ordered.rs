@@ -23,7 +23,18 @@ const STEPS: [&str; 3] = ["created", "paid", "shipped"];
 const ORDERS: usize = 10;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    // Errors are shown as their message, not as a `Debug` dump.
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let namesrv = std::env::var("SHARDMQ_NAMESRV").unwrap_or_else(|_| "127.0.0.1:9876".into());
     // Ordered sends pick a queue by key among the topic's queues, so the topic must exist
     // first: create (or update) it on every master broker the name server knows.

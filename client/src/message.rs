@@ -94,6 +94,20 @@ pub fn check_group_name(group: &str) -> Result<()> {
     check_name("group", group, MAX_GROUP_NAME_BYTES)
 }
 
+/// A consumer group's name: a valid group name that is not a retry or dead-letter topic's
+/// (`%RETRY%g` and `%DLQ%g` are the broker's topics for group `g`, not groups).
+pub(crate) fn check_consumer_group_name(group: &str) -> Result<()> {
+    check_group_name(group)?;
+    for prefix in ["%RETRY%", "%DLQ%"] {
+        if group.starts_with(prefix) {
+            return Err(Error::InvalidArgument(format!(
+                "consumer group `{group}` starts with {prefix}, which names the broker's retry and dead-letter topics, not a group"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check_property_text(what: &str, text: &str) -> Result<()> {
     if text.contains(['\u{1}', '\u{2}']) {
         return Err(Error::InvalidArgument(format!(
@@ -617,6 +631,9 @@ mod tests {
         );
         assert!(check_group_name(&"g".repeat(255)).is_ok());
         assert!(check_group_name(&"g".repeat(256)).is_err());
+        assert!(check_consumer_group_name("orders-consumers").is_ok());
+        assert!(check_consumer_group_name("%RETRY%orders").is_err());
+        assert!(check_consumer_group_name("%DLQ%orders").is_err());
     }
 
     #[test]

@@ -925,6 +925,16 @@ mod tests {
         assert_eq!(queue_index_for_key("a", 8), 97 % 8);
     }
 
+    #[test]
+    fn producers_start_their_round_robin_at_different_queues() {
+        let starts: std::collections::BTreeSet<usize> =
+            (0..20).map(|_| random_start("t") % 8).collect();
+        assert!(
+            starts.len() > 1,
+            "20 producers all started at queue {starts:?}"
+        );
+    }
+
     #[tokio::test]
     async fn round_robin_avoids_the_failed_broker() {
         let producer = Producer::builder()
@@ -942,7 +952,11 @@ mod tests {
                     .to_string()
             })
             .collect();
-        assert_eq!(picked, ["t@a#0", "t@a#1", "t@b#0", "t@b#1"]);
+        // Consecutive picks go round the four queues, from wherever this producer started.
+        let order = ["t@a#0", "t@a#1", "t@b#0", "t@b#1"];
+        let start = order.iter().position(|q| *q == picked[0]).unwrap();
+        let expected: Vec<&str> = (0..4).map(|i| order[(start + i) % 4]).collect();
+        assert_eq!(picked, expected);
         for _ in 0..4 {
             let queue = inner
                 .select_queue(&route, QueueChoice::RoundRobin, Some("a"))

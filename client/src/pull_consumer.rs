@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::api::PullArgs;
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
-use crate::message::{check_group_name, MessageExt};
+use crate::message::{check_consumer_group_name, MessageExt};
 use crate::route::MessageQueue;
 use crate::subscription::TagExpression;
 
@@ -111,7 +111,7 @@ impl PullConsumerBuilder {
         let group = self.group.ok_or_else(|| {
             Error::Config("a pull consumer needs a group; call .group(\"name\")".to_owned())
         })?;
-        check_group_name(&group)?;
+        check_consumer_group_name(&group)?;
         let (instance, _) = ClientInstance::start(self.options, false)?;
         Ok(PullConsumer { instance, group })
     }

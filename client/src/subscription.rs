@@ -34,7 +34,11 @@ impl TagExpression {
             .map(str::to_owned)
             .collect();
         if tags.is_empty() {
-            return Ok(Self::all());
+            // Separators and no tag (`||`): a mistake, not a wish for every message.
+            return Err(Error::InvalidArgument(format!(
+                "tag expression `{}` names no tag (use `*` for every message)",
+                expression.escape_debug()
+            )));
         }
         Ok(Self {
             text: tags.join(" || "),
@@ -85,5 +89,7 @@ mod tests {
         assert!(!some.matches(None));
         assert!(TagExpression::parse("a\u{1}").is_err());
         assert_eq!(TagExpression::parse("").unwrap(), TagExpression::all());
+        assert!(TagExpression::parse("||").is_err(), "separators only");
+        assert!(TagExpression::parse(" || || ").is_err(), "separators only");
     }
 }

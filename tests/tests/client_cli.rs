@@ -118,8 +118,14 @@ fn send_and_consume_round_trip() {
         ],
     ));
     assert_eq!(rest.len(), 2, "{rest:?}");
-    let json_in_first = first_lines.iter().filter(|l| l.contains("body=as json")).count();
-    let json_in_rest = rest.iter().filter(|m| m["msg_id"] == json_id.as_str()).count();
+    let json_in_first = first_lines
+        .iter()
+        .filter(|l| l.contains("body=as json"))
+        .count();
+    let json_in_rest = rest
+        .iter()
+        .filter(|m| m["msg_id"] == json_id.as_str())
+        .count();
     assert_eq!(json_in_first + json_in_rest, 1, "{first}\n{rest:?}");
     for message in &rest {
         if message["msg_id"] != json_id.as_str() {
@@ -317,4 +323,51 @@ fn one_shot_sends_spread_over_the_queues_and_bodies_come_from_files_or_stdin() {
         "{}",
         String::from_utf8_lossy(&missing.stderr)
     );
+}
+
+#[test]
+fn a_closed_output_pipe_ends_the_cli_quietly() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    cluster.create_topic("Piped", 1);
+    let body = "b".repeat(200);
+    stdout_of(&shardmq(
+        &namesrv,
+        &["send", "Piped", "--body", &body, "--count", "2000"],
+    ));
+    // About 500 KB of output, far over a pipe's buffer: the writes after the reader is gone
+    // fail (`shardmq consume … | head -1`).
+    let mut consume = std::process::Command::new(shardmq_tests::binary_path("shardmq"))
+        .args([
+            "--namesrv",
+            &namesrv,
+            "consume",
+            "Piped",
+            "--group",
+            "piped",
+            "--count",
+            "2000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("shardmq runs");
+    let mut first = String::new();
+    std::io::BufReader::new(consume.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("queue=Piped@"), "{first}");
+    // The reader is dropped here, closing the pipe.
+    let output = consume.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        output.status.success() || output.status.signal() == Some(13),
+        "ended by SIGPIPE like other tools, not {}: {stderr}",
+        output.status
+    );
+    assert_ne!(output.status.code(), Some(101));
 }

@@ -45,7 +45,7 @@ use crate::api::HeartbeatGroup;
 use crate::connection::Notice;
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
-use crate::message::{check_group_name, check_topic_name, MessageExt};
+use crate::message::{check_consumer_group_name, check_topic_name, MessageExt};
 use crate::route::MessageQueue;
 use crate::subscription::TagExpression;
 use offset_store::{OffsetBackend, OffsetStore};
@@ -392,7 +392,7 @@ impl PushConsumerBuilder {
         let group = self.group.clone().ok_or_else(|| {
             Error::Config("a push consumer needs a group; call .group(\"name\")".to_owned())
         })?;
-        check_group_name(&group)?;
+        check_consumer_group_name(&group)?;
         if self.subscriptions.is_empty() {
             return Err(Error::Config(
                 "a push consumer needs a subscription; call .subscribe(\"topic\", \"*\")"

@@ -325,7 +325,20 @@ pub enum BrokerCommand {
     },
 }
 
+/// Like other Unix tools, ends quietly when the reader of its output goes away (`shardmq
+/// consume … | head -2`): Rust starts programs with SIGPIPE ignored, so a write to the closed
+/// pipe fails and `println!` panics (exit 101). With the default disposition the process ends
+/// on SIGPIPE at that write instead.
+fn end_quietly_on_closed_output() {
+    // SAFETY: called first thing in `main`, before any other thread exists; it only restores
+    // the default disposition of one signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    end_quietly_on_closed_output();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
