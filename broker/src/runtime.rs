@@ -140,6 +140,7 @@ pub fn run(
             .spin_before_park(Duration::from_micros(shared_config.spin_before_park_us))
             .spawn(move || async move {
                 let config = Rc::new((*config).clone());
+                glommio::spawn_local(park_guard()).detach();
                 let mut tasks = Vec::new();
                 for (id, receivers, senders) in roles.storage {
                     let config = config.clone();
@@ -253,4 +254,23 @@ fn claim_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
     probe
         .local_addr()
         .map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+/// How long an executor may sleep at most; see [`park_guard`].
+const PARK_GUARD_TICK: Duration = Duration::from_millis(5);
+
+/// Keeps a timer pending on the executor at all times, so that it never parks without a
+/// deadline.
+///
+/// glommio 0.9.0's run loop parks when `run_task_queues` returns false, and that function
+/// returns false not only when no task is runnable but also when the preemption flag is
+/// already set before it runs its first task queue: the executor then sleeps with runnable
+/// tasks until some I/O completes, a channel wakes it, or a timer fires. Rarely (a few full
+/// test-suite runs in ten, never alone) a broker's shard slept that way for more than ten
+/// seconds and a client's handshake timed out. With a timer always pending the sleep lasts
+/// at most one tick; the cost is one wake-up per tick on an idle core.
+async fn park_guard() {
+    loop {
+        glommio::timer::sleep(PARK_GUARD_TICK).await;
+    }
 }

@@ -17,16 +17,11 @@ use std::sync::Arc;
 
 use shardmq_client::{ConsumeFrom, ConsumeResult, PushConsumer};
 
+mod support;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // Errors are shown as their message, not as a `Debug` dump.
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

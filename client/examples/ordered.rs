@@ -22,16 +22,11 @@ use shardmq_client::{
 const STEPS: [&str; 3] = ["created", "paid", "shipped"];
 const ORDERS: usize = 10;
 
+mod support;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // Errors are shown as their message, not as a `Debug` dump.
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -23,16 +23,11 @@ use shardmq_client::{
     TransactionState,
 };
 
+mod support;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // Errors are shown as their message, not as a `Debug` dump.
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    support::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -374,10 +374,10 @@ impl Message {
 /// of a pull. Cloning one is a few reference counts.
 #[derive(Clone, PartialEq, Eq)]
 pub struct MessageExt {
-    /// The topic, UTF-8 (checked when decoded).
-    topic: Bytes,
+    /// The topic, UTF-8 (checked when decoded; read it with [`topic`](Self::topic)).
+    pub(crate) topic: Bytes,
     /// The broker name it was pulled from (empty when not known, as in a query result).
-    broker_name: Arc<str>,
+    pub(crate) broker_name: Arc<str>,
     pub queue_id: u32,
     /// Index of the message in its queue.
     pub queue_offset: i64,
@@ -395,26 +395,8 @@ pub struct MessageExt {
     /// redeliveries after `ReconsumeLater`.
     pub reconsume_times: i32,
     /// The stored properties as stored: `name 0x01 value 0x02` pairs, UTF-8, each with its
-    /// separator (checked when decoded).
-    properties: Bytes,
-    pub body: Bytes,
-}
-
-/// The fields of a stored record, for [`MessageExt::from_record_parts`].
-pub(crate) struct RecordParts {
-    pub topic: Bytes,
-    pub broker_name: Arc<str>,
-    pub queue_id: u32,
-    pub queue_offset: i64,
-    pub commit_log_offset: i64,
-    pub flag: i32,
-    pub sys_flag: u32,
-    pub born_timestamp_ms: i64,
-    pub born_host: SocketAddr,
-    pub store_timestamp_ms: i64,
-    pub store_host: SocketAddr,
-    pub reconsume_times: i32,
-    pub properties: Bytes,
+    /// separator (checked when decoded; read them with [`properties`](Self::properties)).
+    pub(crate) properties: Bytes,
     pub body: Bytes,
 }
 
@@ -458,27 +440,6 @@ pub(crate) fn check_properties(bytes: &[u8]) -> std::result::Result<(), String> 
 }
 
 impl MessageExt {
-    /// A message from the fields of a stored record; `topic` and `properties` must have passed
-    /// UTF-8 and [`check_properties`] checks (they read as empty otherwise).
-    pub(crate) fn from_record_parts(parts: RecordParts) -> Self {
-        Self {
-            topic: parts.topic,
-            broker_name: parts.broker_name,
-            queue_id: parts.queue_id,
-            queue_offset: parts.queue_offset,
-            commit_log_offset: parts.commit_log_offset,
-            flag: parts.flag,
-            sys_flag: parts.sys_flag,
-            born_timestamp_ms: parts.born_timestamp_ms,
-            born_host: parts.born_host,
-            store_timestamp_ms: parts.store_timestamp_ms,
-            store_host: parts.store_host,
-            reconsume_times: parts.reconsume_times,
-            properties: parts.properties,
-            body: parts.body,
-        }
-    }
-
     /// The topic the message was stored in.
     #[must_use]
     pub fn topic(&self) -> &str {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use shardmq_codec::{RecordView, SYS_FLAG_COMPRESSED};
 
-use crate::message::{check_properties, MessageExt, RecordParts};
+use crate::message::{check_properties, MessageExt};
 
 pub use shardmq_codec::MESSAGE_MAGIC_CODE;
 
@@ -76,7 +76,8 @@ fn decode_record(
             ),
         }
     }
-    let message = MessageExt::from_record_parts(RecordParts {
+    // Topic and properties were checked above (UTF-8, well-formed pairs).
+    let message = MessageExt {
         topic: records.slice_ref(view.topic_bytes()),
         broker_name: Arc::clone(broker_name),
         queue_id: view.queue_id(),
@@ -91,7 +92,7 @@ fn decode_record(
         reconsume_times: view.reconsume_times(),
         properties: records.slice_ref(view.properties_bytes()),
         body,
-    });
+    };
     Ok((message, total_size))
 }
 

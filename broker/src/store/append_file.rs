@@ -438,15 +438,7 @@ pub async fn prime_direct_io_probe(dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn run<F: std::future::Future<Output = ()> + 'static>(
-        body: impl FnOnce() -> F + Send + 'static,
-    ) {
-        glommio::LocalExecutorBuilder::default()
-            .spawn(body)
-            .expect("executor")
-            .join()
-            .expect("executor ran");
-    }
+    use crate::store::run_local as run;
 
     #[test]
     fn a_file_removed_while_its_first_flush_creates_it_is_gone_afterwards() {

@@ -776,15 +776,7 @@ mod tests {
 
     const SEGMENT_BYTES: u64 = 64 << 10;
 
-    fn run<F: std::future::Future<Output = ()> + 'static>(
-        body: impl FnOnce() -> F + Send + 'static,
-    ) {
-        glommio::LocalExecutorBuilder::default()
-            .spawn(body)
-            .expect("executor")
-            .join()
-            .expect("executor ran");
-    }
+    use crate::store::run_local as run;
 
     async fn open(dir: &Path) -> CommitLog {
         let (log, _) =

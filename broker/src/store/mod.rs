@@ -21,6 +21,18 @@ pub mod scan;
 pub mod verify;
 pub mod write_ring;
 
+/// Runs `body` on a fresh glommio executor and waits for it (the store's unit tests).
+#[cfg(test)]
+pub(crate) fn run_local<F: std::future::Future<Output = ()> + 'static>(
+    body: impl FnOnce() -> F + Send + 'static,
+) {
+    glommio::LocalExecutorBuilder::default()
+        .spawn(body)
+        .expect("executor")
+        .join()
+        .expect("executor ran");
+}
+
 pub use filter::TagFilter;
 pub use message_store::{
     AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, GetResult, GetStatus,
