@@ -267,6 +267,7 @@ impl BrokerConfig {
         config.file_reserved_hours = self.file_reserved_hours;
         config.disk_max_used_ratio = self.disk_max_used_ratio;
         config.disk_refuse_ratio = self.disk_refuse_ratio;
+        config.max_record_bytes = shardmq_codec::max_record_bytes(self.max_message_bytes) as u64;
         config
     }
 }

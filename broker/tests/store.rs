@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use shardmq_broker::store::record::decode_message;
+use shardmq_broker::store::record::{decode_message, MESSAGE_MAGIC_CODE};
 use shardmq_broker::store::verify::verify_data_dir;
 use shardmq_broker::store::{
     AppendStatus, FlushMode, GetStatus, MessageStore, StoreError, TagFilter,
@@ -295,6 +295,95 @@ fn query_by_key_and_unique_id_across_index_files_and_restart() {
             assert_eq!(store.read_record_at(physical).await.unwrap(), by_id[0]);
             assert!(store.read_record_at(physical + 1).await.is_err());
         }
+    });
+}
+
+#[test]
+fn an_index_query_looks_at_a_bounded_number_of_entries_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(dir.path(), FlushMode::Async);
+    // 150 messages x 2 entries over files of 100: the budget covers the newest 120 entries.
+    config.max_index_scan_entries_per_query = 120;
+    run(|| async move {
+        let (store, _) = MessageStore::open(config.clone()).await.unwrap();
+        for seq in 0..150u64 {
+            let msg = Msg {
+                body: body_for("keyed", 0, seq, 40),
+                tags: None,
+                keys: Some(format!("order-{seq}")),
+                unique_id: Some(format!("ID{seq:08}")),
+            };
+            store.append(batch("keyed", 0, &[msg])).await.unwrap();
+        }
+        let newest = store
+            .query_by_key("keyed", "order-149", 0, i64::MAX, 10)
+            .await
+            .unwrap();
+        assert_eq!(newest.len(), 1, "the newest entries are within the budget");
+        let oldest = store
+            .query_by_key("keyed", "order-0", 0, i64::MAX, 10)
+            .await
+            .unwrap();
+        assert!(
+            oldest.is_empty(),
+            "a query over the whole time range stops at its budget"
+        );
+        store.close().await.unwrap();
+        let mut unbounded = config;
+        unbounded.max_index_scan_entries_per_query = 1_000;
+        let (store, _) = MessageStore::open(unbounded).await.unwrap();
+        let oldest = store
+            .query_by_key("keyed", "order-0", 0, i64::MAX, 10)
+            .await
+            .unwrap();
+        assert_eq!(oldest.len(), 1, "with room in the budget the oldest entry is found");
+    });
+}
+
+#[test]
+fn sizes_read_at_a_caller_chosen_offset_are_bounded_by_the_largest_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(dir.path(), FlushMode::Async);
+    config.max_record_bytes = 4096;
+    run(|| async move {
+        let (store, _) = MessageStore::open(config).await.unwrap();
+        // A body that looks like a record header claiming 20,000 bytes, then enough records
+        // after it that the claim fits inside the written log.
+        let mut fake = 20_000u32.to_be_bytes().to_vec();
+        fake.extend(MESSAGE_MAGIC_CODE.to_be_bytes());
+        fake.resize(300, b'f');
+        let decoy = Msg {
+            body: fake.clone(),
+            tags: None,
+            keys: None,
+            unique_id: None,
+        };
+        store.append(batch("decoy", 0, &[decoy])).await.unwrap();
+        for seq in 0..30 {
+            store
+                .append(batch("decoy", 0, &[plain("decoy", 0, seq, 1000)]))
+                .await
+                .unwrap();
+        }
+        let record = store.read_record_at(0).await.unwrap();
+        let inside = record
+            .windows(8)
+            .position(|w| w == &fake[..8])
+            .expect("the decoy body is in its record") as u64;
+        match store.read_record_at(inside).await {
+            Err(StoreError::RecordTooLarge { size, limit }) => {
+                assert_eq!((size, limit), (20_000, 4096));
+            }
+            other => panic!("an offset inside a body must be refused by size, got {other:?}"),
+        }
+        // Nothing over the bound is stored either, so everything stored stays readable.
+        let too_big = store
+            .append(batch("decoy", 0, &[plain("decoy", 0, 99, 4096)]))
+            .await;
+        assert!(
+            matches!(too_big, Err(StoreError::RecordTooLarge { limit: 4096, .. })),
+            "{too_big:?}"
+        );
     });
 }
 

@@ -68,6 +68,17 @@ pub const PROPERTY_MAX_RECONSUME_TIMES: &str = "MAX_RECONSUME_TIMES";
 pub const MAX_TOPIC_BYTES: usize = 127;
 /// Properties length is a 16-bit field.
 pub const MAX_PROPERTIES_BYTES: usize = u16::MAX as usize;
+/// Longest fixed header: both host addresses IPv6, through the body length field.
+pub const MAX_HEADER_BYTES: usize = 112;
+/// Shortest record: IPv4 hosts, empty body, a 1-byte topic and the CRC property alone.
+pub const MIN_RECORD_BYTES: usize = 88 + 1 + 1 + 2 + CRC_PROPERTY_BYTES;
+
+/// The largest record a body of at most `max_body_bytes` can make: the longest header, topic
+/// and properties the format allows around it. Every size read from disk or the wire is checked
+/// against this before anything is read or allocated for it.
+pub const fn max_record_bytes(max_body_bytes: usize) -> usize {
+    MAX_HEADER_BYTES + max_body_bytes + 1 + MAX_TOPIC_BYTES + 2 + MAX_PROPERTIES_BYTES
+}
 
 // Fixed offsets of the header fields that do not depend on the host address sizes.
 const TOTAL_SIZE_AT: usize = 0;
@@ -739,6 +750,22 @@ mod tests {
             reconsume_times: 0,
             prepared_transaction_offset: 0,
         }
+    }
+
+    #[test]
+    fn size_bounds_match_the_layout() {
+        let both_v6 = Layout::for_sys_flag(SYS_FLAG_BORN_HOST_V6 | SYS_FLAG_STORE_HOST_V6);
+        assert_eq!(MAX_HEADER_BYTES, both_v6.body_length_at + 4);
+        assert_eq!(encoded_len(&input("T", b"", &[])), MIN_RECORD_BYTES);
+        let topic = "T".repeat(MAX_TOPIC_BYTES);
+        let value = "v".repeat(MAX_PROPERTIES_BYTES - CRC_PROPERTY_BYTES - 3);
+        let props = [("k", value.as_str())];
+        let mut widest = input(&topic, b"0123456789", &props);
+        widest.born_host = "[::1]:5555".parse().unwrap();
+        widest.store_host = "[::1]:10911".parse().unwrap();
+        let mut buf = BytesMut::new();
+        let len = encode_record(&mut buf, &widest).unwrap();
+        assert_eq!(len as usize, max_record_bytes(10), "the widest record is the bound");
     }
 
     #[test]

@@ -502,3 +502,39 @@ fn a_consume_queue_entry_with_a_wrong_size_still_serves_exactly_its_record() {
         "the size mismatch is not logged"
     );
 }
+
+#[test]
+fn a_consume_queue_entry_with_a_size_no_record_can_have_is_rebuilt_from_the_commitlog() {
+    let dir = temp_dir();
+    let mut broker = start_broker(dir.path());
+    let mut client = broker.client();
+    let messages: Vec<TestMessage> = (0..3)
+        .map(|i| TestMessage::new(format!("impossible-{i}|{}", "y".repeat(100))))
+        .collect();
+    send_batch(&mut client, TOPIC, 0, &messages);
+    drop(client);
+    let before = snapshot(&broker);
+    broker.stop();
+    // Entry 1 of queue 0 claims 2 GiB: more than any segment holds.
+    let file = shard_dir(&broker)
+        .join("consumequeue")
+        .join(TOPIC)
+        .join("0")
+        .join("00000000000000000000");
+    let mut bytes = std::fs::read(&file).expect("the queue file");
+    bytes[28..32].copy_from_slice(&0x7fff_ffffu32.to_be_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+
+    broker.restart();
+    assert!(
+        !log_lines_with(&broker, &["ConsumeQueue is damaged", "no record can be"]).is_empty(),
+        "the impossible size was not found when the queue was opened"
+    );
+    let (served, end) = pull_queue(&mut broker.client(), TOPIC, 0);
+    assert_eq!(end, reliability_support::QueueEnd::End);
+    let bodies: Vec<&Vec<u8>> = served.iter().map(|r| &r.body).collect();
+    let stored: Vec<&Vec<u8>> = before[&0].iter().map(|r| &r.body).collect();
+    assert_eq!(bodies, stored, "the rebuilt queue serves other records");
+    broker.stop();
+    assert_verify_clean(dir.path(), "after an impossible ConsumeQueue entry size");
+}

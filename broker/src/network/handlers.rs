@@ -1112,10 +1112,21 @@ async fn handle_query_by_id(
     encode_query(shard, id, found)
 }
 
-fn encode_query(shard: &NetworkShard, id: u64, records: Vec<Bytes>) -> Answer {
+fn encode_query(shard: &NetworkShard, id: u64, mut records: Vec<Bytes>) -> Answer {
     if records.is_empty() {
         return Err(refuse(wire::Status::QUERY_NOT_FOUND, "no message matched"));
     }
+    // Merged from every storage shard: bounded in bytes as each shard's part is.
+    let mut total = 0usize;
+    let keep = records
+        .iter()
+        .take_while(|record| {
+            let is_first = total == 0;
+            total += record.len();
+            is_first || total <= crate::store::MAX_QUERY_ANSWER_BYTES
+        })
+        .count();
+    records.truncate(keep);
     let total: usize = records.iter().map(Bytes::len).sum();
     let mut head = BytesMut::new();
     shard

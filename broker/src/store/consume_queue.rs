@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::append_file::AppendFile;
 use super::commitlog::{parse_segment_file_name, segment_file_name};
+use super::record::MIN_RECORD_BYTES;
 
 pub const CONSUME_QUEUE_ENTRY_BYTES: u64 = 20;
 /// Recent entries kept in memory per queue for tailing consumers.
@@ -101,11 +102,13 @@ impl ConsumeQueue {
 
     /// Opens the queue in `dir`, keeping only entries that point below `keep_below` (the
     /// checkpoint's derived offset: entries after it are rebuilt from the CommitLog) and form a
-    /// dense run from the first file.
+    /// dense run from the first file. An entry whose size no record can have (under the
+    /// smallest record, over `max_entry_size`: what a segment holds) is damage.
     pub async fn open(
         dir: PathBuf,
         entries_per_file: u64,
         keep_below: u64,
+        max_entry_size: u64,
     ) -> io::Result<(ConsumeQueue, ConsumeQueueRepair)> {
         let queue = ConsumeQueue::new_empty(dir, entries_per_file);
         let mut repair = ConsumeQueueRepair::default();
@@ -139,6 +142,7 @@ impl ConsumeQueue {
                     .len()
                     .min((entries_per_file * CONSUME_QUEUE_ENTRY_BYTES) as usize)],
                 keep_below,
+                max_entry_size,
                 &mut previous_offset,
             );
             let present = count_entries_after(&raw, 0);
@@ -343,6 +347,7 @@ impl ConsumeQueue {
 fn scan_entries(
     raw: &[u8],
     keep_below: u64,
+    max_entry_size: u64,
     previous_offset: &mut Option<u64>,
 ) -> (u64, Option<String>) {
     let mut entries = raw
@@ -372,6 +377,15 @@ fn scan_entries(
                 format!("entry {index} points at {} past the checkpoint's {keep_below}, yet older entries follow it", entry.commitlog_offset)
             });
             return (valid, damage);
+        }
+        let size = u64::from(entry.size);
+        if size < MIN_RECORD_BYTES as u64 || size > max_entry_size {
+            return (
+                valid,
+                Some(format!(
+                    "entry {index} says its record is {size} bytes, which no record can be"
+                )),
+            );
         }
         if previous_offset.is_some_and(|p| entry.commitlog_offset <= p) {
             return (

@@ -107,6 +107,14 @@ struct ActiveIndex {
     generation: u64,
 }
 
+/// What a lookup found: candidate CommitLog offsets, newest first.
+#[derive(Debug, Default)]
+pub struct IndexLookup {
+    pub offsets: Vec<u64>,
+    /// The scan budget ran out before the time range was searched to its start.
+    pub is_partial: bool,
+}
+
 /// Entries an index scan looks at between chances for other tasks to run.
 const SCAN_STEP_ENTRIES: usize = 64 * 1024;
 
@@ -280,26 +288,38 @@ impl MessageIndex {
     }
 
     /// Candidate CommitLog offsets for `hash` with store time in `[begin_ms, end_ms]`, newest
-    /// first, at most `max_candidates`, without duplicates.
+    /// first, at most `max_candidates`, without duplicates. The work is bounded: at most
+    /// `max_scanned_entries` entries are looked at (newest first, so the budget runs out on the
+    /// oldest entries of the range), older files are read a step at a time, and other tasks run
+    /// between steps. A query that runs out of budget answers what it found and says so in
+    /// `IndexLookup::is_partial`.
     pub async fn lookup(
         &self,
         hash: u64,
         begin_ms: i64,
         end_ms: i64,
         max_candidates: usize,
-    ) -> io::Result<Vec<u64>> {
+        max_scanned_entries: u64,
+    ) -> io::Result<IndexLookup> {
         let mut found: Vec<u64> = Vec::new();
+        let mut budget = max_scanned_entries;
+        let mut is_partial = false;
         let in_range = |ts: i64| ts >= begin_ms && ts <= end_ms;
         // The active file, newest first, a step at a time. Store times only grow along the
         // file (checked on open), so the scan ends at the first entry older than the range.
         // If the file is replaced while the scan yields, it has become the newest older file,
-        // which the loop below reads whole (duplicates are dropped at the end).
+        // which the loop below reads (duplicates are dropped at the end).
         let (generation, mut end) = {
             let active = self.active.borrow();
             (active.generation, active.entries.len())
         };
-        while end > 0 {
-            let start = end.saturating_sub(SCAN_STEP_ENTRIES);
+        while end > 0 && found.len() < max_candidates {
+            if budget == 0 {
+                is_partial = true;
+                break;
+            }
+            let step = SCAN_STEP_ENTRIES.min(usize::try_from(budget).unwrap_or(usize::MAX));
+            let start = end.saturating_sub(step);
             let older_than_range = {
                 let active = self.active.borrow();
                 if active.generation != generation {
@@ -313,6 +333,7 @@ impl MessageIndex {
                 );
                 active.entries[start].store_timestamp_ms < begin_ms
             };
+            budget -= (end - start) as u64;
             if older_than_range {
                 break;
             }
@@ -321,36 +342,66 @@ impl MessageIndex {
         }
         // Older files, newest first, skipping those wholly outside the range: a file's entries
         // are no older than its name and older than the next file's name.
-        let older: Vec<(i64, i64, Rc<AppendFile>)> = {
+        let older: Vec<Rc<AppendFile>> = {
             let files = self.files.borrow();
             let mut next_start = i64::MAX;
             let mut list = Vec::new();
             for (position, file) in files.values().rev().enumerate() {
                 if position > 0 && file.first_timestamp_ms <= end_ms && next_start >= begin_ms {
-                    list.push((file.first_timestamp_ms, next_start, file.file.clone()));
+                    list.push(file.file.clone());
                 }
                 next_start = file.first_timestamp_ms;
             }
             list
         };
-        for (_, _, file) in older {
-            if found.len() >= max_candidates {
-                break;
+        'files: for file in older {
+            // Each file from its end, a step at a time: newest entries first.
+            let mut end = file.len() / INDEX_ENTRY_BYTES;
+            while end > 0 {
+                if found.len() >= max_candidates {
+                    break 'files;
+                }
+                if budget == 0 {
+                    is_partial = true;
+                    break 'files;
+                }
+                let step = (SCAN_STEP_ENTRIES as u64).min(budget);
+                let start = end.saturating_sub(step);
+                let bytes = file
+                    .read(
+                        start * INDEX_ENTRY_BYTES,
+                        (end - start) * INDEX_ENTRY_BYTES,
+                    )
+                    .await?;
+                let entries: Vec<IndexEntry> = bytes
+                    .chunks_exact(INDEX_ENTRY_BYTES as usize)
+                    .filter_map(IndexEntry::decode)
+                    .collect();
+                found.extend(
+                    entries
+                        .iter()
+                        .rev()
+                        .filter(|e| e.hash == hash && in_range(e.store_timestamp_ms))
+                        .map(|e| e.commitlog_offset),
+                );
+                budget -= end - start;
+                if entries
+                    .first()
+                    .is_some_and(|e| e.store_timestamp_ms < begin_ms)
+                {
+                    break;
+                }
+                end = start;
+                glommio::yield_if_needed().await;
             }
-            let bytes = file.read(0, file.len()).await?;
-            let mut hits: Vec<u64> = bytes
-                .chunks_exact(INDEX_ENTRY_BYTES as usize)
-                .filter_map(IndexEntry::decode)
-                .filter(|e| e.hash == hash && in_range(e.store_timestamp_ms))
-                .map(|e| e.commitlog_offset)
-                .collect();
-            hits.reverse();
-            found.extend(hits);
         }
         let mut seen = std::collections::HashSet::new();
         found.retain(|offset| seen.insert(*offset));
         found.truncate(max_candidates);
-        Ok(found)
+        Ok(IndexLookup {
+            offsets: found,
+            is_partial,
+        })
     }
 
     /// Writes and syncs the newest file.

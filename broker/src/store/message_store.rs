@@ -32,8 +32,8 @@ use super::index::{index_hash, IndexEntry, IndexKind, MessageIndex};
 use super::notify::LocalNotify;
 use super::record::{
     decode_message, encode_record, patch_record, peek_total_size, tags_hash, PendingRecord,
-    RecordError, RecordInput, RecordView, StorePatch, PROPERTY_KEYS, PROPERTY_TAGS,
-    PROPERTY_UNIQUE_KEY,
+    RecordError, RecordInput, RecordView, StorePatch, BLANK_MIN_BYTES, MESSAGE_MAGIC_CODE,
+    MIN_RECORD_BYTES, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_KEY,
 };
 
 /// When an append counts as complete.
@@ -89,6 +89,14 @@ pub struct StoreConfig {
     pub disk_refuse_ratio: f64,
     /// Most ConsumeQueue entries one read examines when a tag filter skips entries.
     pub max_scanned_entries_per_read: u64,
+    /// The largest record appended or read (the broker derives it from `max_message_bytes`
+    /// with [`record::max_record_bytes`](shardmq_codec::max_record_bytes)). Every record size
+    /// read from disk (a ConsumeQueue entry, a record's own header) is checked against it before
+    /// anything is read for it; a larger stored record (written while `max_message_bytes` was
+    /// higher) is refused with an error naming the setting, never cut.
+    pub max_record_bytes: u64,
+    /// Most index entries one query by key or id looks at on this shard, newest first.
+    pub max_index_scan_entries_per_query: u64,
 }
 
 impl StoreConfig {
@@ -110,6 +118,8 @@ impl StoreConfig {
             disk_max_used_ratio: 0.75,
             disk_refuse_ratio: 0.95,
             max_scanned_entries_per_read: 16_000,
+            max_record_bytes: shardmq_codec::max_record_bytes(4 << 20) as u64,
+            max_index_scan_entries_per_query: 4_000_000,
         }
     }
 
@@ -124,6 +134,12 @@ impl StoreConfig {
         }
         if self.consume_queue_entries_per_file == 0 || self.index_max_entries_per_file == 0 {
             return fail("entries per file must be positive".into());
+        }
+        if self.max_record_bytes < MIN_RECORD_BYTES as u64 {
+            return fail(format!(
+                "max_record_bytes is {}, under the smallest record ({MIN_RECORD_BYTES})",
+                self.max_record_bytes
+            ));
         }
         if !(0.0..=1.0).contains(&self.disk_max_used_ratio)
             || !(0.0..=1.0).contains(&self.disk_refuse_ratio)
@@ -148,7 +164,7 @@ pub enum StoreError {
     FlushFailing(String),
     #[error("storage shard is busy: {unflushed_bytes} bytes wait for the disk, over max_unflushed_bytes ({limit})")]
     Busy { unflushed_bytes: u64, limit: u64 },
-    #[error("record is {size} bytes, over the largest a segment holds ({limit})")]
+    #[error("record is {size} bytes, over the largest this store takes ({limit}: max_message_bytes plus the largest header, topic and properties, within a segment)")]
     RecordTooLarge { size: u64, limit: u64 },
     #[error("invalid record in batch: {0}")]
     InvalidRecord(#[from] RecordError),
@@ -329,6 +345,9 @@ const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
 
 /// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
+/// A query stops reading records once its results hold this many bytes (at least one record);
+/// the network shard caps the answer it merges from all storage shards the same way.
+pub const MAX_QUERY_ANSWER_BYTES: usize = 8 << 20;
 
 struct Inner {
     config: StoreConfig,
@@ -874,6 +893,7 @@ impl Inner {
             &dir.join("consumequeue"),
             config.consume_queue_entries_per_file,
             keep_below,
+            config.segment_bytes - BLANK_MIN_BYTES as u64,
             report,
         )
         .await?;
@@ -1033,11 +1053,18 @@ impl Inner {
         Ok(())
     }
 
+    /// The largest record appended or read: the configured bound, within a segment.
+    fn record_cap(&self) -> u64 {
+        self.config
+            .max_record_bytes
+            .min(self.commit_log.max_record_bytes())
+    }
+
     /// Checks what the encoder promised and the store relies on: record lengths that add up to
     /// the batch and fit a segment, and topics that are safe directory names. It does not parse
     /// the records: the network shard encoded them.
     fn check_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
-        let limit = self.commit_log.max_record_bytes();
+        let limit = self.record_cap();
         let mut total = 0u64;
         let mut hashes = 0usize;
         for pending in &batch.records {
@@ -1353,9 +1380,12 @@ impl Inner {
             .commit_log
             .write_offset()
             .saturating_sub(entry.commitlog_offset);
+        // Sizes from disk are bounded before they are read: a damaged entry's size, and the
+        // record's own, at most the largest record this store takes.
+        let cap = self.record_cap();
         let mut bytes = match first_read {
             Some(bytes) => bytes,
-            None => read(u64::from(entry.size).min(readable)).await?,
+            None => read(u64::from(entry.size).min(readable).min(cap)).await?,
         };
         // The CommitLog is the truth: when the entry's size disagrees with the record's own
         // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
@@ -1364,6 +1394,12 @@ impl Inner {
             .get(..4)
             .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
         if let Some(own_size) = own_size.filter(|&n| n != bytes.len() as u64) {
+            if own_size > cap && own_size <= readable {
+                return Err(StoreError::Corrupt(format!(
+                    "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) says it is {own_size} bytes, over the largest this store reads ({cap}); if max_message_bytes was lowered since it was written, raise it again to read it, else run `shardmq-broker verify`",
+                    entry.commitlog_offset
+                )));
+            }
             if own_size > 0 && own_size <= readable {
                 warn!(
                     topic,
@@ -1427,11 +1463,22 @@ impl Inner {
             .read(physical_offset, 8)
             .await
             .map_err(io_error(context()))?;
+        // The offset comes from the caller (an offset message id): the size found there is
+        // checked before anything is read for it, so a query aimed inside a body reads 8 bytes,
+        // not whatever length those bytes claim.
         let size = u64::from(peek_total_size(&head).unwrap_or(0));
-        if size < 8 || physical_offset + size > end {
+        let magic = head.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if magic != Some(MESSAGE_MAGIC_CODE)
+            || size < MIN_RECORD_BYTES as u64
+            || physical_offset + size > end
+        {
             return Err(StoreError::Corrupt(format!(
                 "no record starts at physical offset {physical_offset}"
             )));
+        }
+        let limit = self.record_cap();
+        if size > limit {
+            return Err(StoreError::RecordTooLarge { size, limit });
         }
         let bytes = self
             .commit_log
@@ -1455,14 +1502,31 @@ impl Inner {
         max_results: usize,
         is_match: impl Fn(&RecordView<'_>) -> bool,
     ) -> Result<Vec<Bytes>, StoreError> {
-        let candidates = self
+        // Candidates beyond the results allow for hash collisions and cut records, not more.
+        let max_candidates = max_results.saturating_mul(2).clamp(16, MAX_INDEX_CANDIDATES);
+        let lookup = self
             .index
-            .lookup(hash, begin_ms, end_ms, MAX_INDEX_CANDIDATES)
+            .lookup(
+                hash,
+                begin_ms,
+                end_ms,
+                max_candidates,
+                self.config.max_index_scan_entries_per_query,
+            )
             .await
             .map_err(io_error("index"))?;
+        if lookup.is_partial {
+            warn!(
+                begin_ms,
+                end_ms,
+                scanned = self.config.max_index_scan_entries_per_query,
+                "index query stopped at its scan budget; older entries of the range were not searched (narrow the time range)"
+            );
+        }
         let mut found = Vec::new();
-        for offset in candidates {
-            if found.len() >= max_results {
+        let mut found_bytes = 0usize;
+        for offset in lookup.offsets {
+            if found.len() >= max_results || found_bytes >= MAX_QUERY_ANSWER_BYTES {
                 break;
             }
             // A candidate may point at a deleted or cut record: that is a miss, not an error.
@@ -1474,6 +1538,7 @@ impl Inner {
                 ts >= begin_ms && ts <= end_ms && is_match(&view)
             });
             if is_hit {
+                found_bytes += bytes.len();
                 found.push(bytes);
             }
         }
@@ -1519,6 +1584,7 @@ async fn open_consume_queues(
     root: &Path,
     entries_per_file: u64,
     keep_below: u64,
+    max_entry_size: u64,
     report: &mut RecoveryReport,
 ) -> Result<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>, StoreError> {
     let mut queues: HashMap<String, HashMap<u32, Rc<ConsumeQueue>>> = HashMap::new();
@@ -1544,7 +1610,7 @@ async fn open_consume_queues(
                 continue;
             };
             let (queue, repair) =
-                ConsumeQueue::open(queue_entry.path(), entries_per_file, keep_below)
+                ConsumeQueue::open(queue_entry.path(), entries_per_file, keep_below, max_entry_size)
                     .await
                     .map_err(io_error(queue_entry.path().display().to_string()))?;
             report.consume_queue_entries_dropped += repair.entries_dropped;
