@@ -336,7 +336,50 @@ fn an_index_query_looks_at_a_bounded_number_of_entries_newest_first() {
             .query_by_key("keyed", "order-0", 0, i64::MAX, 10)
             .await
             .unwrap();
-        assert_eq!(oldest.len(), 1, "with room in the budget the oldest entry is found");
+        assert_eq!(
+            oldest.len(),
+            1,
+            "with room in the budget the oldest entry is found"
+        );
+    });
+}
+
+#[test]
+fn records_over_a_lowered_bound_are_refused_not_cut_and_read_again_when_it_is_raised() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(dir.path(), FlushMode::Async);
+    config.max_record_bytes = 8192;
+    run(|| async move {
+        let (store, _) = MessageStore::open(config.clone()).await.unwrap();
+        for (seq, len) in [(0, 100), (1, 6000)] {
+            store
+                .append(batch("sized", 0, &[plain("sized", 0, seq, len)]))
+                .await
+                .unwrap();
+        }
+        store.close().await.unwrap();
+        let mut lowered = config.clone();
+        lowered.max_record_bytes = 4096;
+        let (store, _) = MessageStore::open(lowered).await.unwrap();
+        let first = store
+            .get_messages("sized", 0, 0, 1, 1 << 20, &TagFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(first.records.len(), 1, "the small record is served");
+        let big = store
+            .get_messages("sized", 0, 1, 1, 1 << 20, &TagFilter::All)
+            .await;
+        match big {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("max_message_bytes"), "{why}"),
+            other => panic!("a record over the lowered bound must be refused, got {other:?}"),
+        }
+        store.close().await.unwrap();
+        let (store, _) = MessageStore::open(config).await.unwrap();
+        let big = store
+            .get_messages("sized", 0, 1, 1, 1 << 20, &TagFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(body_of(&big.records[0]), body_for("sized", 0, 1, 6000));
     });
 }
 

@@ -765,7 +765,11 @@ mod tests {
         widest.store_host = "[::1]:10911".parse().unwrap();
         let mut buf = BytesMut::new();
         let len = encode_record(&mut buf, &widest).unwrap();
-        assert_eq!(len as usize, max_record_bytes(10), "the widest record is the bound");
+        assert_eq!(
+            len as usize,
+            max_record_bytes(10),
+            "the widest record is the bound"
+        );
     }
 
     #[test]

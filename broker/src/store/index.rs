@@ -368,10 +368,7 @@ impl MessageIndex {
                 let step = (SCAN_STEP_ENTRIES as u64).min(budget);
                 let start = end.saturating_sub(step);
                 let bytes = file
-                    .read(
-                        start * INDEX_ENTRY_BYTES,
-                        (end - start) * INDEX_ENTRY_BYTES,
-                    )
+                    .read(start * INDEX_ENTRY_BYTES, (end - start) * INDEX_ENTRY_BYTES)
                     .await?;
                 let entries: Vec<IndexEntry> = bytes
                     .chunks_exact(INDEX_ENTRY_BYTES as usize)

@@ -1394,13 +1394,7 @@ impl Inner {
             .get(..4)
             .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
         if let Some(own_size) = own_size.filter(|&n| n != bytes.len() as u64) {
-            if own_size > cap && own_size <= readable {
-                return Err(StoreError::Corrupt(format!(
-                    "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) says it is {own_size} bytes, over the largest this store reads ({cap}); if max_message_bytes was lowered since it was written, raise it again to read it, else run `shardmq-broker verify`",
-                    entry.commitlog_offset
-                )));
-            }
-            if own_size > 0 && own_size <= readable {
+            if own_size > 0 && own_size <= readable.min(cap) {
                 warn!(
                     topic,
                     queue_id,
@@ -1411,6 +1405,13 @@ impl Inner {
                 );
                 bytes = read(own_size).await?;
             }
+        }
+        let own_size = own_size.unwrap_or(0);
+        if own_size > cap {
+            return Err(StoreError::Corrupt(format!(
+                "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) says it is {own_size} bytes, over the largest this store reads ({cap}); if max_message_bytes was lowered since it was written, raise it again to read it, else run `shardmq-broker verify`",
+                entry.commitlog_offset
+            )));
         }
         // A record read from disk is fully validated (both CRCs): one damaged there is
         // reported, never served. One still in the write ring was encoded and checked by this
@@ -1467,7 +1468,9 @@ impl Inner {
         // checked before anything is read for it, so a query aimed inside a body reads 8 bytes,
         // not whatever length those bytes claim.
         let size = u64::from(peek_total_size(&head).unwrap_or(0));
-        let magic = head.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        let magic = head
+            .get(4..8)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
         if magic != Some(MESSAGE_MAGIC_CODE)
             || size < MIN_RECORD_BYTES as u64
             || physical_offset + size > end
@@ -1503,7 +1506,9 @@ impl Inner {
         is_match: impl Fn(&RecordView<'_>) -> bool,
     ) -> Result<Vec<Bytes>, StoreError> {
         // Candidates beyond the results allow for hash collisions and cut records, not more.
-        let max_candidates = max_results.saturating_mul(2).clamp(16, MAX_INDEX_CANDIDATES);
+        let max_candidates = max_results
+            .saturating_mul(2)
+            .clamp(16, MAX_INDEX_CANDIDATES);
         let lookup = self
             .index
             .lookup(
@@ -1609,10 +1614,14 @@ async fn open_consume_queues(
             else {
                 continue;
             };
-            let (queue, repair) =
-                ConsumeQueue::open(queue_entry.path(), entries_per_file, keep_below, max_entry_size)
-                    .await
-                    .map_err(io_error(queue_entry.path().display().to_string()))?;
+            let (queue, repair) = ConsumeQueue::open(
+                queue_entry.path(),
+                entries_per_file,
+                keep_below,
+                max_entry_size,
+            )
+            .await
+            .map_err(io_error(queue_entry.path().display().to_string()))?;
             report.consume_queue_entries_dropped += repair.entries_dropped;
             if let Some(why) = repair.damage {
                 warn!(%topic, queue_id, %why, "ConsumeQueue is damaged");
