@@ -93,8 +93,16 @@ pub struct SendResult {
     /// The broker's offset id (store host and physical offset, hex).
     pub offset_msg_id: String,
     pub queue: MessageQueue,
-    /// Index of the message in its queue.
+    /// Index of the message in its queue; -1 for a scheduled message (delay level, delay or
+    /// deliver-at time), which gets its index when it is delivered into the queue.
     pub queue_offset: i64,
+}
+
+impl SendResult {
+    /// The message waits for its delivery time and has no queue offset yet.
+    pub fn is_scheduled(&self) -> bool {
+        self.queue_offset < 0
+    }
 }
 
 /// Configures and starts a [`Producer`].

@@ -27,6 +27,11 @@ const LEVELS: &str = "1s 2s 3s";
 /// Clock readings on one machine may differ by the ms truncation of each side.
 const CLOCK_SLACK_MS: i64 = 5;
 
+/// How late a scheduled message may be stored in its topic. The scheduler wakes at the due
+/// time (no polling tick); this leaves room for a loaded 2-core CI machine, and a scheduler
+/// that polled once a second or re-checked only on the next send would exceed it.
+const MAX_LATE_MS: i64 = 1_000;
+
 fn start_cluster(data: &TempDir, extra: &[&str]) -> LocalCluster {
     let mut args = vec![
         "--delay-levels",
@@ -139,6 +144,12 @@ async fn a_delayed_message_stays_invisible_until_its_level_has_passed() {
         .await
         .expect("a delayed send is accepted");
     assert!(
+        sent.is_scheduled() && sent.queue_offset == -1,
+        "a scheduled message has no queue offset until delivered, got {}",
+        sent.queue_offset
+    );
+    assert_eq!(sent.queue.topic, "Delayed");
+    assert!(
         read_topic(&consumer, "Delayed").await.is_empty(),
         "visible right after the send"
     );
@@ -170,6 +181,19 @@ async fn a_delayed_message_stays_invisible_until_its_level_has_passed() {
         "stored in the topic {} ms after it was sent",
         delivered.store_timestamp_ms - delivered.born_timestamp_ms
     );
+    let late_ms = delivered.store_timestamp_ms - (delivered.born_timestamp_ms + 2_000);
+    assert!(
+        late_ms <= MAX_LATE_MS,
+        "stored {late_ms} ms after its 2 s level had passed"
+    );
+    assert_eq!(
+        delivered.queue_offset, 0,
+        "delivered as the queue's first message"
+    );
+    // A message sent without a delay gets its real position at once.
+    let now = producer.send(Message::new("Delayed", "now")).await.unwrap();
+    assert!(!now.is_scheduled());
+    assert_eq!(now.queue_offset, 1, "after the delivered delayed message");
 
     // A later message of the same level comes after it, once.
     producer
@@ -177,7 +201,7 @@ async fn a_delayed_message_stays_invisible_until_its_level_has_passed() {
         .await
         .unwrap();
     eventually("the marker", || async {
-        (read_topic(&consumer, "Delayed").await.len() >= 2).then_some(())
+        (read_topic(&consumer, "Delayed").await.len() >= 3).then_some(())
     })
     .await;
     let bodies: Vec<Vec<u8>> = read_topic(&consumer, "Delayed")
@@ -185,7 +209,10 @@ async fn a_delayed_message_stays_invisible_until_its_level_has_passed() {
         .iter()
         .map(|m| m.body.to_vec())
         .collect();
-    assert_eq!(bodies, vec![b"later".to_vec(), b"marker".to_vec()]);
+    assert_eq!(
+        bodies,
+        vec![b"later".to_vec(), b"now".to_vec(), b"marker".to_vec()]
+    );
 
     producer.shutdown().await;
     consumer.shutdown().await;
@@ -256,10 +283,25 @@ async fn timer_messages_arrive_at_their_time_and_beyond_the_horizon_is_refused()
     let counts = count_by_id(&delivered);
     assert_eq!(counts.len(), 3);
     assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+    for result in [&at, &after] {
+        assert!(result.is_scheduled(), "{result:?}");
+    }
+    assert!(
+        !past.is_scheduled(),
+        "a time already past goes straight to its queue: {past:?}"
+    );
     for message in &delivered {
+        let due_ms = due[&message.msg_id()];
         assert!(
-            message.store_timestamp_ms >= due[&message.msg_id()] - CLOCK_SLACK_MS,
+            message.store_timestamp_ms >= due_ms - CLOCK_SLACK_MS,
             "stored before its time"
+        );
+        // A time already past is due at once, counted from the send.
+        let late_ms = message.store_timestamp_ms - due_ms.max(start_ms);
+        assert!(
+            late_ms <= MAX_LATE_MS,
+            "{} stored {late_ms} ms after its time",
+            String::from_utf8_lossy(&message.body)
         );
         assert_eq!(message.property("TIMER_DELIVER_MS"), None);
     }

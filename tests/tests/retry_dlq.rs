@@ -294,16 +294,36 @@ fn the_cli_sends_delayed_and_timed_messages() {
     cluster.create_topic("CliDelayed", 1);
     let namesrv = cluster.namesrv_addr();
     let sent_at = Instant::now();
-    for extra in [
-        vec!["--delay-level", "1"],
-        vec!["--delay-ms", "1500"],
-        vec!["--deliver-at", "2000-01-01T00:00:00Z"],
+    for (extra, is_scheduled) in [
+        (vec!["--delay-level", "1"], true),
+        (vec!["--delay-ms", "1500"], true),
+        (vec!["--deliver-at", "2000-01-01T00:00:00Z"], false),
     ] {
         let mut args = vec!["--json", "send", "CliDelayed", "--body", "later"];
         args.extend(extra);
         let lines = json_lines(&shardmq(&namesrv, &args));
         assert_eq!(lines[0]["status"], "SEND_OK", "{lines:?}");
+        assert_eq!(lines[0]["scheduled"], is_scheduled, "{lines:?}");
+        if is_scheduled {
+            assert_eq!(lines[0]["queue_offset"], -1, "{lines:?}");
+        }
     }
+    let text = shardmq(
+        &namesrv,
+        &[
+            "send",
+            "CliDelayed",
+            "--body",
+            "later",
+            "--delay-level",
+            "1",
+        ],
+    );
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("queue=CliDelayed@") && text.contains(" offset=scheduled "),
+        "{text}"
+    );
     let bad = shardmq(
         &namesrv,
         &[

@@ -649,7 +649,24 @@ async fn handle_send(
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await??;
-    encode_send_response(shard, id, &outcome, &unique_ids, queue_id, storage)
+    // A scheduled message has no position in its real queue until it is delivered there: its
+    // answer says so (queue offset -1) rather than give the schedule queue's offset under the
+    // real topic's name. Its offset id names the scheduled copy, which query-id finds.
+    let placement = Placement {
+        queue_id,
+        storage,
+        is_scheduled: scheduled.is_some(),
+    };
+    encode_send_response(shard, id, &outcome, &unique_ids, placement)
+}
+
+/// Where a stored send went, for its answer.
+pub(super) struct Placement {
+    /// The queue the producer sent to.
+    pub queue_id: u32,
+    pub storage: usize,
+    /// The messages wait in a schedule queue (delay level or timer).
+    pub is_scheduled: bool,
 }
 
 /// The answer to a stored send (or half message): one result per record, the status of its
@@ -659,9 +676,13 @@ pub(super) fn encode_send_response(
     id: u64,
     outcome: &crate::store::AppendOutcome,
     unique_ids: &[String],
-    queue_id: u32,
-    storage: usize,
+    placement: Placement,
 ) -> Answer {
+    let Placement {
+        queue_id,
+        storage,
+        is_scheduled,
+    } = placement;
     let store_host = shard.store_host.get();
     let status = match outcome.status {
         AppendStatus::Ok => wire::Status::OK,
@@ -697,7 +718,11 @@ pub(super) fn encode_send_response(
                             &wire::SendResultArgs {
                                 unique_id: Some(unique),
                                 offset_msg_id: Some(offset_id),
-                                queue_offset: record.queue_offset as i64,
+                                queue_offset: if is_scheduled {
+                                    -1
+                                } else {
+                                    record.queue_offset as i64
+                                },
                                 commit_log_offset: record.physical_offset as i64,
                             },
                         )

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::connection::Connection;
 use super::handlers::{
     encode_batch, encode_send_response, encode_status, invalid, refuse, writable_topic, Answer,
-    Refusal,
+    Placement, Refusal,
 };
 use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
@@ -117,7 +117,12 @@ pub(super) async fn handle_send_half(
         ));
     }
     // Half messages live on storage shard 0 (next to the client registry).
-    encode_send_response(shard, id, &outcome, &[unique_id], queue_id, 0)
+    let placement = Placement {
+        queue_id,
+        storage: 0,
+        is_scheduled: false,
+    };
+    encode_send_response(shard, id, &outcome, &[unique_id], placement)
 }
 
 /// The real topic of a half message: writable, created first when the broker auto-creates.

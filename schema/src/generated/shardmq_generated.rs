@@ -3575,7 +3575,8 @@ impl<'a> SendResult<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendResult::VT_OFFSET_MSG_ID, None)}
   }
-  /// Index of the message in its ConsumeQueue.
+  /// Index of the message in its ConsumeQueue; -1 for a scheduled message (delay or timer),
+  /// which has no index in its queue until it is delivered there.
   #[inline]
   pub fn queue_offset(&self) -> i64 {
     // Safety:

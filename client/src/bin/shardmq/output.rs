@@ -18,13 +18,19 @@ pub fn send_result_json(result: &SendResult) -> Value {
         "broker_name": result.queue.broker_name,
         "queue_id": result.queue.queue_id,
         "queue_offset": result.queue_offset,
+        "scheduled": result.is_scheduled(),
     })
 }
 
 pub fn send_result_text(result: &SendResult) -> String {
+    let offset = if result.is_scheduled() {
+        "scheduled".to_owned()
+    } else {
+        result.queue_offset.to_string()
+    };
     format!(
-        "{} msg_id={} queue={} offset={} offset_msg_id={}",
-        result.status, result.msg_id, result.queue, result.queue_offset, result.offset_msg_id
+        "{} msg_id={} queue={} offset={offset} offset_msg_id={}",
+        result.status, result.msg_id, result.queue, result.offset_msg_id
     )
 }
 
