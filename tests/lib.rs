@@ -562,6 +562,11 @@ impl TestClient {
         self.stream.set_read_timeout(Some(timeout))
     }
 
+    /// Changes how long one write may wait (for a server that stopped reading).
+    pub fn set_write_timeout(&self, timeout: Duration) -> io::Result<()> {
+        self.stream.set_write_timeout(Some(timeout))
+    }
+
     /// Shakes hands with this build's protocol version; the response must be `OK`.
     pub fn handshake(&mut self) -> Result<VerifiedFrame, ClientError> {
         let response = self.handshake_with_versions(PROTOCOL_VERSION, MIN_PROTOCOL_VERSION)?;

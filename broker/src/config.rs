@@ -46,6 +46,13 @@ pub struct BrokerConfig {
     pub max_message_bytes: usize,
     pub max_batch_messages: usize,
     pub max_inflight_per_connection: usize,
+    /// Bytes of received request frames a network shard holds at once (each frame charged when
+    /// its length prefix arrives, until handled); reading waits beyond it. At least
+    /// `max_frame_bytes`.
+    pub max_request_bytes_per_shard: usize,
+    /// A frame that has started arriving must be complete within this time, or the connection
+    /// is closed (a slow sender cannot hold its frame's share of the budget for long).
+    pub frame_read_timeout_ms: u64,
     pub max_connections: usize,
     /// Time a new connection has to complete its handshake before it is closed.
     pub handshake_timeout_ms: u64,
@@ -124,6 +131,8 @@ impl Default for BrokerConfig {
             max_message_bytes: 4 << 20,
             max_batch_messages: 1024,
             max_inflight_per_connection: 256,
+            max_request_bytes_per_shard: 256 << 20,
+            frame_read_timeout_ms: 60_000,
             max_connections: 10_000,
             handshake_timeout_ms: 10_000,
             spin_before_park_us: 0,
@@ -234,8 +243,14 @@ impl BrokerConfig {
                 self.segment_bytes, self.max_message_bytes
             ));
         }
-        if self.handshake_timeout_ms == 0 {
-            return Err("handshake_timeout_ms must be positive".into());
+        if self.handshake_timeout_ms == 0 || self.frame_read_timeout_ms == 0 {
+            return Err("handshake_timeout_ms and frame_read_timeout_ms must be positive".into());
+        }
+        if self.max_request_bytes_per_shard < self.max_frame_bytes {
+            return Err(format!(
+                "max_request_bytes_per_shard ({}) must be at least max_frame_bytes ({})",
+                self.max_request_bytes_per_shard, self.max_frame_bytes
+            ));
         }
         if self.transaction_check_interval_ms == 0 || self.queue_lock_expiry_ms == 0 {
             return Err(

@@ -131,6 +131,14 @@ struct ServeArgs {
     /// Most requests running at once on one connection. [default: 256]
     #[arg(long)]
     max_inflight_per_connection: Option<usize>,
+    /// Bytes of received request frames a network shard holds at once; reading waits beyond
+    /// it. [default: 268435456]
+    #[arg(long)]
+    max_request_bytes_per_shard: Option<usize>,
+    /// A frame that has started arriving must be complete within this many ms, or the
+    /// connection is closed. [default: 60000]
+    #[arg(long)]
+    frame_read_timeout_ms: Option<u64>,
     /// Most open client connections per network shard. [default: 10000]
     #[arg(long)]
     max_connections: Option<usize>,
@@ -218,6 +226,8 @@ impl ServeArgs {
             default_topic_queues,
             max_batch_messages,
             max_inflight_per_connection,
+            max_request_bytes_per_shard,
+            frame_read_timeout_ms,
             max_connections,
             handshake_timeout_ms,
             spin_before_park_us,

@@ -77,6 +77,7 @@ pub struct BrokerMetrics {
     pub responses: Family<StatusLabels, Counter>,
     pub connections: Family<ShardLabels, Gauge>,
     pub parked_pulls: Family<ShardLabels, Gauge>,
+    pub request_bytes_held: Family<ShardLabels, Gauge>,
     pub storage_requests_waiting: Family<ShardLabels, Gauge>,
     pub consumer_lag: Family<LagLabels, GaugeU64>,
     pub commitlog_bytes: Family<ShardLabels, GaugeU64>,
@@ -115,6 +116,7 @@ impl BrokerMetrics {
             responses: Family::default(),
             connections: Family::default(),
             parked_pulls: Family::default(),
+            request_bytes_held: Family::default(),
             storage_requests_waiting: Family::default(),
             consumer_lag: Family::default(),
             commitlog_bytes: Family::default(),
@@ -179,6 +181,11 @@ impl BrokerMetrics {
             "parked_pulls",
             "Pulls waiting for messages (long polling), per network shard",
             self.parked_pulls.clone(),
+        );
+        r.register(
+            "request_bytes_held",
+            "Bytes of received request frames charged to the shard's budget (max_request_bytes_per_shard), per network shard",
+            self.request_bytes_held.clone(),
         );
         r.register(
             "storage_requests_waiting",

@@ -120,7 +120,22 @@ impl Default for FrameDecoder {
     }
 }
 
+/// Room a decoder reserves ahead for a partly received frame at least (it reserves up to as
+/// much as the buffer holds, so room grows geometrically with the bytes that arrive).
+pub const MIN_RESERVE_AHEAD_BYTES: usize = 64 << 10;
+
 impl FrameDecoder {
+    /// The full size (length prefix included) of the frame at the front of `buffer`, once its
+    /// prefix has arrived and is within this decoder's limit.
+    #[must_use]
+    pub fn pending_frame_bytes(&self, buffer: &[u8]) -> Option<usize> {
+        let prefix: [u8; FRAME_LENGTH_PREFIX_BYTES] =
+            buffer.get(..FRAME_LENGTH_PREFIX_BYTES)?.try_into().ok()?;
+        let length_bytes = u32::from_be_bytes(prefix) as usize;
+        (length_bytes > 0 && length_bytes <= self.max_frame_bytes)
+            .then_some(FRAME_LENGTH_PREFIX_BYTES + length_bytes)
+    }
+
     /// A decoder that accepts frames up to [`DEFAULT_MAX_FRAME_BYTES`].
     #[must_use]
     pub fn new() -> Self {
@@ -145,7 +160,8 @@ impl FrameDecoder {
     /// Takes the next complete frame off the front of `buffer` and verifies it.
     ///
     /// Returns `Ok(None)` when `buffer` holds no complete frame yet (having reserved room for
-    /// the rest of a frame whose length is known); append more bytes and call again. On
+    /// more of a frame whose length is known: up to as much as has arrived, at least
+    /// [`MIN_RESERVE_AHEAD_BYTES`]); append more bytes and call again. On
     /// [`FrameError::ZeroLength`] and [`FrameError::TooLarge`] nothing is consumed and every
     /// later call returns the same error. On [`FrameError::Malformed`] the bad frame has been
     /// consumed and decoding may go on.
@@ -176,8 +192,10 @@ impl FrameDecoder {
         }
         let total_bytes = FRAME_LENGTH_PREFIX_BYTES + length_bytes;
         if buffer.len() < total_bytes {
-            // Bounded by max_frame_bytes above, so a peer cannot make us reserve more.
-            buffer.reserve(total_bytes - buffer.len());
+            // Room grows with what has arrived (at most doubling it), not with what the prefix
+            // claims: a peer that declares a large frame and sends little costs little.
+            let missing = total_bytes - buffer.len();
+            buffer.reserve(missing.min(buffer.len().max(MIN_RESERVE_AHEAD_BYTES)));
             return Ok(None);
         }
         let mut frame = buffer.split_to(total_bytes);

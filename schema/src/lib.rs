@@ -44,7 +44,7 @@ pub use generated::shardmq::wire;
 pub use frame::{
     build_frame, FrameDecoder, FrameEncoder, FrameError, FrameHeader, MalformedFrame,
     VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_FILE_IDENTIFIER, FRAME_LENGTH_PREFIX_BYTES,
-    MAX_STATUS_MESSAGE_BYTES,
+    MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
 pub use handshake::{negotiate_protocol_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use shardmq_schema::wire::{self, BodyT, FrameT};
 use shardmq_schema::{
     build_frame, FrameDecoder, FrameEncoder, FrameError, FrameHeader, MalformedFrame,
-    FRAME_LENGTH_PREFIX_BYTES, MAX_STATUS_MESSAGE_BYTES,
+    FRAME_LENGTH_PREFIX_BYTES, MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -418,6 +418,29 @@ proptest! {
         prop_assert_eq!(buffer.len(), FRAME_LENGTH_PREFIX_BYTES);
         prop_assert!(buffer.capacity() < 1024, "no room reserved for a refused frame");
     }
+}
+
+#[test]
+fn room_for_a_declared_frame_grows_with_what_arrives() {
+    let declared = 16 << 20;
+    let mut buffer = BytesMut::from(&(declared as u32).to_be_bytes()[..]);
+    buffer.extend_from_slice(&[7u8; 100]);
+    let decoder = FrameDecoder::with_max_frame_bytes(declared);
+    assert_eq!(
+        decoder.pending_frame_bytes(&buffer),
+        Some(FRAME_LENGTH_PREFIX_BYTES + declared)
+    );
+    assert!(decoder.decode(&mut buffer).unwrap().is_none());
+    assert!(
+        buffer.capacity() <= 2 * MIN_RESERVE_AHEAD_BYTES,
+        "a 16 MiB declaration with 104 bytes received reserved {} bytes",
+        buffer.capacity()
+    );
+    // With 1 MiB received, at most about as much again is reserved.
+    buffer.extend_from_slice(&vec![7u8; 1 << 20]);
+    assert!(decoder.decode(&mut buffer).unwrap().is_none());
+    assert!(buffer.capacity() <= 3 << 20, "{}", buffer.capacity());
+    assert_eq!(FrameDecoder::new().pending_frame_bytes(&[0, 0]), None);
 }
 
 #[test]

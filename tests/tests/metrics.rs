@@ -155,6 +155,8 @@ fn broker_and_namesrv_metrics_count_exactly_the_traffic_sent() {
     expect("shardmq_responses_total{status=\"TOPIC_NOT_FOUND\"}", 1.0);
     expect("shardmq_send_latency_seconds_count", 2.0);
     expect("shardmq_parked_pulls{shard=\"0\"}", 0.0);
+    // Every request handled by now: nothing is held against the request byte budget.
+    expect("shardmq_request_bytes_held{shard=\"0\"}", 0.0);
     assert!(
         sample(&text, "shardmq_connections{shard=\"0\"}").is_some_and(|n| n >= 1.0),
         "connections missing:\n{text}"

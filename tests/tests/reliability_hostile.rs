@@ -4,6 +4,9 @@
 //!   handshake), 5,000 idle connections and a consumer that pulls but never commits, all at
 //!   once: the broker stays up, its resident memory stays bounded, and a well-behaved client
 //!   still sends and pulls correctly and promptly;
+//! - connections that declare 16 MiB frames and send most of each, then a client pipelining
+//!   72 MiB of sends: the broker holds at most its request byte budget (RSS bounded), small
+//!   requests pass meanwhile, and every pipelined send is stored;
 //! - a slow push consumer: producers finish their sends within a deadline while the
 //!   consumer's listener is slow, the consumer's flow control bounds how many messages it holds
 //!   (every held message is in a listener call here, so the calls in progress are the count),
@@ -390,4 +393,142 @@ fn a_slow_push_consumer_is_held_to_its_flow_limit_while_producers_keep_sending()
             "every message is consumed exactly once"
         );
     });
+}
+
+/// The request byte budget the budget test runs with (32 MiB; frames up to 16 MiB).
+const BUDGET_BYTES: usize = 32 << 20;
+
+/// Connections that each declare a 16 MiB frame and send most of it.
+const DECLARING_CONNECTIONS: usize = 24;
+
+/// The broker's RSS high-water mark while `during` runs, sampled every 100 ms, in KiB.
+fn max_rss_while(pid: u32, during: impl FnOnce() + Send) -> u64 {
+    let done = AtomicBool::new(false);
+    thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = 0;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                // Sampling period, not a wait for a condition.
+                thread::sleep(Duration::from_millis(100));
+            }
+            peak.max(rss_kib(pid))
+        });
+        during();
+        done.store(true, Ordering::Relaxed);
+        sampler.join().expect("the RSS sampler")
+    })
+}
+
+#[test]
+fn declared_and_pipelined_large_frames_are_held_to_the_request_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = BUDGET_BYTES.to_string();
+    let broker = BrokerProcess::start(
+        dir.path(),
+        &[
+            "--max-request-bytes-per-shard",
+            &budget,
+            "--frame-read-timeout-ms",
+            "2000",
+        ],
+    );
+    let topic = "Budget";
+    create_topic(&mut broker.client(), topic, 1);
+    let rss_before = rss_kib(broker.pid());
+
+    // 1. Connections declare 16 MiB frames and send 15 MiB of each: without a budget the broker
+    //    would buffer all of it (360 MiB); with it, two frames are admitted at a time, the rest
+    //    wait unread (their bytes stay in the kernel), and each admitted frame that does not
+    //    complete is dropped after the frame read timeout.
+    let declared = 16usize << 20;
+    let sent_part = 15usize << 20;
+    let good_requests_ok = AtomicUsize::new(0);
+    let peak_declared = max_rss_while(broker.pid(), || {
+        thread::scope(|scope| {
+            for _ in 0..DECLARING_CONNECTIONS {
+                scope.spawn(|| {
+                    let mut client = broker.client();
+                    client
+                        .set_write_timeout(Duration::from_secs(3))
+                        .expect("write timeout");
+                    let mut bytes = u32::try_from(declared).unwrap().to_be_bytes().to_vec();
+                    bytes.resize(4 + sent_part, 0x5a);
+                    for chunk in bytes.chunks(1 << 20) {
+                        if client.send_bytes(chunk).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            // Meanwhile small requests (a send and a pull) still get through promptly: small
+            // frames have an allowance over the budget.
+            scope.spawn(|| {
+                let mut sent = Vec::new();
+                for round in 0..3 {
+                    good_client_round(&broker, topic, round, &mut sent);
+                    good_requests_ok.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        });
+    });
+    assert_eq!(good_requests_ok.load(Ordering::Relaxed), 3);
+    let growth_kib = peak_declared.saturating_sub(rss_before);
+    let bound_kib = (BUDGET_BYTES as u64 * 9 / 8) / 1024 + 64 * 1024;
+    assert!(
+        growth_kib < bound_kib,
+        "declared frames: broker RSS grew by {growth_kib} KiB, over the budget's bound of {bound_kib} KiB ({rss_before} KiB before)"
+    );
+
+    // 2. One client pipelines 24 sends of 3 MiB (72 MiB, over twice the budget) before reading
+    //    any answer: reading pauses while the budget is spent, every send is stored.
+    let bodies: Vec<TestMessage> = (0..24)
+        .map(|i| {
+            let mut body = format!("big-{i}|").into_bytes();
+            body.resize(3 << 20, b'0' + (i % 10) as u8);
+            TestMessage::new(body)
+        })
+        .collect();
+    let mut answers = Vec::new();
+    let peak_pipelined = max_rss_while(broker.pid(), || {
+        let mut client = broker.client();
+        client
+            .set_read_timeout(Duration::from_secs(30))
+            .expect("read timeout");
+        client
+            .set_write_timeout(Duration::from_secs(30))
+            .expect("write timeout");
+        for body in &bodies {
+            client
+                .send_request(|builder| {
+                    shardmq_tests::send_request_body(builder, topic, 0, std::slice::from_ref(body))
+                })
+                .expect("pipelined send");
+        }
+        for _ in &bodies {
+            answers.push(status_of(&client.read_frame().expect("an answer")).0);
+        }
+    });
+    assert!(
+        answers.iter().all(|s| *s == wire::Status::OK),
+        "{answers:?}"
+    );
+    let growth_kib = peak_pipelined.saturating_sub(rss_before);
+    assert!(
+        growth_kib < bound_kib + 72 * 1024,
+        "pipelined frames: broker RSS grew by {growth_kib} KiB ({rss_before} KiB before)"
+    );
+    let (records, end) = pull_queue(&mut broker.client(), topic, 0);
+    assert_eq!(end, QueueEnd::End);
+    let big: Vec<&TestMessage> = bodies.iter().collect();
+    let stored: Vec<&Vec<u8>> = records
+        .iter()
+        .map(|record| &record.body)
+        .filter(|body| body.starts_with(b"big-"))
+        .collect();
+    assert_eq!(
+        stored,
+        big.iter().map(|message| &message.body).collect::<Vec<_>>(),
+        "the pipelined sends were not all stored in order"
+    );
 }

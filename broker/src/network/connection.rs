@@ -24,9 +24,10 @@ use futures_lite::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
-use shardmq_schema::{wire, FrameDecoder};
+use shardmq_schema::{wire, FrameDecoder, FRAME_LENGTH_PREFIX_BYTES};
 use tracing::{debug, warn};
 
+use super::budget::Claim;
 use super::{handlers, NetworkShard, Outbound};
 
 /// How much is read from the socket at a time: from MIN to MAX, doubling after a read that
@@ -124,10 +125,26 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
     let mut read_chunk_bytes = MIN_READ_CHUNK_BYTES;
     let mut buffer = BytesMut::with_capacity(read_chunk_bytes);
+    // The shard's request byte budget: the frame at the front of `buffer` is charged
+    // (`charged` bytes) once its length prefix is in; a decoded frame's charge moves to its
+    // request and is given back when the request has been handled (budget.rs).
+    let budget = shard.request_bytes.clone();
+    let mut charged = 0usize;
+    let frame_read_timeout = Duration::from_millis(shard.config.frame_read_timeout_ms);
+    // When the first bytes of the frame being received arrived.
+    let mut frame_started: Option<Instant> = None;
     'read: loop {
         loop {
             match decoder.decode(&mut buffer) {
                 Ok(Some(frame)) => {
+                    frame_started = None;
+                    let frame_bytes = frame.as_bytes().len() + FRAME_LENGTH_PREFIX_BYTES;
+                    if frame_bytes > charged {
+                        // Arrived whole in one read: charge it now (reading waits for room).
+                        budget.acquire(frame_bytes - charged).await;
+                        charged = frame_bytes;
+                    }
+                    let claim = Claim::new(budget.clone(), std::mem::take(&mut charged));
                     if frame.frame().kind() != wire::FrameKind::REQUEST
                         && frame.frame().kind() != wire::FrameKind::ONE_WAY
                     {
@@ -146,6 +163,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                         if let Some(frames) = handlers::handle(&shard, &connection, frame).await {
                             connection.send(frames).await;
                         }
+                        drop(claim);
                         if connection.is_closing.get() {
                             debug!(%peer, "closing connection after a refused handshake");
                             break 'read;
@@ -164,6 +182,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     shard.request_started();
                     glommio::spawn_local(async move {
                         let answer = handlers::handle(&shard, &connection, frame).await;
+                        drop(claim);
                         if let Some(frames) = answer {
                             connection.send(frames).await;
                         }
@@ -174,6 +193,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 }
                 Ok(None) => break,
                 Err(error) => {
+                    // A malformed frame has been consumed (a fatal error closes below).
+                    budget.release(std::mem::take(&mut charged));
+                    frame_started = None;
                     malformed_frames += 1;
                     let is_over_limit = malformed_frames > MAX_MALFORMED_FRAMES_PER_CONNECTION;
                     let message = if is_over_limit {
@@ -196,6 +218,19 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 }
             }
         }
+        // Admission: the frame now at the front is charged in full before more of it is read;
+        // while the budget is spent, this connection is not read (TCP pushes back).
+        if let Some(front) = decoder.pending_frame_bytes(&buffer) {
+            if front > charged {
+                budget.acquire(front - charged).await;
+                charged = front;
+                // The time to arrive whole counts from admission, not from a wait for room.
+                frame_started = Some(Instant::now());
+            }
+        }
+        if !buffer.is_empty() && frame_started.is_none() {
+            frame_started = Some(Instant::now());
+        }
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
@@ -205,10 +240,13 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         let read_bytes =
             read_chunk_bytes.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
         buffer.resize(start + read_bytes, 0);
-        let read = if connection.is_handshaken.get() {
-            Some(reader.read(&mut buffer[start..]).await)
+        let deadline = if connection.is_handshaken.get() {
+            frame_started.map(|started| started + frame_read_timeout)
         } else {
-            let remaining = handshake_deadline.saturating_duration_since(Instant::now());
+            Some(handshake_deadline)
+        };
+        let read = if let Some(deadline) = deadline {
+            let remaining = deadline.saturating_duration_since(Instant::now());
             futures_lite::future::or(
                 async { Some(reader.read(&mut buffer[start..]).await) },
                 async {
@@ -217,11 +255,17 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 },
             )
             .await
+        } else {
+            Some(reader.read(&mut buffer[start..]).await)
         };
         match read {
             None => {
                 buffer.truncate(start);
-                debug!(%peer, "closing connection: no handshake within {handshake_timeout:?}");
+                if connection.is_handshaken.get() {
+                    warn!(%peer, buffered = buffer.len(), "closing connection: a frame did not arrive whole within {frame_read_timeout:?}");
+                } else {
+                    debug!(%peer, "closing connection: no handshake within {handshake_timeout:?}");
+                }
                 break;
             }
             Some(Ok(0)) | Some(Err(_)) => {
@@ -240,6 +284,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
             }
         }
     }
+    budget.release(charged);
     // Let running requests answer, then close the writer.
     let _ = permits.acquire(inflight_limit as u64).await;
     shard.unregister_connection(connection_id);

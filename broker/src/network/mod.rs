@@ -8,6 +8,7 @@
 //! `handlers` (one function per request kind), `parking` (long-poll waiters).
 
 pub mod admin;
+pub mod budget;
 pub mod client_calls;
 pub mod connection;
 pub mod handlers;
@@ -72,6 +73,8 @@ pub struct NetworkShard {
     pub idle: LocalNotify,
     /// Requests this shard sent to clients, waiting for their answers.
     pub client_calls: client_calls::ClientCalls,
+    /// Bytes of request frames received and not yet handled, bounded.
+    pub request_bytes: Rc<budget::ByteBudget>,
 }
 
 pub struct ConnectionEntry {
@@ -318,11 +321,16 @@ pub async fn run(
         inflight_requests: Cell::new(0),
         idle: LocalNotify::default(),
         client_calls: client_calls::ClientCalls::default(),
+        request_bytes: Rc::new(budget::ByteBudget::new(
+            id,
+            config.max_request_bytes_per_shard,
+        )),
     });
     shard.parking.network_shard.set(id);
     // Every gauge of this shard is exported from the start, at zero.
     let metrics = crate::metrics::broker();
     metrics.parked_changed(id, 0);
+    crate::metrics::BrokerMetrics::shard_gauge(&metrics.request_bytes_held, id, 0);
     metrics.connections_changed(id, 0, 0);
     for storage in 0..shard.storage_shards() {
         crate::metrics::BrokerMetrics::shard_gauge_add(
