@@ -57,7 +57,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
     println!(
-        "{} consuming queues {:?}; Ctrl-C to stop",
+        "{} consuming queues {:?}; Ctrl-C or SIGTERM to stop",
         consumer.client_id(),
         consumer
             .assigned_queues()
@@ -65,7 +65,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
     );
-    tokio::signal::ctrl_c().await?;
+    support::stop_signal().await?;
     consumer.shutdown().await;
     println!("consumed {} message(s)", consumed.load(Ordering::Relaxed));
     Ok(())

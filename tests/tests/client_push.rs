@@ -508,3 +508,99 @@ async fn tags_match_exactly_even_when_the_broker_hash_collides() {
     member.shutdown().await;
     producer.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_with_sigkill_leaves_its_group_within_a_second() {
+    let setup = cluster_with_topic("Abandoned", 8);
+    let (builder, _seen) = recording(consumer(&setup, "abandoned-group", "survivor", "Abandoned"));
+    let survivor = builder.start().await.expect("the surviving member");
+    eventually("the survivor to own all 8 queues", || async {
+        survivor.assigned_queues().len() == 8
+    })
+    .await;
+    // A second member in its own process (shardmq-perf's push consumer), killed with SIGKILL
+    // while it holds half the queues and has pulls parked on the broker.
+    let mut doomed = std::process::Command::new(shardmq_tests::binary_path("shardmq-perf"))
+        .args([
+            "consume",
+            "--namesrv",
+            &setup.cluster.namesrv_addr(),
+            "--topic",
+            "Abandoned",
+            "--group",
+            "abandoned-group",
+            "--consumers",
+            "1",
+            "--from",
+            "last",
+            "--duration",
+            "60",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the CLI consumer");
+    eventually("the survivor to give up half the queues", || async {
+        survivor.assigned_queues().len() == 4
+    })
+    .await;
+    // Let the doomed member's pulls park (long polling holds them for up to 15 s).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    doomed.kill().expect("SIGKILL the CLI consumer");
+    let killed_at = Instant::now();
+    doomed.wait().expect("reap it");
+    eventually("the survivor to own all 8 queues again", || async {
+        survivor.assigned_queues().len() == 8
+    })
+    .await;
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_millis(2_000),
+        "the killed member held its queues for {took:?} (its parked pulls kept it in the group)"
+    );
+    survivor.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_example_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let setup = cluster_with_topic("ExampleTopic", 4);
+    // Built by `cargo test --workspace` with the client crate's examples.
+    let mut example = std::process::Command::new(shardmq_tests::binary_path("examples/consumer"))
+        .env("SHARDMQ_NAMESRV", setup.cluster.namesrv_addr())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the consumer example");
+    let stdout = example.stdout.take().expect("its stdout");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let started = lines_rx
+        .recv_timeout(WAIT)
+        .expect("the example printed nothing");
+    assert!(started.contains("consuming queues"), "{started}");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &example.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = example.try_wait().expect("wait for the example") {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "the example ignored SIGTERM");
+        // Polling a child process for its exit.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "the example exited with {exit} on SIGTERM");
+    let last = lines_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the example's closing line");
+    assert!(last.starts_with("consumed "), "{last}");
+}

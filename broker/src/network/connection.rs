@@ -285,9 +285,11 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         }
     }
     budget.release(charged);
+    // The client leaves its groups now, so the other members rebalance at once; its requests
+    // still running (a parked pull waits up to its suspend timeout) answer into the void.
+    shard.unregister_connection(connection_id);
     // Let running requests answer, then close the writer.
     let _ = permits.acquire(inflight_limit as u64).await;
-    shard.unregister_connection(connection_id);
     drop(connection);
     writer_task.await;
     debug!(%peer, connection_id, "connection closed");

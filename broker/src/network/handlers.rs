@@ -1008,6 +1008,11 @@ async fn handle_heartbeat(
             },
         );
     }
+    if shard.connection_push(connection.id).is_none() {
+        // The connection closed while this heartbeat waited: its client has left its groups,
+        // and must not be registered again by a heartbeat nobody will follow.
+        return encode_status(shard, id, wire::Status::OK, "");
+    }
     shard.set_client(connection.id, client_id.clone());
     *connection.client_id.borrow_mut() = Some(client_id.clone());
     shard.set_consumer_groups(connection.id, consumer_groups.keys().cloned().collect());
