@@ -12,6 +12,7 @@ use shardmq_schema::topic_permission;
 use crate::error::{Error, Result};
 use crate::instance::{check_address, client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, check_topic_name, MessageExt};
+use crate::partial::{FanOut, Partial};
 use crate::route::{ClusterInfo, MessageQueue, TopicRoute};
 
 /// Queues of a topic created without saying how many (brokers' common default).
@@ -193,13 +194,14 @@ impl Admin {
 
     /// Creates (`is_create_only`: an error where it exists) or updates the topic on every
     /// master broker of `cluster` (every cluster when `None`), as RocketMQ's
-    /// `updateTopic -c`; returns their addresses.
+    /// `updateTopic -c`; returns the addresses where it was done and the brokers that failed
+    /// (an error only when none succeeded).
     pub async fn upsert_topic_in_cluster(
         &self,
         cluster: Option<&str>,
         config: &TopicConfig,
         is_create_only: bool,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Partial<Vec<String>>> {
         config.validate()?;
         let clusters = self.cluster_info().await?;
         let addresses: Vec<String> = clusters
@@ -217,13 +219,16 @@ impl Admin {
                 None => "the name server knows no live master broker".to_owned(),
             }));
         }
-        for address in &addresses {
-            self.instance
+        let mut fan = FanOut::new(Vec::new());
+        for address in addresses {
+            let answer = self
+                .instance
                 .pool
-                .upsert_topic(address, self.timeout(), config, is_create_only)
-                .await?;
+                .upsert_topic(&address, self.timeout(), config, is_create_only)
+                .await;
+            fan.add(&address, answer, |done, ()| done.push(address.clone()));
         }
-        Ok(addresses)
+        fan.finish()
     }
 
     /// Every cluster the name servers know, with its broker names and live instances.
@@ -330,33 +335,49 @@ impl Admin {
             .await
     }
 
-    /// `group`'s committed offset, the queue's end and so the lag of every queue of `topic`.
-    pub async fn group_progress(&self, group: &str, topic: &str) -> Result<Vec<QueueProgress>> {
+    /// `group`'s committed offset, the queue's end and so the lag of every queue of `topic`,
+    /// from every master that answers (a broker that fails is asked no more and listed).
+    pub async fn group_progress(
+        &self,
+        group: &str,
+        topic: &str,
+    ) -> Result<Partial<Vec<QueueProgress>>> {
         check_group_name(group)?;
         let route = self.route(topic).await?;
-        let mut progress = Vec::new();
+        let mut fan = FanOut::new(Vec::new());
+        let mut failed: Vec<String> = Vec::new();
         for queue in route.read_queues() {
             let Some(master) = route.master_address(&queue.broker_name) else {
                 continue;
             };
+            if failed.iter().any(|address| address == master) {
+                continue;
+            }
             let pool = &self.instance.pool;
-            let committed_offset = pool
-                .query_consumer_offset(master, self.timeout(), group, topic, queue.queue_id)
-                .await?;
-            let (_, max_offset) = pool
-                .queue_offsets(master, self.timeout(), topic, queue.queue_id)
-                .await?;
-            progress.push(QueueProgress {
-                queue,
-                committed_offset,
-                max_offset,
-            });
+            let answer = async {
+                let committed_offset = pool
+                    .query_consumer_offset(master, self.timeout(), group, topic, queue.queue_id)
+                    .await?;
+                let (_, max_offset) = pool
+                    .queue_offsets(master, self.timeout(), topic, queue.queue_id)
+                    .await?;
+                Ok(QueueProgress {
+                    queue,
+                    committed_offset,
+                    max_offset,
+                })
+            }
+            .await;
+            if answer.is_err() {
+                failed.push(master.to_owned());
+            }
+            fan.add(master, answer, Vec::push);
         }
-        Ok(progress)
+        fan.finish()
     }
 
     /// Messages of `topic` with `key` (stored within `[begin_ms, end_ms]`, 0 = now), from
-    /// every broker of its route; at most `max_results` from each.
+    /// every broker of its route that answers; at most `max_results` from each.
     pub async fn query_by_key(
         &self,
         topic: &str,
@@ -364,14 +385,14 @@ impl Admin {
         begin_ms: i64,
         end_ms: i64,
         max_results: u32,
-    ) -> Result<Vec<MessageExt>> {
+    ) -> Result<Partial<Vec<MessageExt>>> {
         let route = self.route(topic).await?;
-        let mut found = Vec::new();
+        let mut fan = FanOut::new(Vec::new());
         for broker_name in route.brokers.keys() {
             let Some(address) = route.read_address(broker_name) else {
                 continue;
             };
-            let mut messages = self
+            let answer = self
                 .instance
                 .pool
                 .query_by_key(
@@ -382,13 +403,15 @@ impl Admin {
                     (begin_ms, end_ms),
                     max_results,
                 )
-                .await?;
-            for message in &mut messages {
-                message.set_broker_name(broker_name);
-            }
-            found.extend(messages);
+                .await;
+            fan.add(address, answer, |found, mut messages| {
+                for message in &mut messages {
+                    message.set_broker_name(broker_name);
+                }
+                found.extend(messages);
+            });
         }
-        Ok(found)
+        fan.finish()
     }
 
     /// The message of `topic` with the unique id `msg_id`, from any broker of its route.

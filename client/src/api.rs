@@ -82,6 +82,18 @@ pub(crate) fn require_ok(address: &str, frame: VerifiedFrame) -> Result<Verified
     }
 }
 
+/// Like [`require_ok`] for an answer to a name server request: a server that does not know
+/// the request is not a name server (typically a broker's address given as `--namesrv`).
+pub(crate) fn require_namesrv_ok(address: &str, frame: VerifiedFrame) -> Result<VerifiedFrame> {
+    if frame.frame().status() == wire::Status::UNKNOWN_REQUEST {
+        return Err(Error::UnexpectedResponse {
+            address: address.to_owned(),
+            detail: "it does not serve name server requests, so it is not a name server (a broker's address given as the name server? name servers listen on 9876 by default)".to_owned(),
+        });
+    }
+    require_ok(address, frame)
+}
+
 /// The stored outcome of a send (or half-message) answer for `expected` messages, or the
 /// broker's refusal as an error.
 pub(crate) fn send_answer(
@@ -912,7 +924,7 @@ impl ConnectionPool {
                 topic: topic.to_owned(),
             });
         }
-        let frame = require_ok(address, frame)?;
+        let frame = require_namesrv_ok(address, frame)?;
         let response = frame
             .frame()
             .body_as_route_response()
@@ -953,7 +965,7 @@ impl ConnectionPool {
                 (wire::Body::ClusterInfoRequest, request.as_union_value())
             })
             .await?;
-        let frame = require_ok(address, frame)?;
+        let frame = require_namesrv_ok(address, frame)?;
         let response = frame
             .frame()
             .body_as_cluster_info_response()
@@ -985,7 +997,7 @@ impl ConnectionPool {
                 (wire::Body::TopicListRequest, request.as_union_value())
             })
             .await?;
-        let frame = require_ok(address, frame)?;
+        let frame = require_namesrv_ok(address, frame)?;
         let response = frame
             .frame()
             .body_as_topic_list_response()

@@ -9,6 +9,7 @@ use shardmq_schema::wire;
 use crate::admin::Admin;
 use crate::api::{missing_body, require_ok};
 use crate::error::{Error, Result};
+use crate::partial::{BrokerFailure, FanOut, Partial};
 use crate::pool::ConnectionPool;
 use crate::route::MessageQueue;
 
@@ -156,8 +157,8 @@ impl Admin {
     }
 
     /// The consumer groups every master broker the name servers know reports, merged by name
-    /// (members and lag summed, topics united), sorted.
-    pub async fn group_list(&self) -> Result<Vec<GroupSummary>> {
+    /// (members and lag summed, topics united), sorted; brokers that fail are listed.
+    pub async fn group_list(&self) -> Result<Partial<Vec<GroupSummary>>> {
         let mut merged: std::collections::BTreeMap<String, GroupSummary> = Default::default();
         let addresses: std::collections::BTreeSet<String> = self
             .cluster_info()
@@ -166,8 +167,18 @@ impl Admin {
             .flat_map(crate::route::ClusterInfo::master_addresses)
             .map(str::to_owned)
             .collect();
+        let mut failures = Vec::new();
+        let mut answered = 0;
         for address in addresses {
-            for group in self.pool().group_list(&address, self.timeout()).await? {
+            let groups = match self.pool().group_list(&address, self.timeout()).await {
+                Ok(groups) => groups,
+                Err(error) => {
+                    failures.push(BrokerFailure { address, error });
+                    continue;
+                }
+            };
+            answered += 1;
+            for group in groups {
                 let entry = merged
                     .entry(group.group.clone())
                     .or_insert_with(|| GroupSummary {
@@ -181,7 +192,13 @@ impl Admin {
                 entry.topics.dedup();
             }
         }
-        Ok(merged.into_values().collect())
+        if answered == 0 && !failures.is_empty() {
+            return Err(failures.swap_remove(0).error);
+        }
+        Ok(Partial {
+            value: merged.into_values().collect(),
+            failures,
+        })
     }
 
     /// Moves `group`'s committed offsets of every queue of `topic` to `target`. Refused while
@@ -293,7 +310,7 @@ impl Admin {
         id: &str,
         begin_ms: i64,
         end_ms: i64,
-    ) -> Result<Vec<crate::message::MessageExt>> {
+    ) -> Result<Partial<Vec<crate::message::MessageExt>>> {
         let clusters = self.cluster_info().await?;
         let broker_names: std::collections::BTreeMap<&str, &str> = clusters
             .iter()
@@ -320,25 +337,30 @@ impl Admin {
                 for message in &mut found {
                     message.set_broker_name(&name_of(&address));
                 }
-                return Ok(found);
+                return Ok(Partial {
+                    value: found,
+                    failures: Vec::new(),
+                });
             }
         }
         let masters: std::collections::BTreeSet<&str> = clusters
             .iter()
             .flat_map(crate::route::ClusterInfo::master_addresses)
             .collect();
-        let mut found = Vec::new();
+        let mut fan = FanOut::new(Vec::new());
         for address in masters {
-            let mut messages = self
+            let answer = self
                 .pool()
                 .query_by_unique_id(address, self.timeout(), id, begin_ms, end_ms)
-                .await?;
-            for message in &mut messages {
-                message.set_broker_name(&name_of(address));
-            }
-            found.extend(messages);
+                .await;
+            fan.add(address, answer, |found, mut messages| {
+                for message in &mut messages {
+                    message.set_broker_name(&name_of(address));
+                }
+                found.extend(messages);
+            });
         }
-        Ok(found)
+        fan.finish()
     }
 }
 

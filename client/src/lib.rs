@@ -47,6 +47,7 @@ mod error;
 mod instance;
 mod message;
 mod namesrv;
+mod partial;
 mod pool;
 mod producer;
 mod pull_consumer;
@@ -73,6 +74,7 @@ pub use message::{
     RESERVED_PROPERTY_NAMES,
 };
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
+pub use partial::{BrokerFailure, Partial};
 pub use producer::{
     java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendResult, SendStatus,
     DEFAULT_PRODUCER_GROUP, DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,

@@ -121,6 +121,7 @@ pub async fn ensure_topic(admin: &Admin, args: &ClusterArgs) -> Result<Vec<Messa
     let brokers = admin
         .upsert_topic_in_cluster(None, &config, false)
         .await
+        .and_then(shardmq_client::Partial::complete)
         .with_context(|| format!("cannot create topic {}", args.topic))?;
     let expected = args.queues as usize * brokers.len();
     let deadline = Instant::now() + ROUTE_TIMEOUT;

@@ -323,3 +323,94 @@ fn messages_are_found_by_either_id_without_naming_the_topic() {
     ));
     assert_eq!(reset["queues"][0]["offset"], 0, "{reset}");
 }
+
+#[test]
+fn cluster_wide_commands_answer_from_live_brokers_and_name_a_dead_one() {
+    const TOPIC: &str = "Split";
+    const GROUP: &str = "SplitGroup";
+    let data_a = TempDir::new().unwrap();
+    let data_b = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data_a.path());
+    let namesrv = cluster.namesrv_addr();
+    let mut broker_b = shardmq_tests::BrokerProcess::start(
+        data_b.path(),
+        &["--namesrv", &namesrv, "--broker-name", "broker-b"],
+    );
+    let dead = broker_b.addr().to_string();
+    wait_until(ROUTE_TIMEOUT, "both brokers registered", || {
+        let clusters = json_of(&shardmq(&namesrv, &["--json", "cluster", "list"]));
+        clusters.to_string().contains(&dead).then_some(())
+    });
+    let created = json_of(&shardmq(
+        &namesrv,
+        &["--json", "topic", "create", TOPIC, "--queues", "2"],
+    ));
+    assert_eq!(
+        created["brokers"].as_array().map(Vec::len),
+        Some(2),
+        "{created}"
+    );
+    wait_until(ROUTE_TIMEOUT, "the topic routed to both", || {
+        let route = shardmq(&namesrv, &["--json", "topic", "route", TOPIC]);
+        let text = String::from_utf8_lossy(&route.stdout).into_owned();
+        (route.status.success() && text.contains("broker-a") && text.contains("broker-b"))
+            .then_some(())
+    });
+    // One message on broker-a's queues, found later by its id.
+    let mut on_a = None;
+    for _ in 0..20 {
+        let sent = json_of(&shardmq(
+            &namesrv,
+            &["--json", "send", TOPIC, "--body", "kept"],
+        ));
+        if sent["broker_name"] == "broker-a" {
+            on_a = Some(sent["msg_id"].as_str().expect("msg_id").to_owned());
+            break;
+        }
+    }
+    let on_a = on_a.expect("a send landed on broker-a");
+    let consumed = shardmq(
+        &namesrv,
+        &[
+            "consume",
+            TOPIC,
+            "--group",
+            GROUP,
+            "--count",
+            "1",
+            "--timeout-ms",
+            "10000",
+        ],
+    );
+    assert!(consumed.status.success(), "{consumed:?}");
+
+    broker_b.kill9();
+    // The name server still routes to broker-b (until its registration expires).
+    let partial = |args: &[&str]| {
+        let output = shardmq(&namesrv, args);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "`shardmq {}` with a dead broker: {output:?}",
+            args.join(" ")
+        );
+        assert!(
+            stderr.contains(&dead) && stderr.contains("did not answer"),
+            "`shardmq {}` does not name the dead broker: {stderr}",
+            args.join(" ")
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let groups = partial(&["group", "list"]);
+    assert!(groups.contains(GROUP), "{groups}");
+    let progress = partial(&["group", "progress", GROUP, "--topic", TOPIC]);
+    assert!(progress.contains("broker-a"), "{progress}");
+    let found = partial(&["message", "query-id", &on_a]);
+    assert!(found.contains("body=kept"), "{found}");
+    let created = partial(&["topic", "create", "AfterDeath", "--queues", "2"]);
+    assert!(
+        created.contains("created topic") && created.contains(&cluster.broker_addr()),
+        "{created}"
+    );
+}

@@ -371,3 +371,33 @@ fn a_closed_output_pipe_ends_the_cli_quietly() {
     );
     assert_ne!(output.status.code(), Some(101));
 }
+
+#[test]
+fn a_connection_error_names_its_cause_once_and_a_broker_given_as_namesrv_is_named() {
+    // A port nothing listens on: bind one, note it, close it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let output = shardmq(&closed, &["topic", "list"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(stderr.contains(&closed), "{stderr}");
+    assert_eq!(
+        stderr.matches("Connection refused").count(),
+        1,
+        "the cause is repeated: {stderr}"
+    );
+
+    // A broker's address given as the name server.
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let output = shardmq(&cluster.broker_addr(), &["topic", "route", "Anything"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        stderr.contains("not a name server"),
+        "no hint that --namesrv names a broker: {stderr}"
+    );
+}

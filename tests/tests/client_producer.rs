@@ -316,6 +316,8 @@ async fn admin_manages_topics_and_reads_stats() {
     let found = admin
         .query_by_key("AdminTopic", "k3", 0, 0, 10)
         .await
+        .unwrap()
+        .complete()
         .unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!(&found[0].body[..], b"m3");
@@ -326,7 +328,12 @@ async fn admin_manages_topics_and_reads_stats() {
         .expect("found by id");
     assert_eq!(by_id.body, found[0].body);
 
-    let progress = admin.group_progress("nobody", "AdminTopic").await.unwrap();
+    let progress = admin
+        .group_progress("nobody", "AdminTopic")
+        .await
+        .unwrap()
+        .complete()
+        .unwrap();
     assert_eq!(progress.iter().map(|p| p.lag()).sum::<i64>(), 6);
 
     let configs = admin.broker_topics(&broker, false).await.unwrap();

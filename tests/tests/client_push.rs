@@ -148,6 +148,8 @@ async fn two_members_split_eight_queues_and_consume_each_message_once() {
     let progress = admin
         .group_progress("shared-group", "Shared")
         .await
+        .unwrap()
+        .complete()
         .unwrap();
     assert_eq!(progress.len(), 8);
     for queue in &progress {
@@ -378,7 +380,12 @@ async fn reconsume_later_redelivers_through_the_retry_topic() {
     // A refused message is sent back to the broker (stored for %RETRY%retry-group), so the
     // offset of its own queue may pass it; it comes back through the retry topic.
     eventually("the offset to pass all three", || async {
-        let progress = admin.group_progress("retry-group", "Retry").await.unwrap();
+        let progress = admin
+            .group_progress("retry-group", "Retry")
+            .await
+            .unwrap()
+            .complete()
+            .unwrap();
         progress[0].committed_offset == Some(3)
     })
     .await;
@@ -494,7 +501,12 @@ async fn tags_match_exactly_even_when_the_broker_hash_collides() {
         .unwrap();
     // The offset moves past the filtered-out messages too.
     eventually("the offset to reach the end", || async {
-        let progress = admin.group_progress("tag-group", "Tagged").await.unwrap();
+        let progress = admin
+            .group_progress("tag-group", "Tagged")
+            .await
+            .unwrap()
+            .complete()
+            .unwrap();
         progress[0].committed_offset == Some(6)
     })
     .await;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use shardmq_client::{
-    Admin, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus, ResetTarget,
-    TagExpression, TopicConfig,
+    Admin, BrokerFailure, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus,
+    ResetTarget, TagExpression, TopicConfig,
 };
 use tokio::time::Instant;
 
@@ -25,6 +25,44 @@ const CONSUME_IDLE_PAUSE: Duration = Duration::from_millis(100);
 
 /// Most messages `consume` asks one queue for at once.
 const CONSUME_PULL_BATCH: u32 = 32;
+
+/// Some brokers of a cluster-wide command did not answer: the output came from the others.
+/// `main` exits with status 3 for it.
+#[derive(Debug)]
+pub struct PartialAnswer {
+    pub failed: usize,
+}
+
+impl std::fmt::Display for PartialAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} broker(s) did not answer; the output is from the brokers that did",
+            self.failed
+        )
+    }
+}
+
+impl std::error::Error for PartialAnswer {}
+
+/// Prints each broker that failed (after the answers of the others) and turns failures into a
+/// [`PartialAnswer`].
+fn finish_partial(failures: &[BrokerFailure]) -> Result<()> {
+    for failure in failures {
+        eprintln!(
+            "shardmq: broker {} did not answer: {}",
+            failure.address, failure.error
+        );
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(PartialAnswer {
+            failed: failures.len(),
+        }
+        .into())
+    }
+}
 
 /// Common settings of every command.
 pub struct Settings {
@@ -132,19 +170,20 @@ async fn upsert_topic(
     is_create: bool,
 ) -> Result<()> {
     let config = topic_config(args);
-    let brokers = match &args.broker {
+    let (brokers, failures) = match &args.broker {
         Some(address) if is_create => {
             admin.create_topic(address, &config).await?;
-            vec![address.clone()]
+            (vec![address.clone()], Vec::new())
         }
         Some(address) => {
             admin.update_topic(address, &config).await?;
-            vec![address.clone()]
+            (vec![address.clone()], Vec::new())
         }
         None => {
-            admin
+            let done = admin
                 .upsert_topic_in_cluster(args.cluster.as_deref(), &config, is_create)
-                .await?
+                .await?;
+            (done.value, done.failures)
         }
     };
     if context.is_json {
@@ -160,7 +199,7 @@ async fn upsert_topic(
             brokers.join(", ")
         );
     }
-    Ok(())
+    finish_partial(&failures)
 }
 
 /// Most bytes `--body-file` reads: the largest frame a broker accepts by default; a larger file
@@ -370,6 +409,7 @@ async fn commit_moved(
 
 async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
     let admin = admin(context).await?;
+    let mut failures = Vec::new();
     match command {
         GroupCommand::Members { group, topic } => {
             let members = admin.consumer_list(&group, &topic).await?;
@@ -384,20 +424,32 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
         GroupCommand::Progress { group, topic } => {
             let topics = match topic {
                 Some(topic) => vec![topic],
-                None => admin
-                    .group_list()
-                    .await?
-                    .into_iter()
-                    .find(|summary| summary.group == group)
-                    .map(|summary| summary.topics)
-                    .with_context(|| {
-                        format!("no broker knows group {group}: no live members and no committed offsets")
-                    })?,
+                None => {
+                    let groups = admin.group_list().await?;
+                    let known = groups
+                        .value
+                        .into_iter()
+                        .find(|summary| summary.group == group)
+                        .map(|summary| summary.topics);
+                    failures.extend(groups.failures);
+                    match known {
+                        Some(topics) => topics,
+                        None => {
+                            finish_partial(&failures)?;
+                            bail!("no broker knows group {group}: no live members and no committed offsets")
+                        }
+                    }
+                }
             };
             let mut progress = Vec::new();
             for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
-                progress.extend(admin.group_progress(&group, topic).await?);
+                let part = admin.group_progress(&group, topic).await?;
+                progress.extend(part.value);
+                failures.extend(part.failures);
             }
+            // One line per broker that failed, however many topics it failed for.
+            let mut seen = std::collections::BTreeSet::new();
+            failures.retain(|failure| seen.insert(failure.address.clone()));
             if context.is_json {
                 print_json(&output::progress_json(&group, &progress));
             } else {
@@ -405,7 +457,9 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
             }
         }
         GroupCommand::List => {
-            let groups = admin.group_list().await?;
+            let partial = admin.group_list().await?;
+            failures = partial.failures;
+            let groups = partial.value;
             if context.is_json {
                 print_json(&output::groups_json(&groups));
             } else {
@@ -431,7 +485,7 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
             }
         }
     }
-    Ok(())
+    finish_partial(&failures)
 }
 
 /// `first`, `last`, ms since the epoch, or an RFC 3339 time.
@@ -453,6 +507,7 @@ fn parse_reset_target(text: &str) -> Result<ResetTarget> {
 }
 
 async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
+    let failures;
     let messages = match command {
         MessageCommand::Send(args) => return send(context, args).await,
         MessageCommand::Consume(args) => return consume(context, args).await,
@@ -463,10 +518,12 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
             range,
         } => {
             let (begin_ms, end_ms) = time_range(&range)?;
-            admin(context)
+            let found = admin(context)
                 .await?
                 .query_by_key(&topic, &key, begin_ms, end_ms, max)
-                .await?
+                .await?;
+            failures = found.failures;
+            found.value
         }
         MessageCommand::Id {
             msg_id,
@@ -474,14 +531,18 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
             range,
         } => {
             let (begin_ms, end_ms) = time_range(&range)?;
-            let found: Vec<_> = admin(context)
+            let answer = admin(context)
                 .await?
                 .query_by_any_id(&msg_id, begin_ms, end_ms)
-                .await?
+                .await?;
+            failures = answer.failures;
+            let found: Vec<_> = answer
+                .value
                 .into_iter()
                 .filter(|m| topic.as_ref().is_none_or(|t| m.topic() == t))
                 .collect();
             if found.is_empty() {
+                finish_partial(&failures)?;
                 match topic {
                     Some(topic) => bail!("no message of topic {topic} has id {msg_id}"),
                     None => bail!("no broker holds a message with id {msg_id}"),
@@ -497,7 +558,7 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
             println!("{}", output::message_text(message));
         }
     }
-    Ok(())
+    finish_partial(&failures)
 }
 
 /// (begin, end) ms of a query's time range; 0 means "from the beginning" and "now".

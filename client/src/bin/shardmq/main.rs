@@ -4,7 +4,8 @@
 //! Every command talks to the name server given by `--namesrv` (default 127.0.0.1:9876) and,
 //! through it, to the brokers. `--json` prints machine-readable output (one JSON object per
 //! line for `send` and `consume`). Results go to stdout; errors to stderr with exit status 1
-//! (2 for a bad command line).
+//! (2 for a bad command line; 3 when a cluster-wide command got answers from some brokers and
+//! not others: the output is theirs, each broker that failed is named on stderr).
 
 mod commands;
 mod dlq;
@@ -337,6 +338,26 @@ fn end_quietly_on_closed_output() {
     }
 }
 
+/// Exit status of a cluster-wide command some brokers of which did not answer.
+const PARTIAL_ANSWER_STATUS: u8 = 3;
+
+/// An error and its causes, each cause added only when the text so far does not already
+/// contain it (client errors name their cause in their own message).
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
 fn main() -> ExitCode {
     end_quietly_on_closed_output();
     let cli = Cli::parse();
@@ -358,8 +379,12 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.downcast_ref::<commands::PartialAnswer>().is_some() => {
+            eprintln!("shardmq: {error}");
+            ExitCode::from(PARTIAL_ANSWER_STATUS)
+        }
         Err(error) => {
-            eprintln!("shardmq: error: {error:#}");
+            eprintln!("shardmq: error: {}", error_text(&error));
             ExitCode::FAILURE
         }
     }
