@@ -8,16 +8,12 @@ pub const MAX_TOPIC_NAME_BYTES: usize = 127;
 /// Longest consumer or producer group name.
 pub const MAX_GROUP_NAME_BYTES: usize = 255;
 
-pub const SCHEDULE_TOPIC: &str = "SCHEDULE_TOPIC_XXXX";
-/// Timer messages (`deliver_at_ms`, `delay_ms`) wait here until due (`timer.rs`).
-pub const TIMER_TOPIC: &str = "SHARDMQ_SYS_TIMER";
-pub const RETRY_TOPIC_PREFIX: &str = "%RETRY%";
-pub const DLQ_TOPIC_PREFIX: &str = "%DLQ%";
-pub const TRANSACTION_TOPIC_PREFIX: &str = "RMQ_SYS_TRANS_";
-/// Half messages of transactions, invisible to consumers until committed (`transaction.rs`).
-pub const TRANSACTION_HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
-/// Resolutions (and check-backs) of half messages (`transaction.rs`).
-pub const TRANSACTION_OP_TOPIC: &str = "RMQ_SYS_TRANS_OP_HALF_TOPIC";
+/// The system topic names live with the protocol, shared with the client (`schedule.rs`,
+/// `timer.rs`, `retry.rs` and `transaction.rs` use them).
+pub use shardmq_schema::system_topics::{
+    is_system_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX, SCHEDULE_TOPIC, TIMER_TOPIC,
+    TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC, TRANSACTION_TOPIC_PREFIX,
+};
 
 /// `^[%|a-zA-Z0-9_-]+$` and at most `max_bytes` long.
 pub fn is_valid_name(name: &str, max_bytes: usize) -> bool {
@@ -56,15 +52,6 @@ pub fn check_group_name(group: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Topics the broker itself owns: users may not create them or write to them directly.
-pub fn is_system_topic(topic: &str) -> bool {
-    topic == SCHEDULE_TOPIC
-        || topic == TIMER_TOPIC
-        || topic.starts_with(RETRY_TOPIC_PREFIX)
-        || topic.starts_with(DLQ_TOPIC_PREFIX)
-        || topic.starts_with(TRANSACTION_TOPIC_PREFIX)
 }
 
 #[cfg(test)]

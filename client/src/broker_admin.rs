@@ -201,9 +201,10 @@ impl Admin {
         })
     }
 
-    /// Moves `group`'s committed offsets of every queue of `topic` to `target`. Refused while
-    /// the group has live members unless `is_forced`: a running consumer keeps its own
-    /// position and would commit over the reset (stop the consumers first).
+    /// Moves `group`'s committed offsets of every queue of `topic` to `target`. Refused unless
+    /// `is_forced` while the group has live members (a running consumer keeps its own position
+    /// and would commit over the reset: stop the consumers first) and when the group has no
+    /// committed offset on the topic (the reset would create it).
     pub async fn reset_offset(
         &self,
         group: &str,
@@ -243,20 +244,32 @@ impl Admin {
             let previous = pool
                 .query_consumer_offset(master, self.timeout(), group, topic, queue.queue_id)
                 .await?;
-            pool.commit_consumer_offset(
-                master,
-                self.timeout(),
-                group,
-                topic,
-                queue.queue_id,
-                offset,
-            )
-            .await?;
             resets.push(OffsetReset {
                 queue,
                 previous,
                 offset,
             });
+        }
+        // A misspelt group would be created by the reset: only an existing one is reset
+        // unless forced (forcing is how a new group is placed before its consumers start).
+        if !is_forced && resets.iter().all(|reset| reset.previous.is_none()) {
+            return Err(Error::InvalidArgument(format!(
+                "group {group} has no committed offset on any queue of {topic}: a reset would create it; check the name, or force it to place a new group"
+            )));
+        }
+        for reset in &resets {
+            let Some(master) = route.master_address(&reset.queue.broker_name) else {
+                continue;
+            };
+            pool.commit_consumer_offset(
+                master,
+                self.timeout(),
+                group,
+                topic,
+                reset.queue.queue_id,
+                reset.offset,
+            )
+            .await?;
         }
         Ok(resets)
     }

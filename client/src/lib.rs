@@ -96,4 +96,5 @@ pub use subscription::TagExpression;
 pub use transaction::{TransactionFuture, TransactionSendResult, TransactionState};
 
 /// The wire types, for callers that match on [`Error::status`].
+pub use shardmq_schema::system_topics;
 pub use shardmq_schema::wire;

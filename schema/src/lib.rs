@@ -50,6 +50,32 @@ pub use handshake::{negotiate_protocol_version, MIN_PROTOCOL_VERSION, PROTOCOL_V
 
 /// Topic permission bits carried in `TopicConfig.perm` and `QueueData.perm`, as RocketMQ
 /// defines them.
+/// Topics the broker owns (RocketMQ's names where RocketMQ has them): users may not create,
+/// delete or write them directly, and listings hide them unless asked.
+pub mod system_topics {
+    /// Delay-level messages wait here until due.
+    pub const SCHEDULE_TOPIC: &str = "SCHEDULE_TOPIC_XXXX";
+    /// Timer messages (`deliver_at_ms`, `delay_ms`) wait here until due.
+    pub const TIMER_TOPIC: &str = "SHARDMQ_SYS_TIMER";
+    pub const RETRY_TOPIC_PREFIX: &str = "%RETRY%";
+    pub const DLQ_TOPIC_PREFIX: &str = "%DLQ%";
+    pub const TRANSACTION_TOPIC_PREFIX: &str = "RMQ_SYS_TRANS_";
+    /// Half messages of transactions, invisible to consumers until committed.
+    pub const TRANSACTION_HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
+    /// Resolutions (and check-backs) of half messages.
+    pub const TRANSACTION_OP_TOPIC: &str = "RMQ_SYS_TRANS_OP_HALF_TOPIC";
+
+    /// Whether `topic` is one of the broker's own.
+    #[must_use]
+    pub fn is_system_topic(topic: &str) -> bool {
+        topic == SCHEDULE_TOPIC
+            || topic == TIMER_TOPIC
+            || topic.starts_with(RETRY_TOPIC_PREFIX)
+            || topic.starts_with(DLQ_TOPIC_PREFIX)
+            || topic.starts_with(TRANSACTION_TOPIC_PREFIX)
+    }
+}
+
 pub mod topic_permission {
     /// Consumers may read the topic.
     pub const READ: u32 = 4;

@@ -414,3 +414,100 @@ fn cluster_wide_commands_answer_from_live_brokers_and_name_a_dead_one() {
         "{created}"
     );
 }
+
+#[test]
+fn misspelt_names_and_system_topics_get_clear_answers() {
+    const TOPIC: &str = "Plain";
+    let data = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    cluster.create_topic(TOPIC, 2);
+
+    // A reset of a group that has never committed on the topic would create it.
+    let refused = shardmq(
+        &namesrv,
+        &[
+            "group",
+            "reset-offset",
+            "NoSuchGroup",
+            TOPIC,
+            "--to",
+            "first",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("no committed offset") && stderr.contains("NoSuchGroup"),
+        "{stderr}"
+    );
+    let forced = json_of(&shardmq(
+        &namesrv,
+        &[
+            "--json",
+            "group",
+            "reset-offset",
+            "NewGroup",
+            TOPIC,
+            "--to",
+            "last",
+            "--force",
+        ],
+    ));
+    assert_eq!(
+        forced["queues"].as_array().map(Vec::len),
+        Some(2),
+        "{forced}"
+    );
+    // Once it has offsets, it is reset without forcing.
+    let again = shardmq(
+        &namesrv,
+        &["group", "reset-offset", "NewGroup", TOPIC, "--to", "first"],
+    );
+    assert!(again.status.success(), "{again:?}");
+
+    // The broker's own topics (schedule, transaction) are routed; `topic list` hides them.
+    let with_system = |system: bool| -> Vec<String> {
+        let mut args = vec!["--json", "topic", "list"];
+        if system {
+            args.push("--system");
+        }
+        json_of(&shardmq(&namesrv, &args))["topics"]
+            .as_array()
+            .expect("topics")
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect()
+    };
+    wait_until(ROUTE_TIMEOUT, "a system topic routed", || {
+        with_system(true)
+            .iter()
+            .any(|t| shardmq_client::system_topics::is_system_topic(t))
+            .then_some(())
+    });
+    let user = with_system(false);
+    assert!(user.contains(&TOPIC.to_owned()), "{user:?}");
+    assert!(
+        !user
+            .iter()
+            .any(|t| shardmq_client::system_topics::is_system_topic(t)),
+        "system topics listed without --system: {user:?}"
+    );
+
+    // Deleting a topic that does not exist says so, without suggesting to create it.
+    let missing = shardmq(&namesrv, &["topic", "delete", "NoSuchTopic"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("does not exist") && !stderr.contains("create it"),
+        "{stderr}"
+    );
+
+    // The names the README uses are in the help.
+    let help = shardmq(&namesrv, &["message", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("query-key") && help.contains("query-id"),
+        "{help}"
+    );
+}

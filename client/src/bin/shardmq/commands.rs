@@ -122,7 +122,12 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
                     admin.delete_topic(&address, &topic).await?;
                     vec![address]
                 }
-                None => admin.delete_topic_everywhere(&topic).await?,
+                None => match admin.delete_topic_everywhere(&topic).await {
+                    Err(shardmq_client::Error::TopicNotFound { .. }) => {
+                        bail!("topic {topic} does not exist: no name server routes it")
+                    }
+                    other => other?,
+                },
             };
             if context.is_json {
                 print_json(&json!({ "topic": topic, "deleted_on": brokers }));
@@ -131,8 +136,11 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
             }
             Ok(())
         }
-        TopicCommand::List => {
-            let topics = admin.topic_list().await?;
+        TopicCommand::List { system } => {
+            let mut topics = admin.topic_list().await?;
+            if !system {
+                topics.retain(|topic| !shardmq_client::system_topics::is_system_topic(topic));
+            }
             if context.is_json {
                 print_json(&json!({ "topics": topics }));
             } else {

@@ -114,8 +114,13 @@ pub enum TopicCommand {
         #[arg(long, value_name = "ADDR")]
         broker: Option<String>,
     },
-    /// List the topics the name server routes.
-    List,
+    /// List the topics the name server routes (without the broker's own: retry, dead-letter,
+    /// schedule and transaction topics, unless --system).
+    List {
+        /// Include the system topics.
+        #[arg(long)]
+        system: bool,
+    },
     /// Show a topic's route: broker names, their addresses and queue counts.
     Route { topic: String },
     /// Show each queue's min/max offset and last store time.
@@ -270,7 +275,7 @@ pub enum MessageCommand {
     /// Consume messages of a topic as a consumer group (the same as the top-level `consume`).
     Consume(ConsumeArgs),
     /// Messages of a topic with a key, with full metadata.
-    #[command(alias = "query-key")]
+    #[command(visible_alias = "query-key")]
     Key {
         topic: String,
         key: String,
@@ -283,7 +288,7 @@ pub enum MessageCommand {
     /// The message(s) with an id, with full metadata: a unique id (the msg id `send` prints;
     /// its copies in retry and dead-letter topics are listed too) or an offset id (the
     /// offset id `send` prints, which names the broker).
-    #[command(alias = "query-id")]
+    #[command(visible_alias = "query-id")]
     Id {
         msg_id: String,
         /// Only copies stored in this topic.
