@@ -2,8 +2,9 @@
 //! (`--from first`) or tail it (`--from last`), measuring how fast messages arrive at the
 //! listener.
 //!
-//! `--backlog N` first fills the topic with N benchmark messages (not timed), so the drain is
-//! checked: every acknowledged message must arrive exactly once. Without it the scenario
+//! `--backlog N` first places the group at the topic's end, then fills the topic with N
+//! benchmark messages (not timed), so the drain is of exactly those and is checked: every
+//! acknowledged message must arrive exactly once. Without it the scenario
 //! drains (or tails) whatever the topic holds; duplicates are still counted from the headers,
 //! lost cannot be (`null`). A drain ends when as many distinct messages have arrived as the
 //! topic held when it started; a tail at `--messages` or `--duration`; both end early when
@@ -20,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
-use shardmq_client::{ConsumeFrom, PullConsumer};
+use shardmq_client::{ConsumeFrom, PullConsumer, ResetTarget};
 use tokio::time::Instant;
 
 use crate::body::new_run_id;
@@ -29,6 +30,7 @@ use crate::consumers::{ConsumerGroup, ConsumerTuning, GroupPlan, WaitEnd};
 use crate::producers::{self, LoadPlan, Stop};
 use crate::progress::{Counters, Goal, Progress};
 use crate::summary::{Latency, Outcome};
+use crate::tracker::SequenceSet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StartFrom {
@@ -98,19 +100,36 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
         .duration
         .map(|value| seconds(value, "--duration"))
         .transpose()?;
+    let group = args
+        .group
+        .clone()
+        .unwrap_or_else(|| cluster::run_group("shardmq-perf-consume", run_id));
     let admin = cluster::admin(&args.cluster).await?;
     let queues = cluster::ensure_topic(&admin, &args.cluster).await?;
     let broker_flush = cluster::broker_flush(&admin, &args.cluster).await;
+    if args.backlog.is_some() {
+        // The drain is of this run's backlog alone: the group starts where the topic ends now,
+        // not at whatever earlier runs left in it.
+        let placed = admin
+            .reset_offset(&group, &args.cluster.topic, ResetTarget::Last, true)
+            .await
+            .with_context(|| format!("cannot place group {group} at the topic's end"));
+        if let Err(error) = placed {
+            admin.shutdown().await;
+            return Err(error);
+        }
+    }
     admin.shutdown().await;
 
     let acknowledged = match args.backlog {
         Some(backlog) => Some(fill(args, run_id, backlog).await?),
         None => None,
     };
-    let target = match (args.messages, args.from) {
-        (Some(messages), _) => messages,
-        (None, StartFrom::First) => stored_messages(args, run_id, &queues).await?,
-        (None, StartFrom::Last) => u64::MAX,
+    let target = match (args.messages, args.from, &acknowledged) {
+        (Some(messages), _, _) => messages,
+        (None, StartFrom::First, Some(acked)) => acked.iter().map(SequenceSet::len).sum(),
+        (None, StartFrom::First, None) => stored_messages(args, run_id, &queues).await?,
+        (None, StartFrom::Last, _) => u64::MAX,
     };
     if target == 0 {
         bail!(
@@ -118,10 +137,6 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
             args.cluster.topic
         );
     }
-    let group = args
-        .group
-        .clone()
-        .unwrap_or_else(|| cluster::run_group("shardmq-perf-consume", run_id));
     let counters = Arc::new(Counters::default());
     let goal = match duration {
         Some(duration) => Goal::Duration(duration),

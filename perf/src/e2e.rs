@@ -189,7 +189,14 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
                 json!(end == crate::consumers::WaitEnd::Reached),
             ),
             ("run_id", json!(format!("{run_id:08x}"))),
-        ],
+        ]
+        .into_iter()
+        .chain(crate::summary::rate_figures(
+            args.rate,
+            load.messages,
+            load.elapsed,
+        ))
+        .collect(),
         samples,
     };
     outcome.finish(args.cluster.json, args.cluster.report.as_deref())

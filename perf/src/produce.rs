@@ -156,12 +156,16 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         }],
         lost,
         duplicates,
-        figures: vec![
-            ("calls", json!(load.calls)),
-            ("failed", json!(load.failed)),
-            ("flush_timeouts", json!(load.flush_timeouts)),
-            ("run_id", json!(format!("{run_id:08x}"))),
-        ],
+        figures: [
+            vec![
+                ("calls", json!(load.calls)),
+                ("failed", json!(load.failed)),
+                ("flush_timeouts", json!(load.flush_timeouts)),
+                ("run_id", json!(format!("{run_id:08x}"))),
+            ],
+            crate::summary::rate_figures(args.rate, load.messages, load.elapsed),
+        ]
+        .concat(),
         samples,
     };
     outcome.finish(args.cluster.json, args.cluster.report.as_deref())

@@ -146,12 +146,22 @@ fn progress_line(label: &str, samples: &[Sample], goal: Goal) -> String {
         }
     };
     let window_s = last.at_s - window_start.at_s;
+    // Before anything moves, show the counter this run is about ("0 received" for a consumer).
+    let primary = match goal {
+        Goal::Messages {
+            counts_received: true,
+            ..
+        } => "received",
+        _ if label == "consume" => "received",
+        _ => "sent",
+    };
+    let nothing_yet = last.sent == 0 && last.received == 0;
     let mut parts = vec![];
     for (name, total, then) in [
         ("sent", last.sent, window_start.sent),
         ("received", last.received, window_start.received),
     ] {
-        if total > 0 || parts.is_empty() {
+        if total > 0 || (nothing_yet && name == primary) {
             parts.push(format!(
                 "{} {name} ({}/s now, {}/s avg)",
                 group_digits(total),
@@ -272,5 +282,24 @@ mod tests {
         );
         assert!(line.contains("1,000 sent"), "{line}");
         assert!(line.contains("ETA 1 s"), "{line}");
+    }
+
+    #[test]
+    fn a_consumer_that_has_received_nothing_yet_says_so() {
+        let idle = [Sample {
+            at_s: 1.0,
+            sent: 0,
+            received: 0,
+        }];
+        let line = progress_line(
+            "consume",
+            &idle,
+            Goal::Messages {
+                total: 10,
+                counts_received: true,
+            },
+        );
+        assert!(line.contains("0 received"), "{line}");
+        assert!(!line.contains("sent"), "{line}");
     }
 }

@@ -248,6 +248,34 @@ impl Outcome {
     }
 }
 
+/// Below this share of the asked `--rate` a run says it missed its rate.
+const RATE_MET_SHARE: f64 = 0.95;
+
+/// Figures of a `--rate` run: the rate achieved and whether it fell short of the one asked;
+/// a shortfall is also printed to stderr (latencies were then measured at a lower load than
+/// asked, and queueing behind the late sends is in them).
+pub fn rate_figures(
+    asked: Option<f64>,
+    messages: u64,
+    elapsed: Duration,
+) -> Vec<(&'static str, Value)> {
+    let Some(asked) = asked else {
+        return Vec::new();
+    };
+    let achieved = messages as f64 / elapsed.as_secs_f64().max(1e-9);
+    let is_missed = achieved < asked * RATE_MET_SHARE;
+    if is_missed {
+        eprintln!(
+            "rate missed: asked for {asked:.0} msgs/s, sent {achieved:.0} msgs/s ({:.0}%); the producers could not keep up, so the figures are for the lower rate",
+            100.0 * achieved / asked
+        );
+    }
+    vec![
+        ("achieved_rate", json!(crate::report::round(achieved))),
+        ("rate_missed", json!(is_missed)),
+    ]
+}
+
 /// A JSON value as a person writes it (strings without quotes).
 fn plain(value: &Value) -> String {
     match value {

@@ -146,6 +146,34 @@ fn produce_at_a_fixed_rate_sends_every_message() {
 }
 
 #[test]
+fn a_rate_the_producers_cannot_reach_is_reported_as_missed() {
+    let data = TempDir::new().expect("temp dir");
+    let cluster = started_cluster(&data);
+    // One producer sending one message per call cannot reach 10 million a second.
+    let result = perf(
+        &cluster,
+        &[
+            "produce",
+            "--topic",
+            "PerfSmoke",
+            "--messages",
+            "200",
+            "--producers",
+            "1",
+            "--rate",
+            "10000000",
+        ],
+    );
+    assert_eq!(result["rate_missed"], true, "{result}");
+    assert!(
+        result["achieved_rate"]
+            .as_f64()
+            .is_some_and(|r| r < 10_000_000.0),
+        "{result}"
+    );
+}
+
+#[test]
 fn consume_drains_a_backlog_with_a_group_and_loses_nothing() {
     let data = TempDir::new().expect("temp dir");
     let cluster = started_cluster(&data);
@@ -171,6 +199,33 @@ fn consume_drains_a_backlog_with_a_group_and_loses_nothing() {
     assert_eq!(number(&result, "lost"), 0, "{result}");
     assert_eq!(number(&result, "duplicates"), 0, "{result}");
     assert_report(reports.path(), "consume");
+}
+
+#[test]
+fn a_backlog_run_drains_its_own_backlog_not_what_the_topic_held_before() {
+    let data = TempDir::new().expect("temp dir");
+    let cluster = started_cluster(&data);
+    let earlier = perf(
+        &cluster,
+        &["produce", "--topic", "PerfSmoke", "--messages", "300"],
+    );
+    assert_eq!(number(&earlier, "messages"), 300, "{earlier}");
+    let result = perf(
+        &cluster,
+        &[
+            "consume",
+            "--topic",
+            "PerfSmoke",
+            "--backlog",
+            "200",
+            "--consumers",
+            "1",
+        ],
+    );
+    assert_eq!(result["target"], 200, "{result}");
+    assert_eq!(number(&result, "messages"), 200, "{result}");
+    assert_eq!(number(&result, "lost"), 0, "{result}");
+    assert_eq!(number(&result, "duplicates"), 0, "{result}");
 }
 
 #[test]
