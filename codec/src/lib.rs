@@ -882,5 +882,62 @@ mod tests {
         fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode_entry(&bytes);
         }
+
+        /// Random bytes almost never get past the magic code; this starts from a valid record
+        /// (any topic, body, properties, host kinds) and damages it where the parser looks:
+        /// the length fields (total, body, topic, properties) get arbitrary values, bytes are
+        /// overwritten, the record is cut. Every decoder must answer without panicking, and a
+        /// record the unchecked parser accepts has fields within its bytes.
+        #[test]
+        fn damaged_records_never_panic_the_decoders(
+            topic in "[a-zA-Z0-9_%|-]{1,127}",
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+            props in proptest::collection::vec(("[A-Za-z_]{1,12}", "[ -~]{0,40}"), 0..6),
+            v6_born in any::<bool>(),
+            v6_store in any::<bool>(),
+            damage in proptest::collection::vec((0usize..5, any::<usize>(), any::<u32>()), 1..6),
+            cut in proptest::option::of(any::<usize>()),
+        ) {
+            let prop_refs: Vec<(&str, &str)> =
+                props.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let mut rec = input(&topic, &body, &prop_refs);
+            if v6_born {
+                rec.born_host = "[::1]:4242".parse().unwrap();
+            }
+            if v6_store {
+                rec.store_host = "[::1]:10911".parse().unwrap();
+            }
+            let mut buf = BytesMut::new();
+            encode_record(&mut buf, &rec).unwrap();
+            let layout = Layout::for_sys_flag(read_u32(&buf, SYS_FLAG_AT));
+            let topic_len_at = layout.body_length_at + 4 + body.len();
+            let props_len_at = topic_len_at + 1 + topic.len();
+            for (kind, at, value) in damage {
+                let len = buf.len();
+                match kind {
+                    0 => buf[TOTAL_SIZE_AT..TOTAL_SIZE_AT + 4].copy_from_slice(&value.to_be_bytes()),
+                    1 => buf[layout.body_length_at..layout.body_length_at + 4]
+                        .copy_from_slice(&value.to_be_bytes()),
+                    2 => buf[topic_len_at] = value as u8,
+                    3 => buf[props_len_at..props_len_at + 2]
+                        .copy_from_slice(&(value as u16).to_be_bytes()),
+                    _ => buf[at % len] = value as u8,
+                }
+            }
+            let bytes: &[u8] = match cut {
+                Some(at) => &buf[..at % (buf.len() + 1)],
+                None => &buf,
+            };
+            let _ = decode_entry(bytes);
+            let _ = decode_message(bytes);
+            if let Ok(view) = RecordView::parse_unchecked(bytes) {
+                prop_assert!(view.total_size() as usize <= bytes.len());
+                prop_assert!(view.body().len() <= bytes.len());
+                let _ = view.check_record_crc();
+                let _ = (view.topic(), view.tags(), view.unique_key(), view.born_host(), view.store_host());
+                let _ = view.keys().count();
+                let _ = view.properties().count();
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Smoke test of the `store` scenario: runs the real `shardmq-perf` binary on a temporary
-//! directory and checks the report's shape, never its numbers (benchmarks report, they do not
-//! assert).
+//! directory, checks the report's shape (never its timings: benchmarks report, they do not
+//! assert) and that every message it says it stored is in the store, checked by `verify`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -36,6 +36,20 @@ fn store_json(data_dir: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(last_line).expect("the last line is one JSON object")
 }
 
+/// Every appended message is in the data directory, and `verify` finds nothing wrong.
+fn check_stored(data_dir: &Path) {
+    let verified = shardmq_broker::store::verify::verify_data_dir(data_dir).expect("verify runs");
+    assert!(verified.is_clean(), "{:?}", verified.problems);
+    let records: u64 = verified.shards.iter().map(|shard| shard.records).sum();
+    let entries: u64 = verified
+        .shards
+        .iter()
+        .map(|shard| shard.consume_queue_entries)
+        .sum();
+    assert_eq!(records, 200, "records in the CommitLog");
+    assert_eq!(entries, 200, "ConsumeQueue entries");
+}
+
 fn check_report(report: &serde_json::Value, flush: &str, batch: u64, producers: u64) {
     assert_eq!(report["scenario"], "store");
     assert_eq!(report["messages"], 200);
@@ -56,7 +70,10 @@ fn check_report(report: &serde_json::Value, flush: &str, batch: u64, producers: 
             .unwrap_or_else(|| panic!("{field} is a number in {report}"));
         assert!(value >= 0.0, "{field} = {value}");
     }
-    assert!(report["p50_us"].as_f64() <= report["max_us"].as_f64());
+    let percentile = |field: &str| report[field].as_f64().expect("a number");
+    assert!(percentile("p50_us") <= percentile("p99_us"));
+    assert!(percentile("p99_us") <= percentile("max_us"));
+    assert!(percentile("msgs_per_sec") > 0.0, "{report}");
 }
 
 #[test]
@@ -66,6 +83,7 @@ fn store_scenario_reports_json_in_a_new_directory() {
     let report = store_json(&data_dir, &["--flush", "async", "--batch", "7"]);
     check_report(&report, "async", 7, 1);
     assert!(data_dir.join("shard-0").is_dir());
+    check_stored(&data_dir);
 }
 
 #[test]
@@ -76,6 +94,7 @@ fn store_scenario_with_sync_flush_and_producers() {
         &["--flush", "sync", "--producers", "4", "--batch", "3"],
     );
     check_report(&report, "sync", 3, 4);
+    check_stored(root.path());
 }
 
 #[test]

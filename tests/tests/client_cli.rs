@@ -183,6 +183,45 @@ fn send_and_consume_round_trip() {
         ],
     ));
     assert!(latest.is_empty());
+    // ... and does see what is sent after it started: keep sending until it prints one.
+    let tail = std::process::Command::new(shardmq_tests::binary_path("shardmq"))
+        .args([
+            "--namesrv",
+            &namesrv,
+            "--json",
+            "consume",
+            "CliTopic",
+            "--group",
+            "late-group-2",
+            "--from",
+            "last",
+            "--count",
+            "1",
+            "--timeout-ms",
+            "20000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a tailing consume");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let (namesrv, stop) = (namesrv.clone(), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut sent = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && sent < 100 {
+                shardmq(&namesrv, &["send", "CliTopic", "--body", "fresh"]);
+                sent += 1;
+                // Pacing the sends while the tail starts up.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
+    let tailed = tail.wait_with_output().expect("the tailing consume");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sender.join().unwrap();
+    let tailed = json_lines(&tailed);
+    assert_eq!(tailed.len(), 1, "{tailed:?}");
+    assert_eq!(tailed[0]["body"], "fresh", "{tailed:?}");
 }
 
 #[test]

@@ -315,4 +315,22 @@ fn store_appends_every_message() {
     for key in ["msgs_per_sec", "p50_us", "p99_us", "max_us"] {
         assert!(result[key].is_number(), "{key} missing from {result}");
     }
+    // What it says it appended is on disk: `shardmq-broker verify` (the real binary) finds
+    // 300 records and no problem.
+    let verify = Command::new(binary_path("shardmq-broker"))
+        .args(["verify", "--json", "--data-dir"])
+        .arg(&store_dir)
+        .output()
+        .expect("shardmq-broker verify runs");
+    let report = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "verify: {report}");
+    let report: Value = serde_json::from_str(report.trim())
+        .unwrap_or_else(|error| panic!("verify --json is not one JSON object ({error}): {report}"));
+    let records: u64 = report["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .map(|shard| shard["records"].as_u64().expect("records"))
+        .sum();
+    assert_eq!(records, 300, "{report}");
 }
