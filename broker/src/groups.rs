@@ -73,6 +73,17 @@ impl ClientRegistry {
         previous.symmetric_difference(&current).cloned().collect()
     }
 
+    /// Refreshes the liveness of a client already registered on `connection` (a heartbeat that
+    /// repeated its last full one). An unknown client is left alone: its network shard sends a
+    /// full heartbeat again within `FULL_HEARTBEAT_EVERY`.
+    pub fn touch(&mut self, client_id: &str, connection: ConnectionKey, now_ms: i64) {
+        if let Some(client) = self.clients.get_mut(client_id) {
+            if client.connections.contains(&connection) {
+                client.last_seen_ms = client.last_seen_ms.max(now_ms);
+            }
+        }
+    }
+
     /// A client leaves one producer and/or consumer group.
     pub fn unregister(
         &mut self,

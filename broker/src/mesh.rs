@@ -121,6 +121,12 @@ pub enum StorageRequest {
         consumer_group: Option<String>,
         reply: Reply<()>,
     },
+    /// Clients whose heartbeats since the last of these repeated their last full heartbeat
+    /// (same groups and subscriptions): only their liveness is refreshed. A network shard sends
+    /// one of these a second instead of a request per heartbeat.
+    ClientsAlive {
+        clients: Vec<(String, ConnectionKey)>,
+    },
     /// A client's connection closed.
     ClientGone {
         client_id: String,

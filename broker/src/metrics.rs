@@ -78,6 +78,8 @@ pub struct BrokerMetrics {
     pub connections: Family<ShardLabels, Gauge>,
     pub parked_pulls: Family<ShardLabels, Gauge>,
     pub request_bytes_held: Family<ShardLabels, Gauge>,
+    pub heartbeats_applied: Counter,
+    pub heartbeats_refreshed: Counter,
     pub storage_requests_waiting: Family<ShardLabels, Gauge>,
     pub consumer_lag: Family<LagLabels, GaugeU64>,
     pub commitlog_bytes: Family<ShardLabels, GaugeU64>,
@@ -117,6 +119,8 @@ impl BrokerMetrics {
             connections: Family::default(),
             parked_pulls: Family::default(),
             request_bytes_held: Family::default(),
+            heartbeats_applied: Counter::default(),
+            heartbeats_refreshed: Counter::default(),
             storage_requests_waiting: Family::default(),
             consumer_lag: Family::default(),
             commitlog_bytes: Family::default(),
@@ -181,6 +185,16 @@ impl BrokerMetrics {
             "parked_pulls",
             "Pulls waiting for messages (long polling), per network shard",
             self.parked_pulls.clone(),
+        );
+        r.register(
+            "heartbeats_applied",
+            "Client heartbeats applied in full on storage shard 0 (new or changed groups, or the periodic full one)",
+            self.heartbeats_applied.clone(),
+        );
+        r.register(
+            "heartbeats_refreshed",
+            "Client heartbeats that repeated the last one and only refreshed liveness (batched once a second)",
+            self.heartbeats_refreshed.clone(),
         );
         r.register(
             "request_bytes_held",

@@ -482,6 +482,15 @@ impl StorageShard {
                 }
                 let _ = reply.send(());
             }
+            StorageRequest::ClientsAlive { clients } => {
+                if let Some(control) = &self.control {
+                    let now = now_ms();
+                    let mut table = control.clients.borrow_mut();
+                    for (client_id, connection) in clients {
+                        table.touch(&client_id, connection, now);
+                    }
+                }
+            }
             StorageRequest::ClientGone {
                 client_id,
                 connection,

@@ -8,7 +8,8 @@
 //!
 //! Scenarios: `produce`, `consume` and `e2e` drive a running name server and broker through
 //! the real client crate (`shardmq-client`, on tokio); `store` drives the storage engine on
-//! one pinned glommio executor, no network. Each network scenario can write a report
+//! one pinned glommio executor, no network; `clients` holds many heartbeating clients (the
+//! control plane's load). Each network scenario can write a report
 //! (`--report DIR`: JSON and an SVG chart).
 //!
 //! Modules: `cluster` (shared options, topic setup), `body` (the benchmark header every message
@@ -18,6 +19,7 @@
 
 mod body;
 mod chart;
+mod clients;
 mod cluster;
 mod consume;
 mod consumers;
@@ -60,6 +62,9 @@ enum Scenario {
     /// Produce and consume at once; report end-to-end latency (receive − send time carried in
     /// each message) and lost and duplicate messages.
     E2e(e2e::E2eArgs),
+    /// Hold many idle clients that only heartbeat (the control plane's load); run a produce
+    /// beside it to see what that costs the data path.
+    Clients(clients::ClientsArgs),
     /// Append through the real storage engine (`MessageStore`) on a pinned glommio executor and
     /// report throughput and append-latency percentiles.
     Store(store::StoreArgs),
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         Scenario::Consume(args) => consume::run(&args),
         Scenario::E2e(args) => e2e::run(&args),
         Scenario::Store(args) => store::run(&args),
+        Scenario::Clients(args) => clients::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

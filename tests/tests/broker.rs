@@ -2185,3 +2185,64 @@ fn a_second_broker_on_a_taken_address_refuses_to_start() {
     let mut client = first.client();
     create_topic(&mut client, "StillMine", 1);
 }
+
+#[test]
+fn repeated_heartbeats_keep_a_client_alive_without_reaching_storage_each_time() {
+    const GROUP: &str = "Steady";
+    const TOPIC: &str = "SteadyTopic";
+    let dir = temp_dir();
+    let broker = BrokerProcess::start(dir.path(), &["--client-timeout-ms", "2000"]);
+    let mut client = broker.client();
+    create_topic(&mut client, TOPIC, 1);
+    let mut observer = broker.client();
+    let members = |observer: &mut TestClient| {
+        let (response, _) = observer
+            .request_collecting_one_way(|builder| consumer_list_body(builder, GROUP))
+            .expect("an answer to ConsumerListRequest");
+        consumer_ids(&response)
+    };
+
+    // Identical heartbeats every 250 ms for 4 s, twice the client timeout: the repeats only
+    // refresh liveness (batched once a second), and that must keep the client a member.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) {
+        let (response, _) = client
+            .request_collecting_one_way(|builder| heartbeat_body(builder, "steady-1", GROUP, TOPIC))
+            .expect("an answer to the heartbeat");
+        require_status(&response, wire::Status::OK, "heartbeat");
+        assert_eq!(
+            members(&mut observer),
+            ["steady-1"],
+            "a client heartbeating every 250 ms left its group after {:?}",
+            started.elapsed()
+        );
+        // The heartbeat period under test.
+        thread::sleep(Duration::from_millis(250));
+    }
+    // A change of subscription is applied at once, not batched.
+    let (response, _) = client
+        .request_collecting_one_way(|builder| heartbeat_body(builder, "steady-1", "Other", TOPIC))
+        .expect("an answer to the heartbeat");
+    require_status(&response, wire::Status::OK, "heartbeat");
+    assert!(
+        members(&mut observer).is_empty(),
+        "the group change was not applied"
+    );
+    let (response, _) = observer
+        .request_collecting_one_way(|builder| consumer_list_body(builder, "Other"))
+        .expect("an answer to ConsumerListRequest");
+    assert_eq!(consumer_ids(&response), ["steady-1"]);
+
+    // Silent (connection open, no heartbeats): it expires after the timeout.
+    wait_until(
+        Duration::from_secs(10),
+        "the silent client to expire",
+        || {
+            let (response, _) = observer
+                .request_collecting_one_way(|builder| consumer_list_body(builder, "Other"))
+                .expect("an answer to ConsumerListRequest");
+            consumer_ids(&response).is_empty().then_some(())
+        },
+    );
+    drop(client);
+}

@@ -264,6 +264,7 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
             .consumer_group()
             .filter(|g| !g.is_empty())
             .map(str::to_owned);
+        shard.forget_heartbeat(connection.id);
         shard
             .ask(0, |reply| StorageRequest::UnregisterClient {
                 client_id,
@@ -1013,6 +1014,12 @@ async fn handle_heartbeat(
         // and must not be registered again by a heartbeat nobody will follow.
         return encode_status(shard, id, wire::Status::OK, "");
     }
+    let digest = heartbeat_digest(&client_id, &producer_groups, &consumer_groups);
+    if shard.heartbeat_is_repeat(connection.id, digest, &client_id) {
+        crate::metrics::broker().heartbeats_refreshed.inc();
+        return encode_status(shard, id, wire::Status::OK, "");
+    }
+    crate::metrics::broker().heartbeats_applied.inc();
     shard.set_client(connection.id, client_id.clone());
     *connection.client_id.borrow_mut() = Some(client_id.clone());
     shard.set_consumer_groups(connection.id, consumer_groups.keys().cloned().collect());
@@ -1025,7 +1032,28 @@ async fn handle_heartbeat(
             reply,
         })
         .await?;
+    shard.heartbeat_applied(connection.id, digest);
     encode_status(shard, id, wire::Status::OK, "")
+}
+
+/// What a heartbeat says, hashed: two heartbeats with the same digest register the same client
+/// in the same groups with the same subscriptions.
+fn heartbeat_digest(
+    client_id: &str,
+    producer_groups: &[String],
+    consumer_groups: &BTreeMap<String, ConsumerMembership>,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    client_id.hash(&mut hasher);
+    producer_groups.hash(&mut hasher);
+    for (group, membership) in consumer_groups {
+        group.hash(&mut hasher);
+        membership.is_broadcasting.hash(&mut hasher);
+        membership.is_orderly.hash(&mut hasher);
+        membership.subscriptions.hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 async fn handle_topic_stats(shard: &NetworkShard, id: u64, topic: &str) -> Answer {
