@@ -238,22 +238,48 @@ impl Admin {
 
     /// Deletes `topic` at the broker at `broker_address`.
     pub async fn delete_topic(&self, broker_address: &str, topic: &str) -> Result<()> {
-        check_topic_name(topic)?;
-        check_address(broker_address).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        self.instance
-            .pool
-            .delete_topic(broker_address, self.timeout(), topic)
-            .await
+        self.delete_topic_at(broker_address, topic, false).await
     }
 
     /// Deletes `topic` at every master broker that hosts it now; returns their addresses.
     pub async fn delete_topic_everywhere(&self, topic: &str) -> Result<Vec<String>> {
+        self.delete_everywhere(topic, false).await
+    }
+
+    /// Deletes the retry (`%RETRY%<group>`) or dead-letter (`%DLQ%<group>`) topic of a group
+    /// that has no live member, at `broker_address` or (when `None`) at every master broker
+    /// hosting it; what waits there is lost. Other system topics are never deleted, and a
+    /// group with live members is refused.
+    pub async fn delete_group_topic(
+        &self,
+        broker_address: Option<&str>,
+        topic: &str,
+    ) -> Result<Vec<String>> {
+        match broker_address {
+            Some(address) => {
+                self.delete_topic_at(address, topic, true).await?;
+                Ok(vec![address.to_owned()])
+            }
+            None => self.delete_everywhere(topic, true).await,
+        }
+    }
+
+    async fn delete_topic_at(&self, broker_address: &str, topic: &str, force: bool) -> Result<()> {
+        check_topic_name(topic)?;
+        check_address(broker_address).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.instance
+            .pool
+            .delete_topic(broker_address, self.timeout(), topic, force)
+            .await
+    }
+
+    async fn delete_everywhere(&self, topic: &str, force: bool) -> Result<Vec<String>> {
         check_topic_name(topic)?;
         let addresses = self.master_addresses(topic).await?;
         for address in &addresses {
             self.instance
                 .pool
-                .delete_topic(address, self.timeout(), topic)
+                .delete_topic(address, self.timeout(), topic, force)
                 .await?;
         }
         Ok(addresses)

@@ -742,13 +742,17 @@ impl ConnectionPool {
         address: &str,
         timeout: Duration,
         topic: &str,
+        force: bool,
     ) -> Result<()> {
         let frame = self
             .request(address, "delete topic", timeout, |builder| {
                 let topic = builder.create_string(topic);
                 let request = wire::DeleteTopicRequest::create(
                     builder,
-                    &wire::DeleteTopicRequestArgs { topic: Some(topic) },
+                    &wire::DeleteTopicRequestArgs {
+                        topic: Some(topic),
+                        force,
+                    },
                 );
                 (wire::Body::DeleteTopicRequest, request.as_union_value())
             })

@@ -1513,6 +1513,43 @@ fn created_topic_is_routed_by_the_namesrv_until_the_broker_stops_gracefully() {
             &format!("deleting the system topic {system}"),
         );
     }
+    // Forced: never the broker's machinery; a group's retry topic only once the group has no
+    // live member.
+    let response = client
+        .request(|builder| delete_topic_body_forced(builder, "SCHEDULE_TOPIC_XXXX", true))
+        .expect("an answer to DeleteTopicRequest");
+    require_status(
+        &response,
+        wire::Status::NO_PERMISSION,
+        "forced delete of the schedule topic",
+    );
+    let mut member = broker.client();
+    let (response, _) = member
+        .request_collecting_one_way(|builder| {
+            heartbeat_body(builder, "leaver", "Leaving", "Doomed2")
+        })
+        .expect("an answer to the heartbeat");
+    require_status(&response, wire::Status::OK, "heartbeat");
+    let response = client
+        .request(|builder| delete_topic_body_forced(builder, "%RETRY%Leaving", true))
+        .expect("an answer to DeleteTopicRequest");
+    require_status(
+        &response,
+        wire::Status::NO_PERMISSION,
+        "forced delete under a live member",
+    );
+    drop(member);
+    let response = wait_until(Duration::from_secs(5), "the member to leave", || {
+        let response = client
+            .request(|builder| delete_topic_body_forced(builder, "%RETRY%Leaving", true))
+            .expect("an answer to DeleteTopicRequest");
+        (response.frame().status() == wire::Status::OK).then_some(response)
+    });
+    require_status(
+        &response,
+        wire::Status::OK,
+        "forced delete of a dead group's retry topic",
+    );
     let response = client
         .request(|builder| send_request_body(builder, "Doomed", 0, &[TestMessage::new("late")]))
         .expect("an answer to SendRequest");
@@ -1537,10 +1574,21 @@ fn delete_topic_body(
     builder: &mut flatbuffers::FlatBufferBuilder<'static>,
     topic: &str,
 ) -> shardmq_tests::RequestBody {
+    delete_topic_body_forced(builder, topic, false)
+}
+
+fn delete_topic_body_forced(
+    builder: &mut flatbuffers::FlatBufferBuilder<'static>,
+    topic: &str,
+    force: bool,
+) -> shardmq_tests::RequestBody {
     let topic = builder.create_string(topic);
     let request = wire::DeleteTopicRequest::create(
         builder,
-        &wire::DeleteTopicRequestArgs { topic: Some(topic) },
+        &wire::DeleteTopicRequestArgs {
+            topic: Some(topic),
+            force,
+        },
     );
     (wire::Body::DeleteTopicRequest, request.as_union_value())
 }

@@ -21,7 +21,9 @@ use super::connection::Connection;
 use super::{AskError, NetworkShard, Outbound};
 use crate::groups::ConsumerMembership;
 use crate::mesh::{PullQuery, StorageRequest};
-use crate::naming::{check_group_name, check_topic_name, is_system_topic};
+use crate::naming::{
+    check_group_name, check_topic_name, is_system_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX,
+};
 use crate::store::record::{RecordInput, SYS_FLAG_COMPRESSED};
 use crate::store::{AppendStatus, EncodedBatch, GetResult, GetStatus, StoreError, TagFilter};
 use crate::topics::{TopicConfig, UpsertError};
@@ -324,11 +326,33 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
         check_topic_name(&topic).map_err(invalid)?;
         if is_system_topic(&topic) {
             // The broker's own machinery reads them (delays, timers, transactions, retries,
-            // dead letters); deleting one would lose what is parked there.
-            return Err(refuse(
-                wire::Status::NO_PERMISSION,
-                format!("{topic} is a system topic; the broker owns it and it cannot be deleted"),
-            ));
+            // dead letters); deleting one would lose what is parked there. Only a group's
+            // retry or dead-letter topic may go, forced, once the group has no live member.
+            let group = topic
+                .strip_prefix(RETRY_TOPIC_PREFIX)
+                .or_else(|| topic.strip_prefix(DLQ_TOPIC_PREFIX))
+                .map(str::to_owned);
+            let Some(group) = group.filter(|_| r.force()) else {
+                return Err(refuse(
+                    wire::Status::NO_PERMISSION,
+                    format!("{topic} is a system topic; the broker owns it and it cannot be deleted (a group's %RETRY%/%DLQ% topic can be, forced, once the group has no live member)"),
+                ));
+            };
+            let members = shard
+                .ask(0, |reply| StorageRequest::ConsumerList {
+                    group: group.clone(),
+                    reply,
+                })
+                .await?;
+            if !members.is_empty() {
+                return Err(refuse(
+                    wire::Status::NO_PERMISSION,
+                    format!(
+                        "group {group} has {} live member(s); stop its consumers before deleting {topic}",
+                        members.len()
+                    ),
+                ));
+            }
         }
         let removed = shard
             .ask(0, |reply| StorageRequest::DeleteTopic { topic, reply })

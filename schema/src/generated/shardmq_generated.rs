@@ -8949,6 +8949,7 @@ impl<'a> ::flatbuffers::Follow<'a> for DeleteTopicRequest<'a> {
 
 impl<'a> DeleteTopicRequest<'a> {
   pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_FORCE: ::flatbuffers::VOffsetT = 6;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -8961,6 +8962,7 @@ impl<'a> DeleteTopicRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<DeleteTopicRequest<'bldr>> {
     let mut builder = DeleteTopicRequestBuilder::new(_fbb);
     if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_force(args.force);
     builder.finish()
   }
 
@@ -8968,8 +8970,10 @@ impl<'a> DeleteTopicRequest<'a> {
     let topic = self.topic().map(|x| {
       alloc::string::ToString::to_string(x)
     });
+    let force = self.force();
     DeleteTopicRequestT {
       topic,
+      force,
     }
   }
 
@@ -8980,6 +8984,15 @@ impl<'a> DeleteTopicRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DeleteTopicRequest::VT_TOPIC, None)}
   }
+  /// Allows deleting the retry (%RETRY%<group>) or dead-letter (%DLQ%<group>) topic of a group
+  /// with no live member; other system topics are never deleted.
+  #[inline]
+  pub fn force(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(DeleteTopicRequest::VT_FORCE, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for DeleteTopicRequest<'_> {
@@ -8989,18 +9002,21 @@ impl ::flatbuffers::Verifiable for DeleteTopicRequest<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<bool>("force", Self::VT_FORCE, false)?
      .finish();
     Ok(())
   }
 }
 pub struct DeleteTopicRequestArgs<'a> {
     pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub force: bool,
 }
 impl<'a> Default for DeleteTopicRequestArgs<'a> {
   #[inline]
   fn default() -> Self {
     DeleteTopicRequestArgs {
       topic: None,
+      force: false,
     }
   }
 }
@@ -9013,6 +9029,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteTopicRequestBuilder<'a,
   #[inline]
   pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteTopicRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_force(&mut self, force: bool) {
+    self.fbb_.push_slot::<bool>(DeleteTopicRequest::VT_FORCE, force, false);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteTopicRequestBuilder<'a, 'b, A> {
@@ -9033,6 +9053,7 @@ impl ::core::fmt::Debug for DeleteTopicRequest<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("DeleteTopicRequest");
       ds.field("topic", &self.topic());
+      ds.field("force", &self.force());
       ds.finish()
   }
 }
@@ -9040,11 +9061,13 @@ impl ::core::fmt::Debug for DeleteTopicRequest<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeleteTopicRequestT {
   pub topic: Option<alloc::string::String>,
+  pub force: bool,
 }
 impl Default for DeleteTopicRequestT {
   fn default() -> Self {
     Self {
       topic: None,
+      force: false,
     }
   }
 }
@@ -9056,8 +9079,10 @@ impl DeleteTopicRequestT {
     let topic = self.topic.as_ref().map(|x|{
       _fbb.create_string(x)
     });
+    let force = self.force;
     DeleteTopicRequest::create(_fbb, &DeleteTopicRequestArgs{
       topic,
+      force,
     })
   }
 }

@@ -116,8 +116,13 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
     match command {
         TopicCommand::Create(args) => upsert_topic(context, &admin, &args, true).await,
         TopicCommand::Update(args) => upsert_topic(context, &admin, &args, false).await,
-        TopicCommand::Delete { topic, broker } => {
+        TopicCommand::Delete {
+            topic,
+            broker,
+            force,
+        } => {
             let brokers = match broker {
+                _ if force => admin.delete_group_topic(broker.as_deref(), &topic).await?,
                 Some(address) => {
                     admin.delete_topic(&address, &topic).await?;
                     vec![address]

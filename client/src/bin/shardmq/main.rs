@@ -113,6 +113,10 @@ pub enum TopicCommand {
         /// Broker address `host:port`; default: every master broker in the topic's route.
         #[arg(long, value_name = "ADDR")]
         broker: Option<String>,
+        /// Delete a group's %RETRY%/%DLQ% topic (the group must have no live member; what
+        /// waits there is lost). Other system topics are never deleted.
+        #[arg(long)]
+        force: bool,
     },
     /// List the topics the name server routes (without the broker's own: retry, dead-letter,
     /// schedule and transaction topics, unless --system).
