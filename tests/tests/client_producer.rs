@@ -72,6 +72,7 @@ async fn sent_messages_come_back_whole_from_every_queue() {
     let setup = cluster_with_topic("RoundTrip", 4);
     let producer = producer(&setup.cluster).await;
     let mut sent = BTreeMap::new();
+    let mut first_odd_queue = None;
     for index in 0..16 {
         let message = Message::new("RoundTrip", format!("body {index}"))
             .with_tags(if index % 2 == 0 { "even" } else { "odd" })
@@ -81,6 +82,9 @@ async fn sent_messages_come_back_whole_from_every_queue() {
         assert_eq!(result.status, SendStatus::SendOk);
         assert_eq!(result.msg_id, message.unique_id());
         assert_eq!(result.offset_msg_id.len(), 32);
+        if index == 1 {
+            first_odd_queue = Some(result.queue.clone());
+        }
         sent.insert(result.msg_id.clone(), (message, result));
     }
     // Round-robin over 4 queues: 4 messages each, offsets 0..4.
@@ -116,9 +120,9 @@ async fn sent_messages_come_back_whole_from_every_queue() {
         assert_eq!(message.reconsume_times, 0);
     }
 
-    // The broker filters by tag and the client confirms it. Round-robin put messages 1, 5, 9
-    // and 13 (all odd) into queue 1.
-    let queue = MessageQueue::new("RoundTrip", "broker-a", 1);
+    // The broker filters by tag and the client confirms it. Round-robin (from a random first
+    // queue) put messages 1, 5, 9 and 13 (all odd) into the queue message 1 went to.
+    let queue = first_odd_queue.expect("message 1 was sent");
     let pull_tagged = |expression: &str| PullOptions {
         tags: TagExpression::parse(expression).unwrap(),
         ..PullOptions::default()
