@@ -354,15 +354,21 @@ pub async fn serve(shard: Rc<NetworkShard>, addr: SocketAddr) {
     };
     let actual = listener.local_addr().unwrap_or(addr);
     info!(addr = %actual, "metrics served at http://{actual}/metrics");
+    // One accept stays in flight across the stop checks (see `runtime::accept_until_stopped`
+    // for why a cancelled accept can lose a connection).
+    let mut pending = Box::pin(listener.accept());
     loop {
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+        let accepted = futures_lite::future::or(async { Some((&mut pending).await) }, async {
             glommio::timer::sleep(Duration::from_millis(200)).await;
             None
         })
         .await;
+        if accepted.is_some() {
+            pending = Box::pin(listener.accept());
+        }
         match accepted {
             Some(Ok(stream)) => {
                 if let Err(e) = answer_scrape(&shard, stream).await {

@@ -496,17 +496,12 @@ pub async fn run(
 }
 
 async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {
-    loop {
-        if shard.stopping.load(Ordering::Relaxed) {
-            return;
-        }
-        let accepted = future::or(async { Some(listener.accept().await) }, async {
-            glommio::timer::sleep(Duration::from_millis(100)).await;
-            None
-        })
-        .await;
-        let Some(accepted) = accepted else { continue };
-        match accepted {
+    let stopping = shard.stopping.clone();
+    crate::runtime::accept_until_stopped(
+        listener,
+        &stopping,
+        Duration::from_millis(100),
+        |accepted| match accepted {
             Ok(stream) => {
                 if shard.connection_count() >= shard.config.max_connections {
                     warn!(
@@ -514,16 +509,18 @@ async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {
                         "refusing a connection: max_connections reached"
                     );
                     drop(stream);
-                    continue;
+                    return None;
                 }
                 let shard = shard.clone();
                 glommio::spawn_local(async move { connection::serve(shard, stream).await })
                     .detach();
+                None
             }
             Err(e) => {
                 warn!(error = %e, "accept failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
+                Some(Duration::from_millis(10))
             }
-        }
-    }
+        },
+    )
+    .await;
 }
