@@ -248,6 +248,8 @@ pub struct ServerProcess {
     child: Child,
     addr: SocketAddr,
     log_lines: Arc<Mutex<VecDeque<String>>>,
+    /// Signalled when the log reader has read the log to its end (the process exited).
+    log_done: Mutex<mpsc::Receiver<()>>,
 }
 
 impl ServerProcess {
@@ -265,7 +267,7 @@ impl ServerProcess {
             .unwrap_or_else(|spawn_error| panic!("cannot start {}: {spawn_error}", path.display()));
         let log_lines = Arc::new(Mutex::new(VecDeque::new()));
         let stderr = child.stderr.take().expect("stderr is piped");
-        capture_lines(stderr, Arc::clone(&log_lines));
+        let log_done = capture_lines(stderr, Arc::clone(&log_lines));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stdout_lines = forward_lines(stdout);
 
@@ -303,6 +305,7 @@ impl ServerProcess {
             child,
             addr,
             log_lines,
+            log_done: Mutex::new(log_done),
         }
     }
 
@@ -342,6 +345,10 @@ impl ServerProcess {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                // Its last log lines are read before the caller looks at them.
+                if let Ok(log_done) = self.log_done.get_mut() {
+                    let _ = log_done.recv_timeout(LOG_DRAIN_TIMEOUT);
+                }
                 return Some(status);
             }
             if Instant::now() >= deadline {
@@ -430,7 +437,15 @@ fn joined(lines: &Mutex<VecDeque<String>>) -> String {
 }
 
 /// Reads `source` line by line into `lines` until it closes.
-fn capture_lines(source: impl Read + Send + 'static, lines: Arc<Mutex<VecDeque<String>>>) {
+/// How long a stopped server's log reader may take to read the log's last lines.
+const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads `source` into `lines` on a thread; the receiver hears once it has read to the end.
+fn capture_lines(
+    source: impl Read + Send + 'static,
+    lines: Arc<Mutex<VecDeque<String>>>,
+) -> mpsc::Receiver<()> {
+    let (done, done_receiver) = mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(source).lines() {
             let Ok(line) = line else { break };
@@ -440,7 +455,9 @@ fn capture_lines(source: impl Read + Send + 'static, lines: Arc<Mutex<VecDeque<S
             }
             lines.push_back(line);
         }
+        let _ = done.send(());
     });
+    done_receiver
 }
 
 /// Reads `source` line by line into a channel until it closes (the reader keeps draining after

@@ -461,24 +461,34 @@ fn a_damaged_consumer_offsets_file_is_moved_aside_and_no_garbage_offset_is_serve
     assert_verify_clean(dir.path(), "after damaged consumer offsets files");
 }
 
-#[test]
-fn a_consume_queue_entry_with_a_wrong_size_still_serves_exactly_its_record() {
-    let dir = temp_dir();
-    let mut broker = start_broker(dir.path());
+/// A stopped broker whose queue 0 holds three messages with bodies `body(0..3)`: the broker,
+/// what it stored, and queue 0's first ConsumeQueue file.
+fn three_messages_then_stopped(
+    dir: &Path,
+    body: impl Fn(usize) -> String,
+) -> (BrokerProcess, BTreeMap<u32, Vec<StoredRecord>>, PathBuf) {
+    let mut broker = start_broker(dir);
     let mut client = broker.client();
-    let messages: Vec<TestMessage> = (0..3)
-        .map(|i| TestMessage::new(format!("sized-{i}|{}", "x".repeat(200 + i * 50))))
-        .collect();
+    let messages: Vec<TestMessage> = (0..3).map(|i| TestMessage::new(body(i))).collect();
     send_batch(&mut client, TOPIC, 0, &messages);
     drop(client);
     let before = snapshot(&broker);
     broker.stop();
-    // Entry 1 of queue 0 claims 300 bytes more than its record, entry 2 claims 40 fewer.
     let file = shard_dir(&broker)
         .join("consumequeue")
         .join(TOPIC)
         .join("0")
         .join("00000000000000000000");
+    (broker, before, file)
+}
+
+#[test]
+fn a_consume_queue_entry_with_a_wrong_size_still_serves_exactly_its_record() {
+    let dir = temp_dir();
+    let (mut broker, before, file) = three_messages_then_stopped(dir.path(), |i| {
+        format!("sized-{i}|{}", "x".repeat(200 + i * 50))
+    });
+    // Entry 1 of queue 0 claims 300 bytes more than its record, entry 2 claims 40 fewer.
     let mut bytes = std::fs::read(&file).expect("the queue file");
     for (entry, delta) in [(1usize, 300i64), (2, -40)] {
         let at = entry * 20 + 8;
@@ -506,21 +516,10 @@ fn a_consume_queue_entry_with_a_wrong_size_still_serves_exactly_its_record() {
 #[test]
 fn a_consume_queue_entry_with_a_size_no_record_can_have_is_rebuilt_from_the_commitlog() {
     let dir = temp_dir();
-    let mut broker = start_broker(dir.path());
-    let mut client = broker.client();
-    let messages: Vec<TestMessage> = (0..3)
-        .map(|i| TestMessage::new(format!("impossible-{i}|{}", "y".repeat(100))))
-        .collect();
-    send_batch(&mut client, TOPIC, 0, &messages);
-    drop(client);
-    let before = snapshot(&broker);
-    broker.stop();
+    let (mut broker, before, file) = three_messages_then_stopped(dir.path(), |i| {
+        format!("impossible-{i}|{}", "y".repeat(100))
+    });
     // Entry 1 of queue 0 claims 2 GiB: more than any segment holds.
-    let file = shard_dir(&broker)
-        .join("consumequeue")
-        .join(TOPIC)
-        .join("0")
-        .join("00000000000000000000");
     let mut bytes = std::fs::read(&file).expect("the queue file");
     bytes[28..32].copy_from_slice(&0x7fff_ffffu32.to_be_bytes());
     std::fs::write(&file, &bytes).unwrap();
