@@ -56,6 +56,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .start()
         .await?;
+    let stop = support::stop_signal()?;
     println!(
         "{} consuming queues {:?}; Ctrl-C or SIGTERM to stop",
         consumer.client_id(),
@@ -65,7 +66,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
     );
-    support::stop_signal().await?;
+    stop.await;
     consumer.shutdown().await;
     println!("consumed {} message(s)", consumed.load(Ordering::Relaxed));
     Ok(())

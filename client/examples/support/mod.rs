@@ -15,13 +15,19 @@ pub fn exit_code<E: Display>(result: Result<(), E>) -> ExitCode {
     }
 }
 
-/// Completes on Ctrl-C (SIGINT) or SIGTERM, so a consumer stopped by a service manager or
-/// `kill` shuts down cleanly (leaving its group at once) like one stopped at a terminal.
+/// A future that completes on Ctrl-C (SIGINT) or SIGTERM, so a consumer stopped by a service
+/// manager or `kill` shuts down cleanly (leaving its group at once) like one stopped at a
+/// terminal. Both handlers are installed by this call, before it returns: call it before
+/// saying the example is ready, or a signal sent right after would still kill it.
 #[allow(dead_code)] // not every example waits for a signal
-pub async fn stop_signal() -> std::io::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        interrupted = tokio::signal::ctrl_c() => interrupted,
-        _ = terminate.recv() => Ok(()),
-    }
+pub fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
 }
