@@ -412,6 +412,16 @@ impl CommitLog {
         debug_assert_eq!(ring.end(), self.write_offset.get());
     }
 
+    /// Appends bytes that already are records and segment-end fillers, laid out by another
+    /// CommitLog with the same segment size (a replica's append): the same bytes land at the
+    /// same offsets. The caller has checked that they continue this log and are valid.
+    pub fn append_raw(&self, bytes: &[u8]) {
+        self.ring.borrow_mut().append(bytes);
+        self.write_offset
+            .set(self.write_offset.get() + bytes.len() as u64);
+        debug_assert_eq!(self.ring.borrow().end(), self.write_offset.get());
+    }
+
     /// Plans the next O_DIRECT write, if one may start now: a full chunk whenever one is
     /// waiting (several in flight), a partly filled chunk only when nothing else is in flight
     /// (the disk would otherwise sit idle while data waits). Writes never overlap: a write that

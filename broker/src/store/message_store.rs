@@ -35,6 +35,7 @@ use super::record::{
     RecordError, RecordInput, RecordView, StorePatch, BLANK_MIN_BYTES, MESSAGE_MAGIC_CODE,
     MIN_RECORD_BYTES, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_KEY,
 };
+use super::scan::{scan_window, ScanStop};
 
 /// When an append counts as complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +175,10 @@ pub enum StoreError {
     Config(String),
     #[error("store is closed")]
     Closed,
+    #[error("replicated bytes start at {got}, but this CommitLog ends at {expected}")]
+    ReplicaGap { expected: u64, got: u64 },
+    #[error("replication from {from} is outside this CommitLog, which holds [{min}, {end})")]
+    ReplicaOutOfRange { from: u64, min: u64, end: u64 },
 }
 
 fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
@@ -355,6 +360,9 @@ struct Inner {
     queues: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>>,
     index: MessageIndex,
     dispatched_offset: Cell<u64>,
+    /// End of the complete records of the CommitLog: its end, except while the last bytes a
+    /// master replicated end inside a record (the rest comes with the next bytes).
+    records_end: Cell<u64>,
     /// Appended records waiting for their write (async) or sync (sync) before dispatch.
     pending_dispatch: RefCell<PendingDispatch>,
     last_store_timestamp_ms: Cell<i64>,
@@ -479,6 +487,13 @@ impl MessageStore {
     pub async fn append(&self, batch: EncodedBatch) -> Result<AppendOutcome, StoreError> {
         let inner = &self.inner;
         inner.check_writable(batch.bytes.len() as u64)?;
+        if inner.records_end.get() != inner.commit_log.write_offset() {
+            return Err(StoreError::Corrupt(format!(
+                "the CommitLog ends inside a replicated record (complete records end at {}, the log at {}): appends wait for the rest",
+                inner.records_end.get(),
+                inner.commit_log.write_offset()
+            )));
+        }
         inner.check_batch(&batch)?;
         let store_timestamp_ms = now_ms().max(inner.last_store_timestamp_ms.get());
         inner.last_store_timestamp_ms.set(store_timestamp_ms);
@@ -545,6 +560,7 @@ impl MessageStore {
             );
         }
         let end = inner.commit_log.write_offset();
+        inner.records_end.set(end);
         inner.writer_wake.notify_all();
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
         let status = if inner.wait_visible(end, timeout).await {
@@ -759,6 +775,137 @@ impl MessageStore {
                 view.unique_key() == Some(id)
             })
             .await
+    }
+
+    /// CommitLog bytes for a replica, from `from` (where the replica's log ends): at most
+    /// `max_bytes`, only bytes complete under the flush mode (written; synced under sync
+    /// flush), never across a segment's end. Empty when the replica has everything. An offset
+    /// before the oldest retained byte or past the end is an error (the replica is too far
+    /// behind, or holds bytes this log does not).
+    pub async fn read_for_replica(&self, from: u64, max_bytes: u64) -> Result<Bytes, StoreError> {
+        let inner = &self.inner;
+        let log = &inner.commit_log;
+        let (min, visible) = (log.min_offset(), inner.visible_offset());
+        if from < min || from > log.write_offset() {
+            return Err(StoreError::ReplicaOutOfRange {
+                from,
+                min,
+                end: log.write_offset(),
+            });
+        }
+        let segment_end = from - from % log.segment_bytes() + log.segment_bytes();
+        let to = visible.min(segment_end).min(from.saturating_add(max_bytes));
+        if to <= from {
+            return Ok(Bytes::new());
+        }
+        log.read(from, to - from)
+            .await
+            .map_err(io_error(format!("CommitLog read for a replica at {from}")))
+    }
+
+    /// Appends CommitLog bytes a master sent (see [`read_for_replica`](Self::read_for_replica))
+    /// at this log's end, `from`: the same bytes at the same offsets, so offsets and offset
+    /// message ids mean the same on both. Every record is validated (both CRCs, its physical
+    /// offset) before anything is appended, and dispatched to its ConsumeQueue and the index
+    /// as local appends are, once written (async) or synced (sync). A record cut by the end of
+    /// `bytes` is appended and completed by the next call. Returns the new end.
+    pub async fn append_replicated(&self, from: u64, bytes: &[u8]) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let log = &inner.commit_log;
+        let end = log.write_offset();
+        if from != end {
+            return Err(StoreError::ReplicaGap {
+                expected: end,
+                got: from,
+            });
+        }
+        if bytes.is_empty() {
+            return Ok(end);
+        }
+        inner.check_writable(bytes.len() as u64)?;
+        // The unfinished record (if any) and the new bytes, scanned as one run from
+        // `records_end`. A segment-end filler's body may still be coming: `records_end` is then
+        // past the log's end, and those bytes are skipped.
+        let records_end = inner.records_end.get();
+        let run = if records_end < end {
+            let mut run = log
+                .read(records_end, end - records_end)
+                .await
+                .map_err(io_error(
+                    "CommitLog read of an unfinished replicated record",
+                ))?
+                .to_vec();
+            run.extend_from_slice(bytes);
+            run
+        } else if records_end == end {
+            bytes.to_vec()
+        } else {
+            let skip = usize::try_from(records_end - end).unwrap_or(usize::MAX);
+            bytes.get(skip..).unwrap_or_default().to_vec()
+        };
+        let mut infos = Vec::new();
+        let mut index_hashes = Vec::new();
+        let mut last_ts = inner.last_store_timestamp_ms.get();
+        let segment_bytes = log.segment_bytes();
+        let mut at = records_end;
+        let run_end = records_end + run.len() as u64;
+        while at < run_end {
+            let segment_base = at - at % segment_bytes;
+            let window_end = run_end.min(segment_base + segment_bytes);
+            let window = &run[(at - records_end) as usize..(window_end - records_end) as usize];
+            let stop = scan_window(
+                window,
+                segment_base,
+                at - segment_base,
+                segment_bytes,
+                false,
+                &mut |position, view| {
+                    let queue = get_or_create_queue(
+                        &inner.queues,
+                        &inner.config,
+                        view.topic(),
+                        view.queue_id(),
+                    );
+                    last_ts = last_ts.max(view.store_timestamp_ms());
+                    infos.push(dispatch_info(
+                        queue,
+                        segment_base + position,
+                        view,
+                        &mut index_hashes,
+                    ));
+                },
+            );
+            match stop {
+                ScanStop::NeedMore { position } => {
+                    at = segment_base + position;
+                    break;
+                }
+                ScanStop::SegmentEnd { .. } => at = segment_base + segment_bytes,
+                ScanStop::DataEnd { position } => {
+                    return Err(StoreError::Corrupt(format!(
+                        "replicated bytes hold zeros at {} instead of a record",
+                        segment_base + position
+                    )));
+                }
+                ScanStop::Invalid { position, error } => {
+                    return Err(StoreError::Corrupt(format!(
+                        "replicated bytes at {} are not a valid record: {error}",
+                        segment_base + position
+                    )));
+                }
+            }
+        }
+        // Valid: append the bytes and queue the complete records for dispatch.
+        log.append_raw(bytes);
+        inner.records_end.set(at);
+        inner.last_store_timestamp_ms.set(last_ts);
+        {
+            let mut waiting = inner.pending_dispatch.borrow_mut();
+            waiting.index_hashes.extend(index_hashes);
+            waiting.infos.extend(infos);
+        }
+        inner.writer_wake.notify_all();
+        Ok(log.write_offset())
     }
 
     /// The validated record at a physical offset (query by offset id).
@@ -1007,6 +1154,7 @@ impl Inner {
             queues: queue_map,
             index,
             dispatched_offset: Cell::new(end),
+            records_end: Cell::new(end),
             pending_dispatch: RefCell::new(PendingDispatch::default()),
             last_store_timestamp_ms: Cell::new(last_ts),
             writer_wake: LocalNotify::default(),
