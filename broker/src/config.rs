@@ -95,6 +95,45 @@ pub struct BrokerConfig {
     pub log_format: String,
     /// Where `/metrics` is served (Prometheus text format); empty: not served.
     pub metrics_listen: String,
+    /// `async-master` (default), `sync-master` or `slave` (docs/replication.md).
+    pub broker_role: String,
+    /// A master's address for its slaves (`host:port`); empty: the listen port + 1.
+    pub ha_listen: String,
+    /// A slave's master HA address (`host:port`).
+    pub ha_master: String,
+}
+
+/// What a broker is in its master/slave group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerRole {
+    AsyncMaster,
+    SyncMaster,
+    Slave,
+}
+
+impl std::str::FromStr for BrokerRole {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<BrokerRole, String> {
+        match text {
+            "async-master" | "ASYNC_MASTER" => Ok(BrokerRole::AsyncMaster),
+            "sync-master" | "SYNC_MASTER" => Ok(BrokerRole::SyncMaster),
+            "slave" | "SLAVE" => Ok(BrokerRole::Slave),
+            other => Err(format!(
+                "broker_role `{other}` is not async-master, sync-master or slave"
+            )),
+        }
+    }
+}
+
+impl BrokerRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokerRole::AsyncMaster => "async-master",
+            BrokerRole::SyncMaster => "sync-master",
+            BrokerRole::Slave => "slave",
+        }
+    }
 }
 
 impl Default for BrokerConfig {
@@ -154,6 +193,9 @@ impl Default for BrokerConfig {
             queue_lock_expiry_ms: 60_000,
             log_format: "text".into(),
             metrics_listen: String::new(),
+            broker_role: "async-master".to_owned(),
+            ha_listen: String::new(),
+            ha_master: String::new(),
         }
     }
 }
@@ -168,6 +210,37 @@ impl BrokerConfig {
 
     pub fn flush_mode(&self) -> FlushMode {
         self.flush.parse().unwrap_or(FlushMode::Async)
+    }
+
+    /// The broker's role (validated by [`validate`](Self::validate)).
+    pub fn role(&self) -> BrokerRole {
+        self.broker_role.parse().unwrap_or(BrokerRole::AsyncMaster)
+    }
+
+    /// A master's HA address: `ha_listen`, else the listen address with the port + 1 (`None`
+    /// for a slave, or a listen port of 0 without `ha_listen`: then port 0 too).
+    pub fn ha_listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        if self.role() == BrokerRole::Slave {
+            return Ok(None);
+        }
+        if !self.ha_listen.is_empty() {
+            return self.ha_listen.parse().map(Some).map_err(|e| {
+                format!(
+                    "ha_listen address `{}` is not host:port: {e}",
+                    self.ha_listen
+                )
+            });
+        }
+        let listen: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| format!("listen address `{}` is not host:port: {e}", self.listen))?;
+        let port = if listen.port() == 0 {
+            0
+        } else {
+            listen.port().wrapping_add(1)
+        };
+        Ok(Some(SocketAddr::new(listen.ip(), port)))
     }
 
     /// The metrics endpoint's address, if one is configured.
@@ -202,6 +275,37 @@ impl BrokerConfig {
         self.flush.parse::<FlushMode>()?;
         self.listen_addr()?;
         self.metrics_listen_addr()?;
+        let role: BrokerRole = self.broker_role.parse()?;
+        self.ha_listen_addr()?;
+        match role {
+            BrokerRole::Slave => {
+                if self.broker_id <= 0 {
+                    return Err(format!(
+                        "a slave needs a broker_id above 0 (0 is the master's), not {}",
+                        self.broker_id
+                    ));
+                }
+                self.ha_master.parse::<SocketAddr>().map_err(|e| {
+                    format!(
+                        "a slave needs ha_master, its master's HA address host:port (`{}`: {e})",
+                        self.ha_master
+                    )
+                })?;
+            }
+            BrokerRole::AsyncMaster | BrokerRole::SyncMaster => {
+                if self.broker_id != 0 {
+                    return Err(format!(
+                        "a master has broker_id 0, not {} (slaves use --broker-role slave)",
+                        self.broker_id
+                    ));
+                }
+                if role == BrokerRole::SyncMaster {
+                    return Err(
+                        "broker_role sync-master is not built yet (docs/replication.md); use async-master".into(),
+                    );
+                }
+            }
+        }
         for addr in &self.namesrv {
             addr.parse::<SocketAddr>()
                 .map_err(|e| format!("namesrv address `{addr}` is not host:port: {e}"))?;

@@ -14,6 +14,7 @@ pub mod network;
 pub mod offsets;
 pub mod queue_locks;
 pub mod registration;
+pub mod replication;
 pub mod retry;
 pub mod runtime;
 pub mod schedule;

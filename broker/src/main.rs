@@ -113,6 +113,15 @@ struct ServeArgs {
     /// Broker id: 0 for a master. [default: 0]
     #[arg(long)]
     broker_id: Option<i64>,
+    /// `async-master`, `sync-master` (not built yet) or `slave`. [default: async-master]
+    #[arg(long)]
+    broker_role: Option<String>,
+    /// A master's address for its slaves (host:port). [default: the listen port + 1]
+    #[arg(long)]
+    ha_listen: Option<String>,
+    /// A slave's master HA address (host:port).
+    #[arg(long)]
+    ha_master: Option<String>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -220,6 +229,9 @@ impl ServeArgs {
             log_format,
             metrics_listen,
             broker_id,
+            broker_role,
+            ha_listen,
+            ha_master,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,

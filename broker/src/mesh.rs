@@ -98,6 +98,14 @@ pub enum StorageRequest {
         physical_offset: u64,
         reply: Reply<Result<Bytes, StoreError>>,
     },
+    /// A slave's replica pull: CommitLog bytes from `from` and the log's end, waiting up to
+    /// `suspend_ms` while there is nothing new.
+    ReadForReplica {
+        from: u64,
+        max_bytes: u64,
+        suspend_ms: u64,
+        reply: Reply<Result<(Bytes, u64), StoreError>>,
+    },
     // Control requests, served by storage shard 0 only.
     UpsertTopic {
         config: TopicConfig,

@@ -166,20 +166,37 @@ pub async fn run(
         let shard = shard.clone();
         Rc::new(move |topic: &str, queue_id: u32| shard.notify_arrival(topic, queue_id))
     };
-    let delay_service = crate::schedule::DelayService::start(
-        id,
-        &shard.config,
-        shard.store.clone(),
-        &shard_dir,
-        on_arrival.clone(),
-    )?;
-    let timer_service = crate::timer::TimerService::start(
-        id,
-        &shard.config,
-        shard.store.clone(),
-        &shard_dir,
-        on_arrival,
-    );
+    // A slave's CommitLog is its master's copy: it appends nothing of its own (no scheduled
+    // deliveries), and replicates instead (replication.rs).
+    let is_slave = shard.config.role() == crate::config::BrokerRole::Slave;
+    let delay_service = if is_slave {
+        None
+    } else {
+        Some(crate::schedule::DelayService::start(
+            id,
+            &shard.config,
+            shard.store.clone(),
+            &shard_dir,
+            on_arrival.clone(),
+        )?)
+    };
+    let timer_service = (!is_slave).then(|| {
+        crate::timer::TimerService::start(
+            id,
+            &shard.config,
+            shard.store.clone(),
+            &shard_dir,
+            on_arrival,
+        )
+    });
+    let replication_task = is_slave.then(|| {
+        glommio::spawn_local(crate::replication::follow(
+            id,
+            shard.config.clone(),
+            shard.store.clone(),
+        ))
+        .detach()
+    });
     let persist_task = glommio::spawn_local(persist_offsets_loop(shard.clone())).detach();
     let expiry_task = shard
         .control
@@ -188,6 +205,7 @@ pub async fn run(
     let transaction_check_task = shard
         .control
         .as_ref()
+        .filter(|_| !is_slave)
         .map(|_| glommio::spawn_local(transaction_check_loop(shard.clone())).detach());
 
     let loops: Vec<_> = connected_requests
@@ -216,15 +234,26 @@ pub async fn run(
         task.cancel();
     }
     persist_task.cancel();
-    delay_service.stop().await;
-    timer_service.stop().await;
+    if let Some(task) = replication_task {
+        task.cancel();
+    }
+    if let Some(service) = &delay_service {
+        service.stop().await;
+    }
+    if let Some(service) = &timer_service {
+        service.stop().await;
+    }
     shard.persist_offsets().await;
     if let Err(e) = shard.store.close().await {
         error!(shard = id, error = %e, "closing the store failed");
     } else {
         // Closing made every delivery durable: now the progress may say so.
-        delay_service.persist_final().await;
-        timer_service.persist_final().await;
+        if let Some(service) = &delay_service {
+            service.persist_final().await;
+        }
+        if let Some(service) = &timer_service {
+            service.persist_final().await;
+        }
     }
     info!(shard = id, "storage shard stopped");
     Ok(())
@@ -410,6 +439,31 @@ impl StorageShard {
                 reply,
             } => {
                 let _ = reply.send(self.store.read_record_at(physical_offset).await);
+            }
+            StorageRequest::ReadForReplica {
+                from,
+                max_bytes,
+                suspend_ms,
+                reply,
+            } => {
+                let deadline = std::time::Instant::now() + Duration::from_millis(suspend_ms);
+                let answer = loop {
+                    // Wait for the next arrival before reading, so none is missed in between.
+                    let arrival = self.store.arrival();
+                    match self.store.read_for_replica(from, max_bytes).await {
+                        Ok(bytes) if bytes.is_empty() && !*self.stopping.borrow() => {
+                            let left =
+                                deadline.saturating_duration_since(std::time::Instant::now());
+                            if left.is_zero() {
+                                break Ok(bytes);
+                            }
+                            futures_lite::future::or(arrival, glommio::timer::sleep(left)).await;
+                        }
+                        other => break other,
+                    }
+                };
+                let end = self.store.commitlog_offsets().1;
+                let _ = reply.send(answer.map(|bytes| (bytes, end)));
             }
             StorageRequest::UpsertTopic {
                 config,

@@ -193,15 +193,28 @@ fn bytes_that_do_not_continue_the_log_or_are_not_records_change_nothing() {
         // Not where the replica's log ends.
         let gap = replica.append_replicated(100, &bytes).await;
         assert!(
-            matches!(gap, Err(StoreError::ReplicaGap { expected: 0, got: 100 })),
+            matches!(
+                gap,
+                Err(StoreError::ReplicaGap {
+                    expected: 0,
+                    got: 100
+                })
+            ),
             "{gap:?}"
         );
         // A damaged byte inside a record: refused, nothing appended.
         let mut damaged = bytes.to_vec();
         damaged[200] ^= 0x40;
         let refused = replica.append_replicated(0, &damaged).await;
-        assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{refused:?}");
-        assert_eq!(replica.commitlog_offsets().1, 0, "nothing of it was appended");
+        assert!(
+            matches!(refused, Err(StoreError::Corrupt(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            replica.commitlog_offsets().1,
+            0,
+            "nothing of it was appended"
+        );
         // The good bytes then go in.
         let end = replica.append_replicated(0, &bytes).await.unwrap();
         assert_eq!(end, bytes.len() as u64);

@@ -152,6 +152,18 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
             "the first request on a connection must be a HandshakeRequest",
         ));
     }
+    if shard.config.role() == crate::config::BrokerRole::Slave && is_write_request(&request) {
+        return Err(refuse(
+            wire::Status::SERVICE_NOT_AVAILABLE,
+            format!(
+                "this broker is a slave of {} (broker id {}): it takes no sends or topic changes; use the master",
+                shard.config.ha_master, shard.config.broker_id
+            ),
+        ));
+    }
+    if let Some(r) = request.body_as_replica_pull_request() {
+        return handle_replica_pull(shard, id, r).await;
+    }
     if let Some(send) = request.body_as_send_request() {
         return handle_send(shard, connection, id, send).await;
     }
@@ -1192,6 +1204,77 @@ async fn handle_query_by_id(
         );
     }
     encode_query(shard, id, found)
+}
+
+/// Requests a slave refuses: they would write its CommitLog or topic table, which only its
+/// master's replication may change.
+fn is_write_request(request: &wire::Frame<'_>) -> bool {
+    request.body_as_send_request().is_some()
+        || request.body_as_send_half_request().is_some()
+        || request.body_as_end_transaction_request().is_some()
+        || request.body_as_upsert_topic_request().is_some()
+        || request.body_as_delete_topic_request().is_some()
+        || request.body_as_consumer_send_back_request().is_some()
+}
+
+/// A slave's replica pull (`replication.rs`): the CommitLog bytes of one storage shard from
+/// where the slave's log ends, sent as the answer's trailing bytes (a slice of the write ring
+/// or of a disk read, not copied).
+async fn handle_replica_pull(
+    shard: &NetworkShard,
+    id: u64,
+    r: wire::ReplicaPullRequest<'_>,
+) -> Answer {
+    if shard.config.role() == crate::config::BrokerRole::Slave {
+        return Err(refuse(
+            wire::Status::SERVICE_NOT_AVAILABLE,
+            "this broker is a slave: replicate from its master",
+        ));
+    }
+    let storage = r.storage_shard() as usize;
+    if storage >= shard.storage_shards() {
+        return Err(invalid(format!(
+            "storage shard {storage} does not exist here ({} shards): master and slave must have the same storage shard count",
+            shard.storage_shards()
+        )));
+    }
+    let from = r.from();
+    let max_bytes = u64::from(
+        r.max_bytes()
+            .clamp(1, crate::replication::REPLICA_PULL_BYTES),
+    );
+    let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
+    let (data, master_end) = shard
+        .ask(storage, |reply| StorageRequest::ReadForReplica {
+            from,
+            max_bytes,
+            suspend_ms,
+            reply,
+        })
+        .await?
+        .map_err(|e| refuse(wire::Status::INVALID_ARGUMENT, e.to_string()))?;
+    let mut head = BytesMut::new();
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode_head_with_trailing_bytes(&mut head, data.len(), |b, vector| {
+                let body = wire::ReplicaPullResponse::create(
+                    b,
+                    &wire::ReplicaPullResponseArgs {
+                        from,
+                        master_end,
+                        data: Some(vector),
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::ReplicaPullResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map_err(frame_error)?;
+    Ok(vec![head.freeze(), data])
 }
 
 fn encode_query(shard: &NetworkShard, id: u64, mut records: Vec<Bytes>) -> Answer {

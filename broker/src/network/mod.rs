@@ -229,6 +229,53 @@ impl NetworkShard {
         self.alive.borrow_mut().remove(&connection);
     }
 
+    /// A slave's copy of its master's topic table, refreshed every few seconds, so it serves
+    /// pulls of every topic its master has.
+    async fn copy_master_topics_loop(self: Rc<Self>) {
+        let Ok(master) = self.config.ha_master.parse() else {
+            return;
+        };
+        let client_id = format!(
+            "{}-slave-{}-topics",
+            self.config.broker_name, self.config.broker_id
+        );
+        while !self.stopping.load(Ordering::Relaxed) {
+            match crate::replication::master_topics(master, &client_id).await {
+                Ok(configs) => {
+                    let known = self.topics();
+                    for config in configs {
+                        if known.topics.get(&config.name) == Some(&config) {
+                            continue;
+                        }
+                        if crate::naming::is_system_topic(&config.name) {
+                            let (name, queues) =
+                                (config.name, config.read_queues.max(config.write_queues));
+                            let _ = self
+                                .ask(0, |reply| StorageRequest::EnsureSystemTopic {
+                                    name,
+                                    queues,
+                                    reply,
+                                })
+                                .await;
+                        } else {
+                            let _ = self
+                                .ask(0, |reply| StorageRequest::UpsertTopic {
+                                    config,
+                                    is_create_only: false,
+                                    reply,
+                                })
+                                .await;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%master, %error, "cannot read the master's topics");
+                }
+            }
+            glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
+        }
+    }
+
     /// Sends the liveness of clients whose heartbeats repeated, once a second.
     async fn flush_alive_loop(self: Rc<Self>) {
         while !self.stopping.load(Ordering::Relaxed) {
@@ -456,6 +503,22 @@ pub async fn run(
     on_listening(actual);
 
     let alive_task = glommio::spawn_local(shard.clone().flush_alive_loop()).detach();
+    // A master serves its slaves on the HA address with the same protocol; a slave copies its
+    // master's topic table (replication.rs).
+    let ha_task = match config.ha_listen_addr()? {
+        Some(addr) if id == 0 => {
+            let listener = TcpListener::bind(addr).map_err(|e| {
+                shard.close_storage_channels();
+                format!("cannot listen for slaves on {addr}: {e}")
+            })?;
+            info!(addr = %listener.local_addr().unwrap_or(addr), "serving slaves (HA)");
+            let shard = shard.clone();
+            Some(glommio::spawn_local(async move { accept_loop(&shard, &listener).await }).detach())
+        }
+        _ => None,
+    };
+    let topic_sync_task = (id == 0 && config.role() == crate::config::BrokerRole::Slave)
+        .then(|| glommio::spawn_local(shard.clone().copy_master_topics_loop()).detach());
     let registration = (id == 0 && !config.namesrv.is_empty())
         .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
     let metrics_server = match config.metrics_listen_addr()? {
@@ -487,6 +550,12 @@ pub async fn run(
         task.cancel();
     }
     alive_task.cancel();
+    if let Some(task) = ha_task {
+        task.await;
+    }
+    if let Some(task) = topic_sync_task {
+        task.cancel();
+    }
     shard.close_storage_channels();
     for task in event_tasks {
         task.cancel();

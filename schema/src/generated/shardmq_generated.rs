@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 48;
+pub const ENUM_MAX_BODY: u8 = 50;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 49] = [
+pub const ENUM_VALUES_BODY: [Body; 51] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -646,6 +646,8 @@ pub const ENUM_VALUES_BODY: [Body; 49] = [
   Body::BrokerStatusResponse,
   Body::GroupListRequest,
   Body::GroupListResponse,
+  Body::ReplicaPullRequest,
+  Body::ReplicaPullResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -705,9 +707,11 @@ impl Body {
   pub const BrokerStatusResponse: Self = Self(46);
   pub const GroupListRequest: Self = Self(47);
   pub const GroupListResponse: Self = Self(48);
+  pub const ReplicaPullRequest: Self = Self(49);
+  pub const ReplicaPullResponse: Self = Self(50);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 48;
+  pub const ENUM_MAX: u8 = 50;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -758,6 +762,8 @@ impl Body {
     Self::BrokerStatusResponse,
     Self::GroupListRequest,
     Self::GroupListResponse,
+    Self::ReplicaPullRequest,
+    Self::ReplicaPullResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -811,6 +817,8 @@ impl Body {
       Self::BrokerStatusResponse => Some("BrokerStatusResponse"),
       Self::GroupListRequest => Some("GroupListRequest"),
       Self::GroupListResponse => Some("GroupListResponse"),
+      Self::ReplicaPullRequest => Some("ReplicaPullRequest"),
+      Self::ReplicaPullResponse => Some("ReplicaPullResponse"),
       _ => None,
     }
   }
@@ -920,6 +928,8 @@ pub enum BodyT {
   BrokerStatusResponse(alloc::boxed::Box<BrokerStatusResponseT>),
   GroupListRequest(alloc::boxed::Box<GroupListRequestT>),
   GroupListResponse(alloc::boxed::Box<GroupListResponseT>),
+  ReplicaPullRequest(alloc::boxed::Box<ReplicaPullRequestT>),
+  ReplicaPullResponse(alloc::boxed::Box<ReplicaPullResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -978,6 +988,8 @@ impl BodyT {
       Self::BrokerStatusResponse(_) => Body::BrokerStatusResponse,
       Self::GroupListRequest(_) => Body::GroupListRequest,
       Self::GroupListResponse(_) => Body::GroupListResponse,
+      Self::ReplicaPullRequest(_) => Body::ReplicaPullRequest,
+      Self::ReplicaPullResponse(_) => Body::ReplicaPullResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1031,6 +1043,8 @@ impl BodyT {
       Self::BrokerStatusResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::GroupListRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::GroupListResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaPullRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaPullResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2040,6 +2054,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the GroupListResponseT.
   pub fn as_group_list_response_mut(&mut self) -> Option<&mut GroupListResponseT> {
     if let Self::GroupListResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaPullRequestT, setting the union to NONE.
+  pub fn take_replica_pull_request(&mut self) -> Option<alloc::boxed::Box<ReplicaPullRequestT>> {
+    if let Self::ReplicaPullRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaPullRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaPullRequestT.
+  pub fn as_replica_pull_request(&self) -> Option<&ReplicaPullRequestT> {
+    if let Self::ReplicaPullRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaPullRequestT.
+  pub fn as_replica_pull_request_mut(&mut self) -> Option<&mut ReplicaPullRequestT> {
+    if let Self::ReplicaPullRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaPullResponseT, setting the union to NONE.
+  pub fn take_replica_pull_response(&mut self) -> Option<alloc::boxed::Box<ReplicaPullResponseT>> {
+    if let Self::ReplicaPullResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaPullResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaPullResponseT.
+  pub fn as_replica_pull_response(&self) -> Option<&ReplicaPullResponseT> {
+    if let Self::ReplicaPullResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaPullResponseT.
+  pub fn as_replica_pull_response_mut(&mut self) -> Option<&mut ReplicaPullResponseT> {
+    if let Self::ReplicaPullResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 pub enum KeyValueOffset {}
@@ -13528,6 +13584,431 @@ impl ConsumerSendBackResponseT {
     })
   }
 }
+pub enum ReplicaPullRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Slave to master: the CommitLog bytes of `storage_shard` from `from`, where the slave's log
+/// ends (so `from` also acknowledges everything before it). The master answers with up to
+/// `max_bytes` bytes complete under its flush mode, holding the request up to
+/// `suspend_timeout_ms` while it has nothing new.
+pub struct ReplicaPullRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaPullRequest<'a> {
+  type Inner = ReplicaPullRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaPullRequest<'a> {
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 4;
+  pub const VT_FROM: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MAX_BYTES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_SUSPEND_TIMEOUT_MS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SLAVE_ADDRESS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaPullRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaPullRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaPullRequest<'bldr>> {
+    let mut builder = ReplicaPullRequestBuilder::new(_fbb);
+    builder.add_broker_id(args.broker_id);
+    builder.add_from(args.from);
+    if let Some(x) = args.slave_address { builder.add_slave_address(x); }
+    builder.add_suspend_timeout_ms(args.suspend_timeout_ms);
+    builder.add_max_bytes(args.max_bytes);
+    builder.add_storage_shard(args.storage_shard);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaPullRequestT {
+    let storage_shard = self.storage_shard();
+    let from = self.from();
+    let max_bytes = self.max_bytes();
+    let suspend_timeout_ms = self.suspend_timeout_ms();
+    let broker_id = self.broker_id();
+    let slave_address = self.slave_address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    ReplicaPullRequestT {
+      storage_shard,
+      from,
+      max_bytes,
+      suspend_timeout_ms,
+      broker_id,
+      slave_address,
+    }
+  }
+
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaPullRequest::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn from(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullRequest::VT_FROM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_bytes(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaPullRequest::VT_MAX_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn suspend_timeout_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaPullRequest::VT_SUSPEND_TIMEOUT_MS, Some(0)).unwrap()}
+  }
+  /// The slave's broker id and address, for the master's status and lag figures.
+  #[inline]
+  pub fn broker_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ReplicaPullRequest::VT_BROKER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn slave_address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaPullRequest::VT_SLAVE_ADDRESS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaPullRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<u64>("from", Self::VT_FROM, false)?
+     .visit_field::<u32>("max_bytes", Self::VT_MAX_BYTES, false)?
+     .visit_field::<u32>("suspend_timeout_ms", Self::VT_SUSPEND_TIMEOUT_MS, false)?
+     .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("slave_address", Self::VT_SLAVE_ADDRESS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaPullRequestArgs<'a> {
+    pub storage_shard: u32,
+    pub from: u64,
+    pub max_bytes: u32,
+    pub suspend_timeout_ms: u32,
+    pub broker_id: i64,
+    pub slave_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ReplicaPullRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaPullRequestArgs {
+      storage_shard: 0,
+      from: 0,
+      max_bytes: 0,
+      suspend_timeout_ms: 0,
+      broker_id: 0,
+      slave_address: None,
+    }
+  }
+}
+
+pub struct ReplicaPullRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaPullRequest::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_from(&mut self, from: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullRequest::VT_FROM, from, 0);
+  }
+  #[inline]
+  pub fn add_max_bytes(&mut self, max_bytes: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaPullRequest::VT_MAX_BYTES, max_bytes, 0);
+  }
+  #[inline]
+  pub fn add_suspend_timeout_ms(&mut self, suspend_timeout_ms: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaPullRequest::VT_SUSPEND_TIMEOUT_MS, suspend_timeout_ms, 0);
+  }
+  #[inline]
+  pub fn add_broker_id(&mut self, broker_id: i64) {
+    self.fbb_.push_slot::<i64>(ReplicaPullRequest::VT_BROKER_ID, broker_id, 0);
+  }
+  #[inline]
+  pub fn add_slave_address(&mut self, slave_address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaPullRequest::VT_SLAVE_ADDRESS, slave_address);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaPullRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaPullRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaPullRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaPullRequest");
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("from", &self.from());
+      ds.field("max_bytes", &self.max_bytes());
+      ds.field("suspend_timeout_ms", &self.suspend_timeout_ms());
+      ds.field("broker_id", &self.broker_id());
+      ds.field("slave_address", &self.slave_address());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaPullRequestT {
+  pub storage_shard: u32,
+  pub from: u64,
+  pub max_bytes: u32,
+  pub suspend_timeout_ms: u32,
+  pub broker_id: i64,
+  pub slave_address: Option<alloc::string::String>,
+}
+impl Default for ReplicaPullRequestT {
+  fn default() -> Self {
+    Self {
+      storage_shard: 0,
+      from: 0,
+      max_bytes: 0,
+      suspend_timeout_ms: 0,
+      broker_id: 0,
+      slave_address: None,
+    }
+  }
+}
+impl ReplicaPullRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaPullRequest<'b>> {
+    let storage_shard = self.storage_shard;
+    let from = self.from;
+    let max_bytes = self.max_bytes;
+    let suspend_timeout_ms = self.suspend_timeout_ms;
+    let broker_id = self.broker_id;
+    let slave_address = self.slave_address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    ReplicaPullRequest::create(_fbb, &ReplicaPullRequestArgs{
+      storage_shard,
+      from,
+      max_bytes,
+      suspend_timeout_ms,
+      broker_id,
+      slave_address,
+    })
+  }
+}
+pub enum ReplicaPullResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The bytes from `from` (possibly none), and where the master's log ends.
+pub struct ReplicaPullResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaPullResponse<'a> {
+  type Inner = ReplicaPullResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaPullResponse<'a> {
+  pub const VT_FROM: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 6;
+  pub const VT_DATA: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaPullResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaPullResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaPullResponse<'bldr>> {
+    let mut builder = ReplicaPullResponseBuilder::new(_fbb);
+    builder.add_master_end(args.master_end);
+    builder.add_from(args.from);
+    if let Some(x) = args.data { builder.add_data(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaPullResponseT {
+    let from = self.from();
+    let master_end = self.master_end();
+    let data = self.data().map(|x| {
+      x.into_iter().collect()
+    });
+    ReplicaPullResponseT {
+      from,
+      master_end,
+      data,
+    }
+  }
+
+  #[inline]
+  pub fn from(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_FROM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn master_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_MASTER_END, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn data(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ReplicaPullResponse::VT_DATA, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaPullResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("from", Self::VT_FROM, false)?
+     .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaPullResponseArgs<'a> {
+    pub from: u64,
+    pub master_end: u64,
+    pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ReplicaPullResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaPullResponseArgs {
+      from: 0,
+      master_end: 0,
+      data: None,
+    }
+  }
+}
+
+pub struct ReplicaPullResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_from(&mut self, from: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_FROM, from, 0);
+  }
+  #[inline]
+  pub fn add_master_end(&mut self, master_end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_MASTER_END, master_end, 0);
+  }
+  #[inline]
+  pub fn add_data(&mut self, data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaPullResponse::VT_DATA, data);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaPullResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaPullResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaPullResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaPullResponse");
+      ds.field("from", &self.from());
+      ds.field("master_end", &self.master_end());
+      ds.field("data", &self.data());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaPullResponseT {
+  pub from: u64,
+  pub master_end: u64,
+  pub data: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for ReplicaPullResponseT {
+  fn default() -> Self {
+    Self {
+      from: 0,
+      master_end: 0,
+      data: None,
+    }
+  }
+}
+impl ReplicaPullResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaPullResponse<'b>> {
+    let from = self.from;
+    let master_end = self.master_end;
+    let data = self.data.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    ReplicaPullResponse::create(_fbb, &ReplicaPullResponseArgs{
+      from,
+      master_end,
+      data,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -13819,6 +14300,16 @@ impl<'a> Frame<'a> {
       Body::GroupListResponse => BodyT::GroupListResponse(alloc::boxed::Box::new(
         self.body_as_group_list_response()
             .expect("Invalid union table, expected `Body::GroupListResponse`.")
+            .unpack()
+      )),
+      Body::ReplicaPullRequest => BodyT::ReplicaPullRequest(alloc::boxed::Box::new(
+        self.body_as_replica_pull_request()
+            .expect("Invalid union table, expected `Body::ReplicaPullRequest`.")
+            .unpack()
+      )),
+      Body::ReplicaPullResponse => BodyT::ReplicaPullResponse(alloc::boxed::Box::new(
+        self.body_as_replica_pull_response()
+            .expect("Invalid union table, expected `Body::ReplicaPullResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -14599,6 +15090,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_pull_request(&self) -> Option<ReplicaPullRequest<'a>> {
+    if self.body_type() == Body::ReplicaPullRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaPullRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_pull_response(&self) -> Option<ReplicaPullResponse<'a>> {
+    if self.body_type() == Body::ReplicaPullResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaPullResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -14661,6 +15182,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::BrokerStatusResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<BrokerStatusResponse>>("Body::BrokerStatusResponse", pos),
           Body::GroupListRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<GroupListRequest>>("Body::GroupListRequest", pos),
           Body::GroupListResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<GroupListResponse>>("Body::GroupListResponse", pos),
+          Body::ReplicaPullRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaPullRequest>>("Body::ReplicaPullRequest", pos),
+          Body::ReplicaPullResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaPullResponse>>("Body::ReplicaPullResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -15074,6 +15597,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::GroupListResponse => {
           if let Some(x) = self.body_as_group_list_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaPullRequest => {
+          if let Some(x) = self.body_as_replica_pull_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaPullResponse => {
+          if let Some(x) = self.body_as_replica_pull_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

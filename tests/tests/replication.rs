@@ -1,0 +1,156 @@
+//! Asynchronous master/slave replication with real processes (docs/replication.md): a slave
+//! started with `--broker-role slave --ha-master` copies its master's CommitLog and topics,
+//! serves pulls of every acknowledged message at the same queue offsets, refuses sends, and
+//! still serves them after the master is killed with SIGKILL.
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first.
+
+mod reliability_support;
+
+use std::time::Duration;
+
+use reliability_support::{create_topic, pull_queue, send_batch, QueueEnd};
+use shardmq_schema::wire;
+use shardmq_tests::{
+    send_request_body, status_of, wait_until, BrokerProcess, NamesrvProcess, TestMessage,
+};
+
+const TOPIC: &str = "Replicated";
+const QUEUES: u32 = 4;
+/// Longest the slave may take to catch up here (loopback, a few hundred KiB).
+const CATCH_UP: Duration = Duration::from_secs(20);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_master_dies() {
+    let namesrv = NamesrvProcess::start();
+    let namesrv_addr = namesrv.addr().to_string();
+    let master_dir = tempfile::tempdir().unwrap();
+    let slave_dir = tempfile::tempdir().unwrap();
+    let ha = format!("127.0.0.1:{}", free_port());
+    // Small segments: the copy crosses segment rollovers.
+    let mut master = BrokerProcess::start(
+        master_dir.path(),
+        &[
+            "--namesrv",
+            &namesrv_addr,
+            "--ha-listen",
+            &ha,
+            "--segment-bytes",
+            "1048576",
+            "--max-message-bytes",
+            "65536",
+        ],
+    );
+    let slave = BrokerProcess::start(
+        slave_dir.path(),
+        &[
+            "--namesrv",
+            &namesrv_addr,
+            "--broker-role",
+            "slave",
+            "--broker-id",
+            "1",
+            "--ha-master",
+            &ha,
+            "--segment-bytes",
+            "1048576",
+            "--max-message-bytes",
+            "65536",
+        ],
+    );
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, QUEUES);
+    let mut sent: Vec<Vec<Vec<u8>>> = vec![Vec::new(); QUEUES as usize];
+    for round in 0..60 {
+        for queue in 0..QUEUES {
+            let batch: Vec<TestMessage> = (0..5)
+                .map(|i| {
+                    let mut body = format!("r{round}-q{queue}-m{i}|").into_bytes();
+                    body.resize(900 + (round * 37 + i * 11) % 700, b'a' + (i as u8));
+                    TestMessage::new(body)
+                })
+                .collect();
+            let offsets = send_batch(&mut client, TOPIC, queue as i32, &batch);
+            assert_eq!(offsets[0], sent[queue as usize].len() as u64);
+            sent[queue as usize].extend(batch.into_iter().map(|m| m.body));
+        }
+    }
+    drop(client);
+
+    // The slave refuses sends (its log is its master's copy).
+    let mut on_slave = slave.client();
+    let refused = on_slave
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("to the slave")]))
+        .expect("an answer from the slave");
+    assert_eq!(
+        status_of(&refused).0,
+        wire::Status::SERVICE_NOT_AVAILABLE,
+        "{:?}",
+        status_of(&refused)
+    );
+
+    // It catches up: every queue, every message, in order.
+    let all_copied = |client: &mut shardmq_tests::TestClient| {
+        (0..QUEUES).all(|queue| {
+            let (records, end) = pull_queue(client, TOPIC, queue as i32);
+            end == QueueEnd::End && records.len() == sent[queue as usize].len()
+        })
+    };
+    wait_until(CATCH_UP, "the slave to hold every message", || {
+        all_copied(&mut on_slave).then_some(())
+    });
+
+    // The master dies; the slave still serves what was acknowledged, byte for byte.
+    master.kill9();
+    for queue in 0..QUEUES {
+        let (records, end) = pull_queue(&mut on_slave, TOPIC, queue as i32);
+        assert_eq!(end, QueueEnd::End);
+        let bodies: Vec<&Vec<u8>> = records.iter().map(|r| &r.body).collect();
+        assert_eq!(
+            bodies,
+            sent[queue as usize].iter().collect::<Vec<_>>(),
+            "queue {queue} on the slave after the master died"
+        );
+        for (offset, record) in records.iter().enumerate() {
+            assert_eq!(record.queue_offset, offset as u64, "queue {queue}");
+        }
+    }
+}
+
+#[test]
+fn role_settings_that_cannot_work_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, expected) in [
+        (
+            vec!["--broker-role", "slave", "--broker-id", "1"],
+            "ha_master",
+        ),
+        (
+            vec!["--broker-role", "slave", "--ha-master", "127.0.0.1:1"],
+            "broker_id above 0",
+        ),
+        (vec!["--broker-id", "2"], "broker_id 0"),
+        (vec!["--broker-role", "leader"], "not async-master"),
+        (vec!["--broker-role", "sync-master"], "not built yet"),
+    ] {
+        let mut all = vec!["--listen", "127.0.0.1:0", "--data-dir"];
+        let data = dir.path().to_str().unwrap();
+        all.push(data);
+        all.extend(args.iter().copied());
+        let output = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
+            .args(&all)
+            .output()
+            .expect("run the broker");
+        assert!(!output.status.success(), "{args:?} started");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
