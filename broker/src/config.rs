@@ -299,11 +299,6 @@ impl BrokerConfig {
                         self.broker_id
                     ));
                 }
-                if role == BrokerRole::SyncMaster {
-                    return Err(
-                        "broker_role sync-master is not built yet (docs/replication.md); use async-master".into(),
-                    );
-                }
             }
         }
         for addr in &self.namesrv {

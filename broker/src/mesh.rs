@@ -102,6 +102,8 @@ pub enum StorageRequest {
     /// `suspend_ms` while there is nothing new.
     ReadForReplica {
         from: u64,
+        /// Where the slave's bytes end under its flush mode (its acknowledgement).
+        acknowledged: u64,
         max_bytes: u64,
         suspend_ms: u64,
         reply: Reply<Result<(Bytes, u64), StoreError>>,

@@ -136,6 +136,7 @@ impl MasterLink {
         &mut self,
         storage_shard: usize,
         from: u64,
+        acknowledged: u64,
         broker_id: i64,
     ) -> io::Result<(Bytes, u64)> {
         let answer = self
@@ -149,6 +150,7 @@ impl MasterLink {
                         suspend_timeout_ms: REPLICA_SUSPEND_MS,
                         broker_id,
                         slave_address: None,
+                        acknowledged,
                     },
                 );
                 build_frame(
@@ -213,7 +215,9 @@ pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: Messa
         };
         loop {
             let from = store.commitlog_offsets().1;
-            let (data, _master_end) = match link.pull(storage_shard, from, config.broker_id).await {
+            let acknowledged = store.visible_offset();
+            let pull = link.pull(storage_shard, from, acknowledged, config.broker_id);
+            let (data, _master_end) = match pull.await {
                 Ok(answer) => answer,
                 Err(error) => {
                     warn!(storage_shard, %master, %error, "replication from the master stopped; reconnecting");
@@ -224,7 +228,9 @@ pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: Messa
                 continue;
             }
             match store.append_replicated(from, &data).await {
-                Ok(_) => {}
+                // Acknowledged with the next pull once written (synced under sync flush): a
+                // sync master's sends wait for that.
+                Ok(_) => store.wait_visible_to_current_end().await,
                 Err(StoreError::Busy { .. }) => {
                     // The disk is behind: let it catch up, then ask again from the same end.
                     glommio::timer::sleep(Duration::from_millis(10)).await;

@@ -49,7 +49,17 @@ struct StorageShard {
     events: Vec<ConnectedSender<NetworkEvent>>,
     control: Option<Control>,
     stopping: RefCell<bool>,
+    /// Master: the slave's acknowledgement (where its stored bytes end) and when it last
+    /// asked for bytes; a sync master's sends wait on `replica_progress`.
+    replica_acknowledged: std::cell::Cell<u64>,
+    replica_seen: std::cell::Cell<Option<std::time::Instant>>,
+    replica_progress: crate::store::notify::LocalNotify,
 }
+
+/// A slave that has not asked for bytes for this long is not replicating: a sync master's
+/// sends answer SLAVE_NOT_AVAILABLE at once instead of waiting for it. (An idle slave asks at
+/// least once a second: the master holds its pulls 1 s.)
+const SLAVE_SILENCE: Duration = Duration::from_secs(3);
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -155,6 +165,9 @@ pub async fn run(
         events: connected_events,
         control,
         stopping: RefCell::new(false),
+        replica_acknowledged: std::cell::Cell::new(0),
+        replica_seen: std::cell::Cell::new(None),
+        replica_progress: crate::store::notify::LocalNotify::default(),
     });
     if shard.control.is_some() {
         shard.broadcast_topics();
@@ -278,6 +291,41 @@ impl StorageShard {
         }
     }
 
+    /// Sync master: waits until the slave acknowledges every byte below `end`, up to
+    /// `sync_flush_timeout_ms`.
+    async fn wait_replicated(&self, end: u64) -> crate::store::AppendStatus {
+        use crate::store::AppendStatus;
+        let is_replicating = self
+            .replica_seen
+            .get()
+            .is_some_and(|seen| seen.elapsed() < SLAVE_SILENCE);
+        if !is_replicating {
+            return AppendStatus::SlaveNotAvailable;
+        }
+        let wait = async {
+            while self.replica_acknowledged.get() < end {
+                self.replica_progress.notified().await;
+            }
+        };
+        let timeout = Duration::from_millis(self.config.sync_flush_timeout_ms);
+        let acknowledged = futures_lite::future::or(
+            async {
+                wait.await;
+                true
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+                false
+            },
+        )
+        .await;
+        if acknowledged {
+            AppendStatus::Ok
+        } else {
+            AppendStatus::FlushSlaveTimeout
+        }
+    }
+
     fn notify_arrival(&self, topic: &str, queue_id: u32) {
         let mask = {
             let mut watches = self.watches.borrow_mut();
@@ -315,9 +363,22 @@ impl StorageShard {
         match request {
             StorageRequest::Append { batch, reply } => {
                 let target = batch_queue(&batch);
-                let result = self.store.append(batch).await;
+                let mut result = self.store.append(batch).await;
                 if let (Ok(_), Some((topic, queue_id))) = (&result, target) {
                     self.notify_arrival(&topic, queue_id);
+                }
+                if let Ok(outcome) = &mut result {
+                    if self.config.role() == crate::config::BrokerRole::SyncMaster
+                        && outcome.status == crate::store::AppendStatus::Ok
+                    {
+                        let end = outcome
+                            .records
+                            .iter()
+                            .map(|r| r.physical_offset + u64::from(r.size))
+                            .max()
+                            .unwrap_or(0);
+                        outcome.status = self.wait_replicated(end).await;
+                    }
                 }
                 let _ = reply.send(result);
             }
@@ -442,10 +503,20 @@ impl StorageShard {
             }
             StorageRequest::ReadForReplica {
                 from,
+                acknowledged,
                 max_bytes,
                 suspend_ms,
                 reply,
             } => {
+                self.replica_seen.set(Some(std::time::Instant::now()));
+                // An acknowledgement past this log's end is a slave holding bytes this master
+                // does not: not counted (divergence is refused below, by the read).
+                if acknowledged <= self.store.commitlog_offsets().1
+                    && acknowledged > self.replica_acknowledged.get()
+                {
+                    self.replica_acknowledged.set(acknowledged);
+                    self.replica_progress.notify_all();
+                }
                 let deadline = std::time::Instant::now() + Duration::from_millis(suspend_ms);
                 let answer = loop {
                     // Wait for the next arrival before reading, so none is missed in between.

@@ -1,7 +1,9 @@
-//! Asynchronous master/slave replication with real processes (docs/replication.md): a slave
-//! started with `--broker-role slave --ha-master` copies its master's CommitLog and topics,
-//! serves pulls of every acknowledged message at the same queue offsets, refuses sends, and
-//! still serves them after the master is killed with SIGKILL.
+//! Master/slave replication with real processes (docs/replication.md): a slave started with
+//! `--broker-role slave --ha-master` copies its master's CommitLog and topics, serves pulls of
+//! every acknowledged message at the same queue offsets, refuses sends, and still serves them
+//! after the master is killed with SIGKILL; under `sync-master` a send is acknowledged only once
+//! the slave holds it (so a SIGKILL of the master right after loses nothing on the slave), and
+//! without a slave it answers SLAVE_NOT_AVAILABLE.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
 
@@ -139,7 +141,6 @@ fn role_settings_that_cannot_work_are_refused_at_start() {
         ),
         (vec!["--broker-id", "2"], "broker_id 0"),
         (vec!["--broker-role", "leader"], "not async-master"),
-        (vec!["--broker-role", "sync-master"], "not built yet"),
     ] {
         let mut all = vec!["--listen", "127.0.0.1:0", "--data-dir"];
         let data = dir.path().to_str().unwrap();
@@ -153,4 +154,76 @@ fn role_settings_that_cannot_work_are_refused_at_start() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_sync_master_acknowledges_only_what_its_slave_holds() {
+    let namesrv = NamesrvProcess::start();
+    let namesrv_addr = namesrv.addr().to_string();
+    let master_dir = tempfile::tempdir().unwrap();
+    let slave_dir = tempfile::tempdir().unwrap();
+    let ha = format!("127.0.0.1:{}", free_port());
+    let mut master = BrokerProcess::start(
+        master_dir.path(),
+        &[
+            "--namesrv",
+            &namesrv_addr,
+            "--broker-role",
+            "sync-master",
+            "--ha-listen",
+            &ha,
+        ],
+    );
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    // No slave yet: stored, but not replicated.
+    let alone = client
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("alone")]))
+        .expect("an answer");
+    assert_eq!(
+        status_of(&alone).0,
+        wire::Status::SLAVE_NOT_AVAILABLE,
+        "{:?}",
+        status_of(&alone)
+    );
+
+    let slave = BrokerProcess::start(
+        slave_dir.path(),
+        &[
+            "--namesrv",
+            &namesrv_addr,
+            "--broker-role",
+            "slave",
+            "--broker-id",
+            "1",
+            "--ha-master",
+            &ha,
+        ],
+    );
+    // Once the slave replicates, sends are acknowledged OK.
+    wait_until(CATCH_UP, "the slave to start replicating", || {
+        let probe = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
+            .expect("an answer");
+        (status_of(&probe).0 == wire::Status::OK).then_some(())
+    });
+    let mut acknowledged = Vec::new();
+    for i in 0..200 {
+        let body = format!("sync-{i}").into_bytes();
+        let response = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new(body.clone())]))
+            .expect("an answer");
+        assert_eq!(status_of(&response).0, wire::Status::OK, "send {i}");
+        acknowledged.push(body);
+    }
+    // Killed right after the last acknowledgement: the slave already holds every message.
+    master.kill9();
+    let (records, end) = pull_queue(&mut slave.client(), TOPIC, 0);
+    assert_eq!(end, QueueEnd::End);
+    let on_slave: Vec<&Vec<u8>> = records
+        .iter()
+        .map(|r| &r.body)
+        .filter(|b| b.starts_with(b"sync-"))
+        .collect();
+    assert_eq!(on_slave, acknowledged.iter().collect::<Vec<_>>());
 }

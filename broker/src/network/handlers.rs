@@ -727,11 +727,20 @@ pub(super) fn encode_send_response(
             crate::metrics::broker().sync_flush_timeouts.inc();
             wire::Status::FLUSH_DISK_TIMEOUT
         }
+        AppendStatus::FlushSlaveTimeout => wire::Status::FLUSH_SLAVE_TIMEOUT,
+        AppendStatus::SlaveNotAvailable => wire::Status::SLAVE_NOT_AVAILABLE,
     };
-    let message = if status == wire::Status::OK {
-        ""
-    } else {
-        "stored, but the sync flush did not complete within sync_flush_timeout_ms"
+    let message = match outcome.status {
+        AppendStatus::Ok => "",
+        AppendStatus::FlushDiskTimeout => {
+            "stored, but the sync flush did not complete within sync_flush_timeout_ms"
+        }
+        AppendStatus::FlushSlaveTimeout => {
+            "stored on the master, but the slave did not acknowledge it within sync_flush_timeout_ms"
+        }
+        AppendStatus::SlaveNotAvailable => {
+            "stored on the master, but no slave is replicating from it (sync-master)"
+        }
     };
     shard
         .with_encoder(|encoder| {
@@ -1244,9 +1253,11 @@ async fn handle_replica_pull(
             .clamp(1, crate::replication::REPLICA_PULL_BYTES),
     );
     let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
+    let acknowledged = r.acknowledged();
     let (data, master_end) = shard
         .ask(storage, |reply| StorageRequest::ReadForReplica {
             from,
+            acknowledged,
             max_bytes,
             suspend_ms,
             reply,

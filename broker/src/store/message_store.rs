@@ -276,6 +276,11 @@ pub enum AppendStatus {
     /// Sync flush did not confirm within `sync_flush_timeout_ms`; the records are appended and
     /// become visible once flushed.
     FlushDiskTimeout,
+    /// Stored here (sync master), but the slave did not acknowledge it within
+    /// `sync_flush_timeout_ms`.
+    FlushSlaveTimeout,
+    /// Stored here (sync master), but no slave is replicating.
+    SlaveNotAvailable,
 }
 
 #[derive(Debug, Clone)]
@@ -919,6 +924,21 @@ impl MessageStore {
         let inner = &self.inner;
         let end = inner.commit_log.write_offset();
         while inner.commit_log.synced_offset() < end && !inner.is_closed.get() {
+            inner.flushed.notified().await;
+        }
+    }
+
+    /// Where this store's bytes end under its flush mode: written (async) or synced (sync).
+    pub fn visible_offset(&self) -> u64 {
+        self.inner.visible_offset()
+    }
+
+    /// Completes once every CommitLog byte appended before this call is complete under the
+    /// flush mode (what a replica acknowledges); at once if the store closes.
+    pub async fn wait_visible_to_current_end(&self) {
+        let inner = &self.inner;
+        let end = inner.commit_log.write_offset();
+        while inner.visible_offset() < end && !inner.is_closed.get() {
             inner.flushed.notified().await;
         }
     }

@@ -13610,6 +13610,7 @@ impl<'a> ReplicaPullRequest<'a> {
   pub const VT_SUSPEND_TIMEOUT_MS: ::flatbuffers::VOffsetT = 10;
   pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 12;
   pub const VT_SLAVE_ADDRESS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ACKNOWLEDGED: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -13621,6 +13622,7 @@ impl<'a> ReplicaPullRequest<'a> {
     args: &'args ReplicaPullRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaPullRequest<'bldr>> {
     let mut builder = ReplicaPullRequestBuilder::new(_fbb);
+    builder.add_acknowledged(args.acknowledged);
     builder.add_broker_id(args.broker_id);
     builder.add_from(args.from);
     if let Some(x) = args.slave_address { builder.add_slave_address(x); }
@@ -13639,6 +13641,7 @@ impl<'a> ReplicaPullRequest<'a> {
     let slave_address = self.slave_address().map(|x| {
       alloc::string::ToString::to_string(x)
     });
+    let acknowledged = self.acknowledged();
     ReplicaPullRequestT {
       storage_shard,
       from,
@@ -13646,6 +13649,7 @@ impl<'a> ReplicaPullRequest<'a> {
       suspend_timeout_ms,
       broker_id,
       slave_address,
+      acknowledged,
     }
   }
 
@@ -13692,6 +13696,15 @@ impl<'a> ReplicaPullRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaPullRequest::VT_SLAVE_ADDRESS, None)}
   }
+  /// Where the slave's stored bytes end under its own flush mode (written, or synced under
+  /// sync flush): what a sync master's sends wait for.
+  #[inline]
+  pub fn acknowledged(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullRequest::VT_ACKNOWLEDGED, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaPullRequest<'_> {
@@ -13706,6 +13719,7 @@ impl ::flatbuffers::Verifiable for ReplicaPullRequest<'_> {
      .visit_field::<u32>("suspend_timeout_ms", Self::VT_SUSPEND_TIMEOUT_MS, false)?
      .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("slave_address", Self::VT_SLAVE_ADDRESS, false)?
+     .visit_field::<u64>("acknowledged", Self::VT_ACKNOWLEDGED, false)?
      .finish();
     Ok(())
   }
@@ -13717,6 +13731,7 @@ pub struct ReplicaPullRequestArgs<'a> {
     pub suspend_timeout_ms: u32,
     pub broker_id: i64,
     pub slave_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub acknowledged: u64,
 }
 impl<'a> Default for ReplicaPullRequestArgs<'a> {
   #[inline]
@@ -13728,6 +13743,7 @@ impl<'a> Default for ReplicaPullRequestArgs<'a> {
       suspend_timeout_ms: 0,
       broker_id: 0,
       slave_address: None,
+      acknowledged: 0,
     }
   }
 }
@@ -13762,6 +13778,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullRequestBuilder<'a,
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaPullRequest::VT_SLAVE_ADDRESS, slave_address);
   }
   #[inline]
+  pub fn add_acknowledged(&mut self, acknowledged: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullRequest::VT_ACKNOWLEDGED, acknowledged, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaPullRequestBuilder {
@@ -13785,6 +13805,7 @@ impl ::core::fmt::Debug for ReplicaPullRequest<'_> {
       ds.field("suspend_timeout_ms", &self.suspend_timeout_ms());
       ds.field("broker_id", &self.broker_id());
       ds.field("slave_address", &self.slave_address());
+      ds.field("acknowledged", &self.acknowledged());
       ds.finish()
   }
 }
@@ -13797,6 +13818,7 @@ pub struct ReplicaPullRequestT {
   pub suspend_timeout_ms: u32,
   pub broker_id: i64,
   pub slave_address: Option<alloc::string::String>,
+  pub acknowledged: u64,
 }
 impl Default for ReplicaPullRequestT {
   fn default() -> Self {
@@ -13807,6 +13829,7 @@ impl Default for ReplicaPullRequestT {
       suspend_timeout_ms: 0,
       broker_id: 0,
       slave_address: None,
+      acknowledged: 0,
     }
   }
 }
@@ -13823,6 +13846,7 @@ impl ReplicaPullRequestT {
     let slave_address = self.slave_address.as_ref().map(|x|{
       _fbb.create_string(x)
     });
+    let acknowledged = self.acknowledged;
     ReplicaPullRequest::create(_fbb, &ReplicaPullRequestArgs{
       storage_shard,
       from,
@@ -13830,6 +13854,7 @@ impl ReplicaPullRequestT {
       suspend_timeout_ms,
       broker_id,
       slave_address,
+      acknowledged,
     })
   }
 }
