@@ -284,3 +284,72 @@ pub async fn master_topics(
         })
         .collect())
 }
+
+/// How often a slave copies its master's consumer offsets (RocketMQ's 10 s).
+pub const OFFSET_SYNC_INTERVAL: Duration = Duration::from_secs(10);
+
+impl MasterLink {
+    /// The master's consumer groups and the topics each has offsets for or subscribes to.
+    pub async fn groups(&mut self) -> io::Result<Vec<(String, Vec<String>)>> {
+        let answer = self
+            .request(|b, header| {
+                let body = wire::GroupListRequest::create(b, &wire::GroupListRequestArgs {});
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::GroupListRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let groups = answer
+            .frame()
+            .body_as_group_list_response()
+            .and_then(|r| r.groups())
+            .ok_or_else(|| io::Error::other("a GroupListResponse without groups"))?;
+        Ok(groups
+            .iter()
+            .map(|g| {
+                let topics = g
+                    .topics()
+                    .iter()
+                    .flat_map(|t| t.iter())
+                    .map(str::to_owned)
+                    .collect();
+                (g.group().unwrap_or_default().to_owned(), topics)
+            })
+            .collect())
+    }
+
+    /// The master's committed offset of `group` for one queue, if it has one.
+    pub async fn committed_offset(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+    ) -> io::Result<Option<u64>> {
+        let answer = self
+            .request(|b, header| {
+                let (group, topic) = (b.create_string(group), b.create_string(topic));
+                let body = wire::QueryConsumerOffsetRequest::create(
+                    b,
+                    &wire::QueryConsumerOffsetRequestArgs {
+                        consumer_group: Some(group),
+                        topic: Some(topic),
+                        queue_id: queue_id as i32,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::QueryConsumerOffsetRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        Ok(answer
+            .frame()
+            .body_as_offset_response()
+            .and_then(|r| u64::try_from(r.offset()).ok()))
+    }
+}

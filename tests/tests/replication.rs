@@ -1,7 +1,7 @@
 //! Master/slave replication with real processes (docs/replication.md): a slave started with
 //! `--broker-role slave --ha-master` copies its master's CommitLog and topics, serves pulls of
-//! every acknowledged message at the same queue offsets, refuses sends, and still serves them
-//! after the master is killed with SIGKILL; under `sync-master` a send is acknowledged only once
+//! every acknowledged message at the same queue offsets, copies consumer offsets, refuses
+//! sends, and still serves them after the master is killed with SIGKILL; under `sync-master` a send is acknowledged only once
 //! the slave holds it (so a SIGKILL of the master right after loses nothing on the slave), and
 //! without a slave it answers SLAVE_NOT_AVAILABLE.
 //!
@@ -14,7 +14,8 @@ use std::time::Duration;
 use reliability_support::{create_topic, pull_queue, send_batch, QueueEnd};
 use shardmq_schema::wire;
 use shardmq_tests::{
-    send_request_body, status_of, wait_until, BrokerProcess, NamesrvProcess, TestMessage,
+    commit_offset, committed_offset, send_request_body, status_of, wait_until, BrokerProcess,
+    NamesrvProcess, TestMessage,
 };
 
 const TOPIC: &str = "Replicated";
@@ -108,6 +109,13 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
     };
     wait_until(CATCH_UP, "the slave to hold every message", || {
         all_copied(&mut on_slave).then_some(())
+    });
+
+    // A consumer group's committed offset reaches the slave (copied every 10 s), so a group
+    // that moves there resumes near its position instead of from the start.
+    commit_offset(&mut master.client(), "Mover", TOPIC, 2, 123);
+    wait_until(CATCH_UP, "the slave to hold the group's offset", || {
+        (committed_offset(&mut on_slave, "Mover", TOPIC, 2) == Some(123)).then_some(())
     });
 
     // The master dies; the slave still serves what was acknowledged, byte for byte.

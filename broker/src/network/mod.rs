@@ -239,6 +239,9 @@ impl NetworkShard {
             "{}-slave-{}-topics",
             self.config.broker_name, self.config.broker_id
         );
+        // The first copy of the offsets comes with the first copy of the topics.
+        let mut last_offsets_copy =
+            std::time::Instant::now() - crate::replication::OFFSET_SYNC_INTERVAL;
         while !self.stopping.load(Ordering::Relaxed) {
             match crate::replication::master_topics(master, &client_id).await {
                 Ok(configs) => {
@@ -272,8 +275,64 @@ impl NetworkShard {
                     tracing::debug!(%master, %error, "cannot read the master's topics");
                 }
             }
+            if last_offsets_copy.elapsed() >= crate::replication::OFFSET_SYNC_INTERVAL {
+                last_offsets_copy = std::time::Instant::now();
+                if let Err(error) = self.copy_master_offsets(master, &client_id).await {
+                    tracing::debug!(%master, %error, "cannot copy the master's consumer offsets");
+                }
+            }
             glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
         }
+    }
+
+    /// Copies the master's committed consumer offsets, moving a local one only forward (a
+    /// group that consumed here while the master was gone is not sent back).
+    async fn copy_master_offsets(
+        &self,
+        master: SocketAddr,
+        client_id: &str,
+    ) -> std::io::Result<()> {
+        let mut link = crate::replication::MasterLink::connect(master, client_id).await?;
+        let topics = self.topics();
+        for (group, group_topics) in link.groups().await? {
+            for topic in group_topics {
+                let Some(config) = topics.topics.get(&topic) else {
+                    continue;
+                };
+                for queue_id in 0..config.read_queues.max(config.write_queues) {
+                    let Some(offset) = link.committed_offset(&group, &topic, queue_id).await?
+                    else {
+                        continue;
+                    };
+                    let storage = self.shard_of(&topic, queue_id);
+                    let (g, t) = (group.clone(), topic.clone());
+                    let local = self
+                        .ask(storage, |reply| StorageRequest::QueryConsumerOffset {
+                            group: g,
+                            topic: t,
+                            queue_id,
+                            reply,
+                        })
+                        .await
+                        .ok()
+                        .flatten();
+                    if local.is_some_and(|local| local >= offset) {
+                        continue;
+                    }
+                    let (group, topic) = (group.clone(), topic.clone());
+                    let _ = self
+                        .ask(storage, |reply| StorageRequest::CommitConsumerOffset {
+                            group,
+                            topic,
+                            queue_id,
+                            offset,
+                            reply,
+                        })
+                        .await;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sends the liveness of clients whose heartbeats repeated, once a second.
