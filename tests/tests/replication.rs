@@ -31,44 +31,63 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_master_dies() {
-    let namesrv = NamesrvProcess::start();
-    let namesrv_addr = namesrv.addr().to_string();
-    let master_dir = tempfile::tempdir().unwrap();
-    let slave_dir = tempfile::tempdir().unwrap();
-    let ha = format!("127.0.0.1:{}", free_port());
-    // Small segments: the copy crosses segment rollovers.
-    let mut master = BrokerProcess::start(
-        master_dir.path(),
-        &[
+/// A name server and the directories and HA address of a master/slave pair.
+struct Group {
+    namesrv: NamesrvProcess,
+    master_dir: tempfile::TempDir,
+    slave_dir: tempfile::TempDir,
+    ha: String,
+}
+
+impl Group {
+    fn new() -> Group {
+        Group {
+            namesrv: NamesrvProcess::start(),
+            master_dir: tempfile::tempdir().unwrap(),
+            slave_dir: tempfile::tempdir().unwrap(),
+            ha: format!("127.0.0.1:{}", free_port()),
+        }
+    }
+
+    fn master(&self, role: &str, extra: &[&str]) -> BrokerProcess {
+        let namesrv = self.namesrv.addr().to_string();
+        let mut args = vec![
             "--namesrv",
-            &namesrv_addr,
+            &namesrv,
+            "--broker-role",
+            role,
             "--ha-listen",
-            &ha,
-            "--segment-bytes",
-            "1048576",
-            "--max-message-bytes",
-            "65536",
-        ],
-    );
-    let slave = BrokerProcess::start(
-        slave_dir.path(),
-        &[
+            &self.ha,
+        ];
+        args.extend_from_slice(extra);
+        BrokerProcess::start(self.master_dir.path(), &args)
+    }
+
+    fn slave(&self, extra: &[&str]) -> BrokerProcess {
+        let namesrv = self.namesrv.addr().to_string();
+        let mut args = vec![
             "--namesrv",
-            &namesrv_addr,
+            &namesrv,
             "--broker-role",
             "slave",
             "--broker-id",
             "1",
             "--ha-master",
-            &ha,
-            "--segment-bytes",
-            "1048576",
-            "--max-message-bytes",
-            "65536",
-        ],
-    );
+            &self.ha,
+        ];
+        args.extend_from_slice(extra);
+        BrokerProcess::start(self.slave_dir.path(), &args)
+    }
+}
+
+/// Small segments: the copy crosses segment rollovers.
+const SMALL_SEGMENTS: [&str; 4] = ["--segment-bytes", "1048576", "--max-message-bytes", "65536"];
+
+#[test]
+fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_master_dies() {
+    let group = Group::new();
+    let mut master = group.master("async-master", &SMALL_SEGMENTS);
+    let slave = group.slave(&SMALL_SEGMENTS);
     let mut client = master.client();
     create_topic(&mut client, TOPIC, QUEUES);
     let mut sent: Vec<Vec<Vec<u8>>> = vec![Vec::new(); QUEUES as usize];
@@ -166,22 +185,8 @@ fn role_settings_that_cannot_work_are_refused_at_start() {
 
 #[test]
 fn a_sync_master_acknowledges_only_what_its_slave_holds() {
-    let namesrv = NamesrvProcess::start();
-    let namesrv_addr = namesrv.addr().to_string();
-    let master_dir = tempfile::tempdir().unwrap();
-    let slave_dir = tempfile::tempdir().unwrap();
-    let ha = format!("127.0.0.1:{}", free_port());
-    let mut master = BrokerProcess::start(
-        master_dir.path(),
-        &[
-            "--namesrv",
-            &namesrv_addr,
-            "--broker-role",
-            "sync-master",
-            "--ha-listen",
-            &ha,
-        ],
-    );
+    let group = Group::new();
+    let mut master = group.master("sync-master", &[]);
     let mut client = master.client();
     create_topic(&mut client, TOPIC, 1);
     // No slave yet: stored, but not replicated.
@@ -195,19 +200,7 @@ fn a_sync_master_acknowledges_only_what_its_slave_holds() {
         status_of(&alone)
     );
 
-    let slave = BrokerProcess::start(
-        slave_dir.path(),
-        &[
-            "--namesrv",
-            &namesrv_addr,
-            "--broker-role",
-            "slave",
-            "--broker-id",
-            "1",
-            "--ha-master",
-            &ha,
-        ],
-    );
+    let slave = group.slave(&[]);
     // Once the slave replicates, sends are acknowledged OK.
     wait_until(CATCH_UP, "the slave to start replicating", || {
         let probe = client
