@@ -228,3 +228,66 @@ fn a_sync_master_acknowledges_only_what_its_slave_holds() {
         .collect();
     assert_eq!(on_slave, acknowledged.iter().collect::<Vec<_>>());
 }
+
+#[test]
+fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
+    let group = Group::new();
+    let master = group.master("async-master", &[]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    send_batch(&mut client, TOPIC, 0, &[TestMessage::new("kept")]);
+    let replica_pull = |client: &mut shardmq_tests::TestClient, shard: u32, from: u64| {
+        client
+            .request(|b| {
+                let body = wire::ReplicaPullRequest::create(
+                    b,
+                    &wire::ReplicaPullRequestArgs {
+                        storage_shard: shard,
+                        from,
+                        max_bytes: 1 << 20,
+                        suspend_timeout_ms: 0,
+                        ..Default::default()
+                    },
+                );
+                (wire::Body::ReplicaPullRequest, body.as_union_value())
+            })
+            .expect("an answer")
+    };
+    // On the HA address as on the client address: the ordinary protocol and its checks.
+    let mut ha = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();
+    ha.handshake().unwrap();
+    for (shard, from, what) in [
+        (7, 0, "a storage shard the master lacks"),
+        (0, 1 << 40, "an offset past the master's end"),
+    ] {
+        let answer = replica_pull(&mut ha, shard, from);
+        assert_eq!(
+            status_of(&answer).0,
+            wire::Status::INVALID_ARGUMENT,
+            "{what}: {:?}",
+            status_of(&answer)
+        );
+    }
+    // Garbage on the HA port is answered or closed, as on the client port.
+    let mut garbage = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();
+    let _ = garbage.send_bytes(&[0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]);
+    drop(garbage);
+    // A good pull from the start still gets the stored bytes.
+    let answer = replica_pull(&mut ha, 0, 0);
+    assert_eq!(status_of(&answer).0, wire::Status::OK);
+    let body = answer
+        .frame()
+        .body_as_replica_pull_response()
+        .expect("a body");
+    assert!(
+        body.data().is_some_and(|d| !d.is_empty()),
+        "no bytes served"
+    );
+    let (records, _) = pull_queue(&mut master.client(), TOPIC, 0);
+    assert_eq!(records.len(), 1, "the master keeps serving");
+
+    // A slave refuses to be replicated from.
+    let slave = group.slave(&[]);
+    let answer = replica_pull(&mut slave.client(), 0, 0);
+    assert_eq!(status_of(&answer).0, wire::Status::SERVICE_NOT_AVAILABLE);
+}
