@@ -341,6 +341,8 @@ pub struct StorageSnapshot {
     /// Storage shard 0 only: (group, live members, subscribed topics) of every consumer group
     /// with live members.
     pub live_groups: Vec<(String, usize, Vec<String>)>,
+    /// Master: CommitLog bytes the slave has not acknowledged; `None` before any slave pull.
+    pub replica_lag_bytes: Option<u64>,
 }
 
 /// Serves `/metrics` on `addr` from network shard `shard` until the broker stops.

@@ -740,6 +740,12 @@ impl StorageShard {
             consumer_lag: lag.into_iter().map(|((g, t), n)| (g, t, n)).collect(),
             commitlog_bytes: self.store.commitlog_disk_bytes(),
             live_groups,
+            replica_lag_bytes: self.replica_seen.get().map(|_| {
+                self.store
+                    .commitlog_offsets()
+                    .1
+                    .saturating_sub(self.replica_acknowledged.get())
+            }),
         }
     }
 

@@ -35,6 +35,10 @@ pub struct BrokerStatus {
     pub commitlog_bytes: u64,
     pub disk_total_bytes: u64,
     pub disk_free_bytes: u64,
+    /// `async-master`, `sync-master` or `slave`.
+    pub role: String,
+    /// A master's replication lag in CommitLog bytes; `None` when no slave replicates from it.
+    pub replica_lag_bytes: Option<u64>,
 }
 
 /// A consumer group as one broker knows it.
@@ -108,6 +112,8 @@ impl ConnectionPool {
             commitlog_bytes: r.commitlog_bytes(),
             disk_total_bytes: r.disk_total_bytes(),
             disk_free_bytes: r.disk_free_bytes(),
+            role: text(r.role()),
+            replica_lag_bytes: u64::try_from(r.replica_lag_bytes()).ok(),
         })
     }
 

@@ -137,6 +137,28 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
         (committed_offset(&mut on_slave, "Mover", TOPIC, 2) == Some(123)).then_some(())
     });
 
+    // `broker status` says who is who, and that the slave has everything.
+    let status = |client: &mut shardmq_tests::TestClient| {
+        let answer = client
+            .request(|b| {
+                let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
+                (wire::Body::BrokerStatusRequest, body.as_union_value())
+            })
+            .expect("an answer to BrokerStatusRequest");
+        let r = answer
+            .frame()
+            .body_as_broker_status_response()
+            .expect("a body");
+        (
+            r.role().unwrap_or_default().to_owned(),
+            r.replica_lag_bytes(),
+        )
+    };
+    wait_until(CATCH_UP, "the master to report no lag", || {
+        (status(&mut master.client()) == ("async-master".to_owned(), 0)).then_some(())
+    });
+    assert_eq!(status(&mut on_slave), ("slave".to_owned(), -1));
+
     // The master dies; the slave still serves what was acknowledged, byte for byte.
     master.kill9();
     for queue in 0..QUEUES {

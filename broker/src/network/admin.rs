@@ -15,6 +15,15 @@ use crate::metrics::{self, StorageSnapshot};
 pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
     let snapshots = metrics::storage_snapshots(shard).await;
     let commitlog_bytes: u64 = snapshots.iter().map(|s| s.commitlog_bytes).sum();
+    let replica_lag_bytes = snapshots
+        .iter()
+        .map(|s| s.replica_lag_bytes)
+        .reduce(|a, b| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        })
+        .flatten()
+        .map_or(-1, |lag| lag as i64);
     let (disk_total, disk_free) = metrics::disk_space(&shard.config.data_dir).unwrap_or((0, 0));
     let m = metrics::broker();
     let totals = &m.totals;
@@ -26,6 +35,7 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
         let version = b.create_string(env!("CARGO_PKG_VERSION"));
         let placement = b.create_string(m.placement.get().map_or("", String::as_str));
         let flush = b.create_string(&config.flush);
+        let role = b.create_string(config.role().name());
         let body = wire::BrokerStatusResponse::create(
             b,
             &wire::BrokerStatusResponseArgs {
@@ -47,6 +57,8 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
                 commitlog_bytes,
                 disk_total_bytes: disk_total,
                 disk_free_bytes: disk_free,
+                role: Some(role),
+                replica_lag_bytes,
             },
         );
         (wire::Body::BrokerStatusResponse, body.as_union_value())
@@ -119,11 +131,13 @@ mod tests {
             consumer_lag: vec![("g".into(), "a".into(), 3)],
             commitlog_bytes: 0,
             live_groups: vec![("g".into(), 2, vec!["b".into()])],
+            replica_lag_bytes: None,
         };
         let shard1 = StorageSnapshot {
             consumer_lag: vec![("g".into(), "a".into(), 4), ("h".into(), "c".into(), 1)],
             commitlog_bytes: 0,
             live_groups: Vec::new(),
+            replica_lag_bytes: None,
         };
         let groups = merge_groups(vec![shard0, shard1]);
         let g = &groups["g"];

@@ -10717,6 +10717,8 @@ impl<'a> BrokerStatusResponse<'a> {
   pub const VT_COMMITLOG_BYTES: ::flatbuffers::VOffsetT = 34;
   pub const VT_DISK_TOTAL_BYTES: ::flatbuffers::VOffsetT = 36;
   pub const VT_DISK_FREE_BYTES: ::flatbuffers::VOffsetT = 38;
+  pub const VT_ROLE: ::flatbuffers::VOffsetT = 40;
+  pub const VT_REPLICA_LAG_BYTES: ::flatbuffers::VOffsetT = 42;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -10728,6 +10730,7 @@ impl<'a> BrokerStatusResponse<'a> {
     args: &'args BrokerStatusResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<BrokerStatusResponse<'bldr>> {
     let mut builder = BrokerStatusResponseBuilder::new(_fbb);
+    builder.add_replica_lag_bytes(args.replica_lag_bytes);
     builder.add_disk_free_bytes(args.disk_free_bytes);
     builder.add_disk_total_bytes(args.disk_total_bytes);
     builder.add_commitlog_bytes(args.commitlog_bytes);
@@ -10738,6 +10741,7 @@ impl<'a> BrokerStatusResponse<'a> {
     builder.add_bytes_in(args.bytes_in);
     builder.add_messages_in(args.messages_in);
     builder.add_uptime_ms(args.uptime_ms);
+    if let Some(x) = args.role { builder.add_role(x); }
     builder.add_topics(args.topics);
     if let Some(x) = args.flush { builder.add_flush(x); }
     if let Some(x) = args.placement { builder.add_placement(x); }
@@ -10778,6 +10782,10 @@ impl<'a> BrokerStatusResponse<'a> {
     let commitlog_bytes = self.commitlog_bytes();
     let disk_total_bytes = self.disk_total_bytes();
     let disk_free_bytes = self.disk_free_bytes();
+    let role = self.role().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let replica_lag_bytes = self.replica_lag_bytes();
     BrokerStatusResponseT {
       cluster_name,
       broker_name,
@@ -10797,6 +10805,8 @@ impl<'a> BrokerStatusResponse<'a> {
       commitlog_bytes,
       disk_total_bytes,
       disk_free_bytes,
+      role,
+      replica_lag_bytes,
     }
   }
 
@@ -10929,6 +10939,23 @@ impl<'a> BrokerStatusResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(BrokerStatusResponse::VT_DISK_FREE_BYTES, Some(0)).unwrap()}
   }
+  /// `async-master`, `sync-master` or `slave` (docs/replication.md).
+  #[inline]
+  pub fn role(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BrokerStatusResponse::VT_ROLE, None)}
+  }
+  /// A master's replication lag: CommitLog bytes its slave has not acknowledged, summed over
+  /// the storage shards; -1 when no slave has replicated since the master started.
+  #[inline]
+  pub fn replica_lag_bytes(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(BrokerStatusResponse::VT_REPLICA_LAG_BYTES, Some(-1)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
@@ -10955,6 +10982,8 @@ impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
      .visit_field::<u64>("commitlog_bytes", Self::VT_COMMITLOG_BYTES, false)?
      .visit_field::<u64>("disk_total_bytes", Self::VT_DISK_TOTAL_BYTES, false)?
      .visit_field::<u64>("disk_free_bytes", Self::VT_DISK_FREE_BYTES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("role", Self::VT_ROLE, false)?
+     .visit_field::<i64>("replica_lag_bytes", Self::VT_REPLICA_LAG_BYTES, false)?
      .finish();
     Ok(())
   }
@@ -10978,6 +11007,8 @@ pub struct BrokerStatusResponseArgs<'a> {
     pub commitlog_bytes: u64,
     pub disk_total_bytes: u64,
     pub disk_free_bytes: u64,
+    pub role: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub replica_lag_bytes: i64,
 }
 impl<'a> Default for BrokerStatusResponseArgs<'a> {
   #[inline]
@@ -11001,6 +11032,8 @@ impl<'a> Default for BrokerStatusResponseArgs<'a> {
       commitlog_bytes: 0,
       disk_total_bytes: 0,
       disk_free_bytes: 0,
+      role: None,
+      replica_lag_bytes: -1,
     }
   }
 }
@@ -11083,6 +11116,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerStatusResponseBuilder<'
     self.fbb_.push_slot::<u64>(BrokerStatusResponse::VT_DISK_FREE_BYTES, disk_free_bytes, 0);
   }
   #[inline]
+  pub fn add_role(&mut self, role: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_ROLE, role);
+  }
+  #[inline]
+  pub fn add_replica_lag_bytes(&mut self, replica_lag_bytes: i64) {
+    self.fbb_.push_slot::<i64>(BrokerStatusResponse::VT_REPLICA_LAG_BYTES, replica_lag_bytes, -1);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerStatusResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerStatusResponseBuilder {
@@ -11118,6 +11159,8 @@ impl ::core::fmt::Debug for BrokerStatusResponse<'_> {
       ds.field("commitlog_bytes", &self.commitlog_bytes());
       ds.field("disk_total_bytes", &self.disk_total_bytes());
       ds.field("disk_free_bytes", &self.disk_free_bytes());
+      ds.field("role", &self.role());
+      ds.field("replica_lag_bytes", &self.replica_lag_bytes());
       ds.finish()
   }
 }
@@ -11142,6 +11185,8 @@ pub struct BrokerStatusResponseT {
   pub commitlog_bytes: u64,
   pub disk_total_bytes: u64,
   pub disk_free_bytes: u64,
+  pub role: Option<alloc::string::String>,
+  pub replica_lag_bytes: i64,
 }
 impl Default for BrokerStatusResponseT {
   fn default() -> Self {
@@ -11164,6 +11209,8 @@ impl Default for BrokerStatusResponseT {
       commitlog_bytes: 0,
       disk_total_bytes: 0,
       disk_free_bytes: 0,
+      role: None,
+      replica_lag_bytes: -1,
     }
   }
 }
@@ -11200,6 +11247,10 @@ impl BrokerStatusResponseT {
     let commitlog_bytes = self.commitlog_bytes;
     let disk_total_bytes = self.disk_total_bytes;
     let disk_free_bytes = self.disk_free_bytes;
+    let role = self.role.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let replica_lag_bytes = self.replica_lag_bytes;
     BrokerStatusResponse::create(_fbb, &BrokerStatusResponseArgs{
       cluster_name,
       broker_name,
@@ -11219,6 +11270,8 @@ impl BrokerStatusResponseT {
       commitlog_bytes,
       disk_total_bytes,
       disk_free_bytes,
+      role,
+      replica_lag_bytes,
     })
   }
 }

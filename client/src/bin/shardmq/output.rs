@@ -349,6 +349,8 @@ pub fn broker_status_json(status: &BrokerStatus, rates: Option<&StatusRates>) ->
         "network_shards": status.network_shards,
         "placement": status.placement,
         "flush": status.flush,
+        "role": status.role,
+        "replica_lag_bytes": status.replica_lag_bytes,
         "messages_in": status.messages_in,
         "bytes_in": status.bytes_in,
         "messages_out": status.messages_out,
@@ -392,6 +394,15 @@ pub fn broker_status_text(status: &BrokerStatus, rates: Option<&StatusRates>) ->
             status.storage_shards, status.network_shards, status.placement
         ),
         format!("flush       {}", status.flush),
+        format!(
+            "role        {}{}",
+            status.role,
+            match status.replica_lag_bytes {
+                Some(lag) => format!(", slave {lag} bytes behind"),
+                None if status.role.ends_with("master") => ", no slave replicating".to_owned(),
+                None => String::new(),
+            }
+        ),
         format!(
             "messages    in {} ({} bytes), out {} ({} bytes) since start",
             status.messages_in, status.bytes_in, status.messages_out, status.bytes_out
