@@ -229,7 +229,8 @@ impl PullConsumer {
 
     /// The group's committed offset of `queue`; `None` when it has never committed one.
     pub async fn committed_offset(&self, queue: &MessageQueue) -> Result<Option<i64>> {
-        let address = self.instance.broker_address(queue, true).await?;
+        // Offsets live with the master; with the master gone, the slave (RocketMQ's rule).
+        let address = self.instance.broker_address(queue, false).await?;
         self.instance
             .pool
             .query_consumer_offset(
@@ -249,7 +250,8 @@ impl PullConsumer {
                 "offset {offset} to commit is negative"
             )));
         }
-        let address = self.instance.broker_address(queue, true).await?;
+        // Offsets live with the master; with the master gone, the slave (RocketMQ's rule).
+        let address = self.instance.broker_address(queue, false).await?;
         self.instance
             .pool
             .commit_consumer_offset(

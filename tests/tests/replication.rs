@@ -42,7 +42,14 @@ struct Group {
 impl Group {
     fn new() -> Group {
         Group {
-            namesrv: NamesrvProcess::start(),
+            // A dead broker leaves the routes 2 s after its last registration (brokers here
+            // register every 500 ms).
+            namesrv: NamesrvProcess::start_with_args(&[
+                "--broker-timeout-ms",
+                "2000",
+                "--scan-interval-ms",
+                "100",
+            ]),
             master_dir: tempfile::tempdir().unwrap(),
             slave_dir: tempfile::tempdir().unwrap(),
             ha: format!("127.0.0.1:{}", free_port()),
@@ -58,6 +65,8 @@ impl Group {
             role,
             "--ha-listen",
             &self.ha,
+            "--register-interval-ms",
+            "500",
         ];
         args.extend_from_slice(extra);
         BrokerProcess::start(self.master_dir.path(), &args)
@@ -74,6 +83,8 @@ impl Group {
             "1",
             "--ha-master",
             &self.ha,
+            "--register-interval-ms",
+            "500",
         ];
         args.extend_from_slice(extra);
         BrokerProcess::start(self.slave_dir.path(), &args)
@@ -174,6 +185,63 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
             assert_eq!(record.queue_offset, offset as u64, "queue {queue}");
         }
     }
+
+    // Through the client library and the name server: once the dead master leaves the routes,
+    // reads go to the slave, and the group resumes at the offset it committed on the master.
+    let namesrv = group.namesrv.addr().to_string();
+    let master_addr = master.addr().to_string();
+    wait_until(
+        CATCH_UP,
+        "the name server to route reads to the slave only",
+        || {
+            let route = shardmq_tests::run_cli(&namesrv, &["--json", "topic", "route", TOPIC]);
+            let text = String::from_utf8_lossy(&route.stdout).into_owned();
+            (route.status.success()
+                && !text.contains(&master_addr)
+                && text.contains(&slave.addr().to_string()))
+            .then_some(())
+        },
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (resumed_at, bodies) = runtime.block_on(async {
+        let consumer = shardmq_client::PullConsumer::builder()
+            .namesrv(&namesrv)
+            .group("Mover")
+            .build()
+            .await
+            .expect("a pull consumer");
+        let queue = consumer
+            .queues(TOPIC)
+            .await
+            .expect("the topic's queues from the slave")
+            .into_iter()
+            .find(|q| q.queue_id == 2)
+            .expect("queue 2");
+        let resumed_at = consumer
+            .committed_offset(&queue)
+            .await
+            .expect("the committed offset");
+        let pulled = consumer
+            .pull(&queue, resumed_at.unwrap_or(0), 32)
+            .await
+            .expect("a pull from the slave");
+        let bodies: Vec<Vec<u8>> = pulled.messages.iter().map(|m| m.body.to_vec()).collect();
+        consumer.shutdown().await;
+        (resumed_at, bodies)
+    });
+    assert_eq!(
+        resumed_at,
+        Some(123),
+        "the group's offset, copied from the master"
+    );
+    assert_eq!(
+        bodies,
+        sent[2][123..155].to_vec(),
+        "the group continues on the slave where it was"
+    );
 }
 
 #[test]

@@ -101,7 +101,8 @@ impl OffsetStore {
         match &self.backend {
             OffsetBackend::LocalFile(_) => Ok(self.get(queue)),
             OffsetBackend::Broker => {
-                let address = instance.broker_address(queue, true).await?;
+                // Offsets live with the master; with the master gone, the slave (RocketMQ's rule).
+                let address = instance.broker_address(queue, false).await?;
                 instance
                     .pool
                     .query_consumer_offset(
@@ -157,7 +158,8 @@ impl OffsetStore {
         queue: &MessageQueue,
         offset: i64,
     ) -> Result<()> {
-        let address = instance.broker_address(queue, true).await?;
+        // Offsets live with the master; with the master gone, the slave (RocketMQ's rule).
+        let address = instance.broker_address(queue, false).await?;
         instance
             .pool
             .commit_consumer_offset(
