@@ -113,7 +113,7 @@ struct ServeArgs {
     /// Broker id: 0 for a master. [default: 0]
     #[arg(long)]
     broker_id: Option<i64>,
-    /// `async-master`, `sync-master` (not built yet) or `slave`. [default: async-master]
+    /// `async-master`, `sync-master` (sends wait for the slave) or `slave`. [default: async-master]
     #[arg(long)]
     broker_role: Option<String>,
     /// A master's address for its slaves (host:port). [default: the listen port + 1]

@@ -356,34 +356,29 @@ pub async fn serve(shard: Rc<NetworkShard>, addr: SocketAddr) {
     };
     let actual = listener.local_addr().unwrap_or(addr);
     info!(addr = %actual, "metrics served at http://{actual}/metrics");
-    // One accept stays in flight across the stop checks (see `runtime::accept_until_stopped`
-    // for why a cancelled accept can lose a connection).
-    let mut pending = Box::pin(listener.accept());
-    loop {
-        if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let accepted = futures_lite::future::or(async { Some((&mut pending).await) }, async {
-            glommio::timer::sleep(Duration::from_millis(200)).await;
-            None
-        })
-        .await;
-        if accepted.is_some() {
-            pending = Box::pin(listener.accept());
-        }
-        match accepted {
-            Some(Ok(stream)) => {
-                if let Err(e) = answer_scrape(&shard, stream).await {
-                    debug!(error = %e, "metrics scrape failed");
-                }
+    let stopping = shard.stopping.clone();
+    crate::runtime::accept_until_stopped(
+        &listener,
+        &stopping,
+        Duration::from_millis(200),
+        |accepted| match accepted {
+            Ok(stream) => {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    if let Err(e) = answer_scrape(&shard, stream).await {
+                        debug!(error = %e, "metrics scrape failed");
+                    }
+                })
+                .detach();
+                None
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 warn!(error = %e, "metrics accept failed");
-                glommio::timer::sleep(Duration::from_millis(50)).await;
+                Some(Duration::from_millis(50))
             }
-            None => {}
-        }
-    }
+        },
+    )
+    .await;
 }
 
 async fn answer_scrape(shard: &NetworkShard, mut stream: TcpStream) -> std::io::Result<()> {

@@ -118,8 +118,10 @@ impl MasterLink {
                 }
                 continue;
             }
+            // Into the room the decoder reserved for a frame under way (up to 4 MiB at once).
             let start = self.buffer.len();
-            self.buffer.resize(start + (64 << 10), 0);
+            let room = (self.buffer.capacity() - start).clamp(64 << 10, 4 << 20);
+            self.buffer.resize(start + room, 0);
             let read = self.stream.read(&mut self.buffer[start..]).await?;
             self.buffer.truncate(start + read);
             if read == 0 {
@@ -246,49 +248,39 @@ pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: Messa
     }
 }
 
-/// The master's topic configs (user and system topics), read over a new link.
-pub async fn master_topics(
-    master: SocketAddr,
-    client_id: &str,
-) -> io::Result<Vec<crate::topics::TopicConfig>> {
-    let mut link = MasterLink::connect(master, client_id).await?;
-    let answer = link
-        .request(|b, header| {
-            let body = wire::BrokerTopicsRequest::create(
-                b,
-                &wire::BrokerTopicsRequestArgs {
-                    include_system: true,
-                },
-            );
-            build_frame(
-                b,
-                &header,
-                wire::Body::BrokerTopicsRequest,
-                Some(body.as_union_value()),
-            )
-        })
-        .await?;
-    let topics = answer
-        .frame()
-        .body_as_broker_topics_response()
-        .and_then(|r| r.topics())
-        .ok_or_else(|| io::Error::other("a BrokerTopicsResponse without topics"))?;
-    Ok(topics
-        .iter()
-        .map(|t| crate::topics::TopicConfig {
-            name: t.name().unwrap_or_default().to_owned(),
-            read_queues: t.read_queues(),
-            write_queues: t.write_queues(),
-            perm: t.perm(),
-            is_ordered: t.is_ordered(),
-        })
-        .collect())
-}
-
 /// How often a slave copies its master's consumer offsets (RocketMQ's 10 s).
 pub const OFFSET_SYNC_INTERVAL: Duration = Duration::from_secs(10);
 
 impl MasterLink {
+    /// The master's topic configs, user and system topics.
+    pub async fn topics(&mut self) -> io::Result<Vec<crate::topics::TopicConfig>> {
+        let answer = self
+            .request(|b, header| {
+                let body = wire::BrokerTopicsRequest::create(
+                    b,
+                    &wire::BrokerTopicsRequestArgs {
+                        include_system: true,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::BrokerTopicsRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let topics = answer
+            .frame()
+            .body_as_broker_topics_response()
+            .and_then(|r| r.topics())
+            .ok_or_else(|| io::Error::other("a BrokerTopicsResponse without topics"))?;
+        Ok(topics
+            .iter()
+            .map(|t| crate::topics::TopicConfig::from_wire(&t))
+            .collect())
+    }
+
     /// The master's consumer groups and the topics each has offsets for or subscribes to.
     pub async fn groups(&mut self) -> io::Result<Vec<(String, Vec<String>)>> {
         let answer = self

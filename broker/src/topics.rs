@@ -46,6 +46,17 @@ impl TopicConfig {
     }
 
     /// The config as the wire's `TopicConfig` table (registration and topic listings).
+    /// The config a `TopicConfig` table carries.
+    pub fn from_wire(config: &shardmq_schema::wire::TopicConfig<'_>) -> TopicConfig {
+        TopicConfig {
+            name: config.name().unwrap_or_default().to_owned(),
+            read_queues: config.read_queues(),
+            write_queues: config.write_queues(),
+            perm: config.perm(),
+            is_ordered: config.is_ordered(),
+        }
+    }
+
     pub fn to_wire<'b>(
         &self,
         builder: &mut flatbuffers::FlatBufferBuilder<'b>,

@@ -309,13 +309,7 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
     }
     if let Some(r) = request.body_as_upsert_topic_request() {
         let config = r.config().ok_or_else(|| invalid("config is missing"))?;
-        let config = TopicConfig {
-            name: config.name().unwrap_or_default().to_owned(),
-            read_queues: config.read_queues(),
-            write_queues: config.write_queues(),
-            perm: config.perm(),
-            is_ordered: config.is_ordered(),
-        };
+        let config = TopicConfig::from_wire(&config);
         let is_create_only = r.create_only();
         let outcome = shard
             .ask(0, |reply| StorageRequest::UpsertTopic {

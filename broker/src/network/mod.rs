@@ -229,9 +229,9 @@ impl NetworkShard {
         self.alive.borrow_mut().remove(&connection);
     }
 
-    /// A slave's copy of its master's topic table, refreshed every few seconds, so it serves
-    /// pulls of every topic its master has.
-    async fn copy_master_topics_loop(self: Rc<Self>) {
+    /// A slave's copy of its master's topic table (every 2 s, so it serves pulls of every
+    /// topic its master has) and committed consumer offsets (every 10 s).
+    async fn copy_master_metadata_loop(self: Rc<Self>) {
         let Ok(master) = self.config.ha_master.parse() else {
             return;
         };
@@ -242,57 +242,72 @@ impl NetworkShard {
         // The first copy of the offsets comes with the first copy of the topics.
         let mut last_offsets_copy =
             std::time::Instant::now() - crate::replication::OFFSET_SYNC_INTERVAL;
+        // One link, kept between rounds and made again after a failure.
+        let mut link: Option<crate::replication::MasterLink> = None;
         while !self.stopping.load(Ordering::Relaxed) {
-            match crate::replication::master_topics(master, &client_id).await {
-                Ok(configs) => {
-                    let known = self.topics();
-                    for config in configs {
-                        if known.topics.get(&config.name) == Some(&config) {
-                            continue;
-                        }
-                        if crate::naming::is_system_topic(&config.name) {
-                            let (name, queues) =
-                                (config.name, config.read_queues.max(config.write_queues));
-                            let _ = self
-                                .ask(0, |reply| StorageRequest::EnsureSystemTopic {
-                                    name,
-                                    queues,
-                                    reply,
-                                })
-                                .await;
-                        } else {
-                            let _ = self
-                                .ask(0, |reply| StorageRequest::UpsertTopic {
-                                    config,
-                                    is_create_only: false,
-                                    reply,
-                                })
-                                .await;
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::debug!(%master, %error, "cannot read the master's topics");
-                }
+            if link.is_none() {
+                link = crate::replication::MasterLink::connect(master, &client_id)
+                    .await
+                    .map_err(|error| {
+                        tracing::debug!(%master, %error, "cannot reach the master for its metadata");
+                    })
+                    .ok();
             }
-            if last_offsets_copy.elapsed() >= crate::replication::OFFSET_SYNC_INTERVAL {
-                last_offsets_copy = std::time::Instant::now();
-                if let Err(error) = self.copy_master_offsets(master, &client_id).await {
-                    tracing::debug!(%master, %error, "cannot copy the master's consumer offsets");
+            if let Some(connected) = link.as_mut() {
+                let mut round = self.copy_master_topics(connected).await;
+                if round.is_ok()
+                    && last_offsets_copy.elapsed() >= crate::replication::OFFSET_SYNC_INTERVAL
+                {
+                    last_offsets_copy = std::time::Instant::now();
+                    round = self.copy_master_offsets(connected).await;
+                }
+                if let Err(error) = round {
+                    tracing::debug!(%master, %error, "cannot copy the master's metadata");
+                    link = None;
                 }
             }
             glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
         }
     }
 
+    /// Creates or updates every topic of the master's that differs here.
+    async fn copy_master_topics(
+        &self,
+        link: &mut crate::replication::MasterLink,
+    ) -> std::io::Result<()> {
+        let known = self.topics();
+        for config in link.topics().await? {
+            if known.topics.get(&config.name) == Some(&config) {
+                continue;
+            }
+            if crate::naming::is_system_topic(&config.name) {
+                let (name, queues) = (config.name, config.read_queues.max(config.write_queues));
+                let _ = self
+                    .ask(0, |reply| StorageRequest::EnsureSystemTopic {
+                        name,
+                        queues,
+                        reply,
+                    })
+                    .await;
+            } else {
+                let _ = self
+                    .ask(0, |reply| StorageRequest::UpsertTopic {
+                        config,
+                        is_create_only: false,
+                        reply,
+                    })
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
     /// Copies the master's committed consumer offsets, moving a local one only forward (a
     /// group that consumed here while the master was gone is not sent back).
     async fn copy_master_offsets(
         &self,
-        master: SocketAddr,
-        client_id: &str,
+        link: &mut crate::replication::MasterLink,
     ) -> std::io::Result<()> {
-        let mut link = crate::replication::MasterLink::connect(master, client_id).await?;
         let topics = self.topics();
         for (group, group_topics) in link.groups().await? {
             for topic in group_topics {
@@ -577,7 +592,7 @@ pub async fn run(
         _ => None,
     };
     let topic_sync_task = (id == 0 && config.role() == crate::config::BrokerRole::Slave)
-        .then(|| glommio::spawn_local(shard.clone().copy_master_topics_loop()).detach());
+        .then(|| glommio::spawn_local(shard.clone().copy_master_metadata_loop()).detach());
     let registration = (id == 0 && !config.namesrv.is_empty())
         .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
     let metrics_server = match config.metrics_listen_addr()? {

@@ -831,8 +831,9 @@ impl MessageStore {
         // The unfinished record (if any) and the new bytes, scanned as one run from
         // `records_end`. A segment-end filler's body may still be coming: `records_end` is then
         // past the log's end, and those bytes are skipped.
+        // Only an unfinished record makes a copy; otherwise the new bytes are scanned in place.
         let records_end = inner.records_end.get();
-        let run = if records_end < end {
+        let run: std::borrow::Cow<'_, [u8]> = if records_end < end {
             let mut run = log
                 .read(records_end, end - records_end)
                 .await
@@ -841,12 +842,10 @@ impl MessageStore {
                 ))?
                 .to_vec();
             run.extend_from_slice(bytes);
-            run
-        } else if records_end == end {
-            bytes.to_vec()
+            run.into()
         } else {
             let skip = usize::try_from(records_end - end).unwrap_or(usize::MAX);
-            bytes.get(skip..).unwrap_or_default().to_vec()
+            bytes.get(skip..).unwrap_or_default().into()
         };
         let mut infos = Vec::new();
         let mut index_hashes = Vec::new();
