@@ -9,7 +9,7 @@ use shardmq_schema::wire;
 use crate::admin::Admin;
 use crate::api::{missing_body, require_ok};
 use crate::error::{Error, Result};
-use crate::partial::{BrokerFailure, FanOut, Partial};
+use crate::partial::{FanOut, Partial};
 use crate::pool::ConnectionPool;
 use crate::route::MessageQueue;
 
@@ -165,7 +165,6 @@ impl Admin {
     /// The consumer groups every master broker the name servers know reports, merged by name
     /// (members and lag summed, topics united), sorted; brokers that fail are listed.
     pub async fn group_list(&self) -> Result<Partial<Vec<GroupSummary>>> {
-        let mut merged: std::collections::BTreeMap<String, GroupSummary> = Default::default();
         let addresses: std::collections::BTreeSet<String> = self
             .cluster_info()
             .await?
@@ -173,37 +172,29 @@ impl Admin {
             .flat_map(crate::route::ClusterInfo::master_addresses)
             .map(str::to_owned)
             .collect();
-        let mut failures = Vec::new();
-        let mut answered = 0;
+        let mut fan = FanOut::new(std::collections::BTreeMap::<String, GroupSummary>::new());
         for address in addresses {
-            let groups = match self.pool().group_list(&address, self.timeout()).await {
-                Ok(groups) => groups,
-                Err(error) => {
-                    failures.push(BrokerFailure { address, error });
-                    continue;
+            let answer = self.pool().group_list(&address, self.timeout()).await;
+            fan.add(&address, answer, |merged, groups| {
+                for group in groups {
+                    let entry = merged
+                        .entry(group.group.clone())
+                        .or_insert_with(|| GroupSummary {
+                            group: group.group.clone(),
+                            ..GroupSummary::default()
+                        });
+                    entry.members += group.members;
+                    entry.lag += group.lag;
+                    entry.topics.extend(group.topics);
+                    entry.topics.sort();
+                    entry.topics.dedup();
                 }
-            };
-            answered += 1;
-            for group in groups {
-                let entry = merged
-                    .entry(group.group.clone())
-                    .or_insert_with(|| GroupSummary {
-                        group: group.group.clone(),
-                        ..GroupSummary::default()
-                    });
-                entry.members += group.members;
-                entry.lag += group.lag;
-                entry.topics.extend(group.topics);
-                entry.topics.sort();
-                entry.topics.dedup();
-            }
+            });
         }
-        if answered == 0 && !failures.is_empty() {
-            return Err(failures.swap_remove(0).error);
-        }
+        let merged = fan.finish()?;
         Ok(Partial {
-            value: merged.into_values().collect(),
-            failures,
+            value: merged.value.into_values().collect(),
+            failures: merged.failures,
         })
     }
 
