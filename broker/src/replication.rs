@@ -1,4 +1,4 @@
-//! Master/slave replication, asynchronous (docs/replication.md).
+//! Master/slave replication, asynchronous or synchronous (docs/replication.md).
 //!
 //! A slave pulls its master's CommitLog over an ordinary connection to the master's HA address,
 //! one loop per storage shard, run on that storage shard's own executor: the bytes land in that
@@ -6,8 +6,10 @@
 //! Each `ReplicaPullRequest` names where the slave's log ends (so it also acknowledges what it
 //! holds); the master's storage shard answers with the bytes from there
 //! ([`MessageStore::read_for_replica`]), holding the request while it has nothing new, and the
-//! slave appends them ([`MessageStore::append_replicated`]). Network shard 0 of a slave copies
-//! the master's topic table every few seconds, so the slave serves pulls of every topic.
+//! slave appends them ([`MessageStore::append_replicated`]) and, once they are written (synced
+//! under sync flush), acknowledges them with its next pull; a sync master's sends wait for that
+//! acknowledgement (`storage_shard.rs`). Network shard 0 of a slave copies the master's topic
+//! table every 2 s and its consumer offsets every 10 s.
 //!
 //! Owns the slave's side and the master's storage-side answer; the master's request handler is
 //! in `network::handlers`.
