@@ -285,12 +285,18 @@ impl BrokerConfig {
                         self.broker_id
                     ));
                 }
-                self.ha_master.parse::<SocketAddr>().map_err(|e| {
-                    format!(
-                        "a slave needs ha_master, its master's HA address host:port (`{}`: {e})",
-                        self.ha_master
-                    )
-                })?;
+                if self.ha_master.is_empty() {
+                    if self.namesrv.is_empty() {
+                        return Err("a slave needs ha_master (its master's HA address host:port) or name servers to learn it from".into());
+                    }
+                } else {
+                    self.ha_master.parse::<SocketAddr>().map_err(|e| {
+                        format!(
+                            "ha_master must be the master's HA address host:port (`{}`: {e})",
+                            self.ha_master
+                        )
+                    })?;
+                }
             }
             BrokerRole::AsyncMaster | BrokerRole::SyncMaster => {
                 if self.broker_id != 0 {

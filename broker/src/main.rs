@@ -296,11 +296,29 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     init_logging(&config.log_format);
-    let stopping = Arc::new(AtomicBool::new(false));
-    let outcome = shardmq_broker::runtime::run(config, stopping, |addr| {
-        // Scripts and tests read this line to learn the address (port 0 picks one).
-        println!("shardmq-broker listening on {addr}");
-    });
+    let mut config = config;
+    let mut is_first_run = true;
+    let outcome = loop {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let listening = Arc::new(std::sync::Mutex::new(None));
+        let seen = listening.clone();
+        let outcome = shardmq_broker::runtime::run(config.clone(), stopping, move |addr| {
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
+            // Scripts and tests read this line to learn the address (port 0 picks one).
+            if is_first_run {
+                println!("shardmq-broker listening on {addr}");
+            }
+        });
+        // A shard asked for a restart (a slave cutting its log): start again on the same
+        // address.
+        if outcome.is_err() || !shardmq_broker::runtime::take_restart_request() {
+            break outcome;
+        }
+        if let Some(addr) = *listening.lock().unwrap_or_else(|e| e.into_inner()) {
+            config.listen = addr.to_string();
+        }
+        is_first_run = false;
+    };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -98,7 +98,7 @@ pub enum StorageRequest {
         physical_offset: u64,
         reply: Reply<Result<Bytes, StoreError>>,
     },
-    /// A slave's replica pull: CommitLog bytes from `from` and the log's end, waiting up to
+    /// A slave's replica pull: CommitLog bytes from `from` in master term `epoch`, waiting up to
     /// `suspend_ms` while there is nothing new.
     ReadForReplica {
         from: u64,
@@ -106,7 +106,17 @@ pub enum StorageRequest {
         acknowledged: u64,
         max_bytes: u64,
         suspend_ms: u64,
-        reply: Reply<Result<(Bytes, u64), StoreError>>,
+        epoch: u64,
+        broker_id: i64,
+        reply: Reply<Result<crate::replication::ReplicaChunk, String>>,
+    },
+    /// A slave joins: where the bytes it shares with this master end.
+    ReplicaJoin {
+        broker_id: i64,
+        peer: String,
+        end: u64,
+        epochs: crate::store::epochs::EpochLog,
+        reply: Reply<crate::replication::JoinAnswer>,
     },
     // Control requests, served by storage shard 0 only.
     UpsertTopic {

@@ -83,6 +83,10 @@ pub struct BrokerMetrics {
     pub storage_requests_waiting: Family<ShardLabels, Gauge>,
     pub consumer_lag: Family<LagLabels, GaugeU64>,
     pub commitlog_bytes: Family<ShardLabels, GaugeU64>,
+    pub replication_lag_bytes: Family<ShardLabels, Gauge>,
+    pub replication_lag_ms: Family<ShardLabels, Gauge>,
+    pub replication_connected: Family<ShardLabels, Gauge>,
+    pub replication_epoch: Family<ShardLabels, GaugeU64>,
     pub disk_total_bytes: GaugeU64,
     pub disk_free_bytes: GaugeU64,
     pub scrapes: Counter,
@@ -124,6 +128,10 @@ impl BrokerMetrics {
             storage_requests_waiting: Family::default(),
             consumer_lag: Family::default(),
             commitlog_bytes: Family::default(),
+            replication_lag_bytes: Family::default(),
+            replication_lag_ms: Family::default(),
+            replication_connected: Family::default(),
+            replication_epoch: Family::default(),
             disk_total_bytes: GaugeU64::default(),
             disk_free_bytes: GaugeU64::default(),
             scrapes: Counter::default(),
@@ -215,6 +223,26 @@ impl BrokerMetrics {
             "commitlog_bytes",
             "Bytes of CommitLog segments on disk, per storage shard",
             self.commitlog_bytes.clone(),
+        );
+        r.register(
+            "replication_lag_bytes",
+            "Master: CommitLog bytes its slave has not acknowledged; slave: bytes its master holds that it has not copied; -1 unknown; per storage shard",
+            self.replication_lag_bytes.clone(),
+        );
+        r.register(
+            "replication_lag_ms",
+            "Age in ms of the oldest CommitLog byte the peer lacks (0 in sync); -1 unknown; per storage shard",
+            self.replication_lag_ms.clone(),
+        );
+        r.register(
+            "replication_connected",
+            "1 when the replication peer was heard from in the last 3 s, per storage shard",
+            self.replication_connected.clone(),
+        );
+        r.register(
+            "replication_epoch",
+            "The master term the storage shard writes (master) or copies (slave)",
+            self.replication_epoch.clone(),
         );
         r.register(
             "disk_total_bytes",
@@ -341,8 +369,8 @@ pub struct StorageSnapshot {
     /// Storage shard 0 only: (group, live members, subscribed topics) of every consumer group
     /// with live members.
     pub live_groups: Vec<(String, usize, Vec<String>)>,
-    /// Master: CommitLog bytes the slave has not acknowledged; `None` before any slave pull.
-    pub replica_lag_bytes: Option<u64>,
+    /// This shard's replication as its broker sees it (master or slave side).
+    pub replication: crate::replication::ShardReplication,
 }
 
 /// Serves `/metrics` on `addr` from network shard `shard` until the broker stops.
@@ -502,6 +530,27 @@ async fn gather(shard: &NetworkShard) {
                 shard: storage.to_string(),
             })
             .set(snapshot.commitlog_bytes);
+        let labels = ShardLabels {
+            shard: storage.to_string(),
+        };
+        let replication = &snapshot.replication;
+        let known = |value: Option<u64>| value.map_or(-1, |v| v as i64);
+        metrics
+            .replication_lag_bytes
+            .get_or_create(&labels)
+            .set(known(replication.lag_bytes));
+        metrics
+            .replication_lag_ms
+            .get_or_create(&labels)
+            .set(known(replication.lag_ms));
+        metrics
+            .replication_connected
+            .get_or_create(&labels)
+            .set(i64::from(replication.connected));
+        metrics
+            .replication_epoch
+            .get_or_create(&labels)
+            .set(replication.epoch);
     }
     if let Ok((total, free)) = disk_space(&shard.config.data_dir) {
         metrics.disk_total_bytes.set(total);

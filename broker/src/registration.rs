@@ -55,7 +55,20 @@ async fn register_all(shard: &NetworkShard) {
     for address in &shard.config.namesrv {
         match call(address, frame.clone()).await {
             Ok(answer) if answer.frame().status() == wire::Status::OK => {
-                debug!(namesrv = %address, "registered")
+                debug!(namesrv = %address, "registered");
+                // A slave without ha_master learns its master's HA address here.
+                let named = answer
+                    .frame()
+                    .body_as_register_broker_response()
+                    .and_then(|r| r.ha_server_address())
+                    .and_then(|a| a.parse().ok());
+                if let Some(ha) = named {
+                    if shard.config.role() == crate::config::BrokerRole::Slave
+                        && shard.config.ha_master.is_empty()
+                    {
+                        crate::replication::learn_master(ha);
+                    }
+                }
             }
             Ok(answer) => warn!(
                 namesrv = %address,
@@ -104,7 +117,9 @@ fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameE
     let config = &shard.config;
     let table = shard.topics();
     let address = shard.store_host.get().to_string();
+    let ha_address = shard.ha_host.get().map(|a| a.to_string());
     FrameEncoder::with_max_frame_bytes(config.max_frame_bytes).encode(|b| {
+        let ha_address = ha_address.as_deref().map(|a| b.create_string(a));
         let topics: Vec<_> = table.topics.values().map(|t| t.to_wire(b)).collect();
         let topics = b.create_vector(&topics);
         let cluster = b.create_string(&config.cluster_name);
@@ -117,7 +132,7 @@ fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameE
                 broker_name: Some(broker),
                 broker_id: config.broker_id,
                 broker_address: Some(address),
-                ha_server_address: None,
+                ha_server_address: ha_address,
                 topics: Some(topics),
                 topic_config_version: table.version,
             },

@@ -14,10 +14,13 @@
 //! Owns the slave's side and the master's storage-side answer; the master's request handler is
 //! in `network::handlers`.
 
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -26,10 +29,12 @@ use shardmq_schema::{
     build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::BrokerConfig;
-use crate::store::{MessageStore, StoreError};
+use crate::store::epochs::{Epoch, EpochLog};
+use crate::store::notify::LocalNotify;
+use crate::store::{AppendStatus, MessageStore, StoreError};
 
 /// Most bytes one replica pull asks for.
 pub const REPLICA_PULL_BYTES: u32 = 4 << 20;
@@ -39,6 +44,275 @@ pub const REPLICA_SUSPEND_MS: u32 = 1_000;
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// How often a slave copies its master's topic table.
 pub const TOPIC_SYNC_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A slave that has not asked for bytes for this long is not replicating: a sync master's
+/// sends answer SLAVE_NOT_AVAILABLE at once instead of waiting for it. (An idle slave asks at
+/// least once a second: the master holds its pulls 1 s.)
+pub const SLAVE_SILENCE: Duration = Duration::from_secs(3);
+/// Granularity of the append-time marks behind the lag in ms.
+const MARK_EVERY: Duration = Duration::from_millis(5);
+/// Most append-time marks kept (at one per `MARK_EVERY`, 20 s of history; older ones merge).
+const MAX_MARKS: usize = 4096;
+
+/// The master's HA address a slave learned from a name server (when `ha_master` is not set),
+/// and this broker's own client address: shared by the network and storage executors.
+static LEARNED_MASTER: Mutex<Option<SocketAddr>> = Mutex::new(None);
+static OWN_ADDRESS: Mutex<Option<SocketAddr>> = Mutex::new(None);
+
+/// Records the master HA address a name server named (slave registration).
+pub fn learn_master(address: SocketAddr) {
+    let mut learned = LEARNED_MASTER.lock().unwrap_or_else(|e| e.into_inner());
+    if *learned != Some(address) {
+        info!(%address, "the name server names the master's HA address");
+        *learned = Some(address);
+    }
+}
+
+/// Records the address this broker's clients connect to (for the master's status).
+pub fn set_own_address(address: SocketAddr) {
+    *OWN_ADDRESS.lock().unwrap_or_else(|e| e.into_inner()) = Some(address);
+}
+
+/// Where a slave replicates from: `ha_master`, else what a name server named.
+pub fn master_address(config: &BrokerConfig) -> Option<SocketAddr> {
+    if !config.ha_master.is_empty() {
+        return config.ha_master.parse().ok();
+    }
+    *LEARNED_MASTER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One storage shard's replication, as its broker sees it (status and metrics).
+#[derive(Debug, Clone, Default)]
+pub struct ShardReplication {
+    pub peer: String,
+    pub epoch: u64,
+    pub lag_bytes: Option<u64>,
+    pub lag_ms: Option<u64>,
+    pub connected: bool,
+}
+
+struct SlaveState {
+    acknowledged: u64,
+    seen: Instant,
+    peer: String,
+}
+
+/// A master storage shard's replication state: its terms, its slaves' acknowledgements, and
+/// marks of when its log reached which offset (for the lag in ms).
+pub struct MasterSide {
+    pub epochs: Rc<RefCell<EpochLog>>,
+    slaves: RefCell<BTreeMap<i64, SlaveState>>,
+    progress: LocalNotify,
+    marks: RefCell<VecDeque<(u64, Instant)>>,
+}
+
+impl MasterSide {
+    pub fn new(epochs: Rc<RefCell<EpochLog>>) -> MasterSide {
+        MasterSide {
+            epochs,
+            slaves: RefCell::new(BTreeMap::new()),
+            progress: LocalNotify::default(),
+            marks: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epochs.borrow().last().epoch
+    }
+
+    /// The highest acknowledgement of a slave heard from within [`SLAVE_SILENCE`].
+    fn best_acknowledged(&self) -> Option<u64> {
+        self.slaves
+            .borrow()
+            .values()
+            .filter(|s| s.seen.elapsed() < SLAVE_SILENCE)
+            .map(|s| s.acknowledged)
+            .max()
+    }
+
+    /// A slave asked for bytes, acknowledging `acknowledged` (ignored past `log_end`: a slave
+    /// holding bytes this master does not is not counted).
+    pub fn on_pull(&self, broker_id: i64, peer: &str, acknowledged: u64, log_end: u64) {
+        let mut slaves = self.slaves.borrow_mut();
+        let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
+            acknowledged: 0,
+            seen: Instant::now(),
+            peer: String::new(),
+        });
+        state.seen = Instant::now();
+        if !peer.is_empty() && state.peer != peer {
+            state.peer = peer.to_owned();
+        }
+        if acknowledged <= log_end && acknowledged > state.acknowledged {
+            state.acknowledged = acknowledged;
+            drop(slaves);
+            let keep_from = self.best_acknowledged().unwrap_or(0);
+            let mut marks = self.marks.borrow_mut();
+            while marks.front().is_some_and(|&(end, _)| end <= keep_from) {
+                marks.pop_front();
+            }
+            drop(marks);
+            self.progress.notify_all();
+        }
+    }
+
+    /// A slave (re)joined: its acknowledgement restarts from what it holds.
+    pub fn on_join(&self, broker_id: i64, peer: &str, end: u64) {
+        let mut slaves = self.slaves.borrow_mut();
+        let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
+            acknowledged: 0,
+            seen: Instant::now(),
+            peer: String::new(),
+        });
+        state.seen = Instant::now();
+        state.peer = peer.to_owned();
+        state.acknowledged = end;
+    }
+
+    /// Sync master: waits until a slave acknowledges every byte below `end`, up to `timeout`.
+    pub async fn wait_replicated(&self, end: u64, timeout: Duration) -> AppendStatus {
+        if self.best_acknowledged().is_none() {
+            return AppendStatus::SlaveNotAvailable;
+        }
+        let wait = async {
+            while self.best_acknowledged().unwrap_or(0) < end {
+                self.progress.notified().await;
+            }
+        };
+        let acknowledged = futures_lite::future::or(
+            async {
+                wait.await;
+                true
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+                false
+            },
+        )
+        .await;
+        if acknowledged {
+            AppendStatus::Ok
+        } else {
+            AppendStatus::FlushSlaveTimeout
+        }
+    }
+
+    /// Notes that the log reached `end` now (one mark per [`MARK_EVERY`]).
+    pub fn mark(&self, end: u64) {
+        let now = Instant::now();
+        let mut marks = self.marks.borrow_mut();
+        let is_full = marks.len() >= MAX_MARKS;
+        match marks.back_mut() {
+            Some((last_end, _)) if *last_end >= end => {}
+            Some((last_end, at)) if is_full || now.duration_since(*at) < MARK_EVERY => {
+                *last_end = end;
+            }
+            _ => marks.push_back((end, now)),
+        }
+    }
+
+    /// Keeps the marks current while the shard serves: one wake-up per arrival, at most one
+    /// per [`MARK_EVERY`].
+    pub async fn mark_loop(self: Rc<Self>, store: MessageStore) {
+        loop {
+            let arrival = store.arrival();
+            self.mark(store.commitlog_offsets().1);
+            arrival.await;
+            glommio::timer::sleep(MARK_EVERY).await;
+        }
+    }
+
+    /// Age in ms of the oldest byte at or past `offset` (0 when `offset` is the log's end).
+    pub fn age_ms(&self, offset: u64, log_end: u64) -> u64 {
+        if offset >= log_end {
+            return 0;
+        }
+        self.marks
+            .borrow()
+            .iter()
+            .find(|&&(end, _)| end > offset)
+            .map_or(0, |(_, at)| at.elapsed().as_millis() as u64)
+    }
+
+    /// This shard's replication as the master sees it: its best slave's lag.
+    pub fn status(&self, log_end: u64) -> ShardReplication {
+        let slaves = self.slaves.borrow();
+        let best = slaves
+            .values()
+            .filter(|s| s.seen.elapsed() < SLAVE_SILENCE)
+            .max_by_key(|s| s.acknowledged)
+            .or_else(|| slaves.values().max_by_key(|s| s.seen));
+        match best {
+            Some(slave) => ShardReplication {
+                peer: slave.peer.clone(),
+                epoch: self.epoch(),
+                lag_bytes: Some(log_end.saturating_sub(slave.acknowledged)),
+                lag_ms: Some(self.age_ms(slave.acknowledged, log_end)),
+                connected: slave.seen.elapsed() < SLAVE_SILENCE,
+            },
+            None => ShardReplication {
+                epoch: self.epoch(),
+                ..ShardReplication::default()
+            },
+        }
+    }
+
+    /// Answers a slave's join: where the bytes it shares with this master end.
+    pub fn join(&self, slave: &EpochLog, slave_end: u64, log_end: u64) -> JoinAnswer {
+        let epochs = self.epochs.borrow();
+        JoinAnswer {
+            epoch: epochs.last().epoch,
+            epochs: epochs.entries().to_vec(),
+            master_end: log_end,
+            consistent_end: epochs.consistent_end(log_end, slave, slave_end),
+        }
+    }
+}
+
+/// The master's answer to a join (see `ReplicaJoinResponse`).
+#[derive(Debug, Clone)]
+pub struct JoinAnswer {
+    pub epoch: u64,
+    pub epochs: Vec<Epoch>,
+    pub master_end: u64,
+    pub consistent_end: u64,
+}
+
+/// One replica pull's answer from the master's storage shard.
+#[derive(Debug, Clone)]
+pub struct ReplicaChunk {
+    pub bytes: Bytes,
+    pub master_end: u64,
+    pub epoch: u64,
+    /// Age of the oldest byte the slave lacks (at `from`), in ms.
+    pub lag_ms: u64,
+}
+
+/// A slave storage shard's view of its master, kept by [`follow`].
+#[derive(Default)]
+pub struct SlaveView {
+    master: RefCell<Option<SocketAddr>>,
+    epoch: Cell<u64>,
+    master_end: Cell<Option<u64>>,
+    lag_ms: Cell<Option<u64>>,
+    seen: Cell<Option<Instant>>,
+}
+
+impl SlaveView {
+    pub fn status(&self, log_end: u64) -> ShardReplication {
+        ShardReplication {
+            peer: self
+                .master
+                .borrow()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            epoch: self.epoch.get(),
+            lag_bytes: self.master_end.get().map(|end| end.saturating_sub(log_end)),
+            lag_ms: self.lag_ms.get(),
+            connected: self.seen.get().is_some_and(|t| t.elapsed() < SLAVE_SILENCE),
+        }
+    }
+}
 
 /// One connection to the master, speaking the ordinary frame protocol.
 pub struct MasterLink {
@@ -135,14 +409,88 @@ impl MasterLink {
         }
     }
 
-    /// The CommitLog bytes of `storage_shard` from `from`: `(data, master's end)`.
+    /// Joins the master for one storage shard: says who this slave is and what its log holds,
+    /// and learns the master's terms and where their shared bytes end.
+    async fn join(
+        &mut self,
+        config: &BrokerConfig,
+        storage_shard: usize,
+        end: u64,
+        epochs: &EpochLog,
+    ) -> io::Result<JoinAnswer> {
+        let own = OWN_ADDRESS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let answer = self
+            .request(|b, header| {
+                let cluster = b.create_string(&config.cluster_name);
+                let broker = b.create_string(&config.broker_name);
+                let address = b.create_string(&own);
+                let entries: Vec<wire::EpochEntry> = epochs
+                    .entries()
+                    .iter()
+                    .map(|e| wire::EpochEntry::new(e.epoch, e.start))
+                    .collect();
+                let entries = b.create_vector(&entries);
+                let body = wire::ReplicaJoinRequest::create(
+                    b,
+                    &wire::ReplicaJoinRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: config.broker_id,
+                        storage_shards: config.storage_cores.len() as u32,
+                        storage_shard: storage_shard as u32,
+                        end,
+                        epochs: Some(entries),
+                        slave_address: Some(address),
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaJoinRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let frame = answer.frame();
+        if frame.status() != wire::Status::OK {
+            return Err(io::Error::other(format!(
+                "the master refused the join ({:?}): {}",
+                frame.status(),
+                frame.message().unwrap_or_default()
+            )));
+        }
+        let body = frame
+            .body_as_replica_join_response()
+            .ok_or_else(|| io::Error::other("a ReplicaJoinResponse without its body"))?;
+        Ok(JoinAnswer {
+            epoch: body.epoch(),
+            epochs: body
+                .epochs()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|e| Epoch {
+                    epoch: e.epoch(),
+                    start: e.start(),
+                })
+                .collect(),
+            master_end: body.master_end(),
+            consistent_end: body.consistent_end(),
+        })
+    }
+
+    /// The CommitLog bytes of `storage_shard` from `from`, in master term `epoch`.
     async fn pull(
         &mut self,
         storage_shard: usize,
         from: u64,
         acknowledged: u64,
         broker_id: i64,
-    ) -> io::Result<(Bytes, u64)> {
+        epoch: u64,
+    ) -> io::Result<ReplicaChunk> {
         let answer = self
             .request(|b, header| {
                 let body = wire::ReplicaPullRequest::create(
@@ -155,6 +503,7 @@ impl MasterLink {
                         broker_id,
                         slave_address: None,
                         acknowledged,
+                        epoch,
                     },
                 );
                 build_frame(
@@ -182,32 +531,57 @@ impl MasterLink {
                 body.from()
             )));
         }
-        let data = body
+        let bytes = body
             .data()
             .and_then(|data| answer.share(data.bytes()))
             .unwrap_or_default();
-        Ok((data, body.master_end()))
+        Ok(ReplicaChunk {
+            bytes,
+            master_end: body.master_end(),
+            epoch: body.epoch(),
+            lag_ms: body.lag_ms(),
+        })
     }
 }
 
-/// The slave's replication loop for one storage shard: pulls from the master's HA address and
+/// What a slave storage shard's replication loop works with.
+pub struct Follower {
+    pub storage_shard: usize,
+    pub config: Rc<BrokerConfig>,
+    pub store: MessageStore,
+    pub epochs: Rc<RefCell<EpochLog>>,
+    pub view: Rc<SlaveView>,
+}
+
+/// The slave's replication loop for one storage shard: joins the master (cutting its own log
+/// where it parts from the master's, by a restart), pulls from the master's HA address and
 /// appends, reconnecting after any failure, until cancelled.
-pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: MessageStore) {
-    let Ok(master) = config.ha_master.parse::<SocketAddr>() else {
-        return;
-    };
+pub async fn follow(follower: Follower) {
+    let Follower {
+        storage_shard,
+        config,
+        store,
+        epochs,
+        view,
+    } = follower;
     let client_id = format!(
         "{}-slave-{}-{storage_shard}",
         config.broker_name, config.broker_id
     );
     let mut was_connected = true;
+    let mut waiting_for_master = false;
     loop {
-        let mut link = match MasterLink::connect(master, &client_id).await {
-            Ok(link) => {
-                info!(storage_shard, %master, "replicating from the master");
-                was_connected = true;
-                link
+        let Some(master) = master_address(&config) else {
+            if !waiting_for_master {
+                info!(storage_shard, "waiting for a name server to name the master");
+                waiting_for_master = true;
             }
+            glommio::timer::sleep(RECONNECT_PAUSE).await;
+            continue;
+        };
+        *view.master.borrow_mut() = Some(master);
+        let mut link = match MasterLink::connect(master, &client_id).await {
+            Ok(link) => link,
             Err(error) => {
                 if was_connected {
                     warn!(storage_shard, %master, %error, "cannot reach the master; retrying every second");
@@ -217,24 +591,87 @@ pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: Messa
                 continue;
             }
         };
+        let end = store.commitlog_offsets().1;
+        let joined = {
+            let ours = epochs.borrow().clone();
+            link.join(&config, storage_shard, end, &ours).await
+        };
+        let joined = match joined {
+            Ok(joined) => joined,
+            Err(error) => {
+                warn!(storage_shard, %master, %error, "the master refused this slave; retrying every second");
+                was_connected = false;
+                glommio::timer::sleep(RECONNECT_PAUSE).await;
+                continue;
+            }
+        };
+        if joined.consistent_end < end {
+            // This log holds bytes the master never had (it lost its tail, or another broker
+            // was master): cut them. The store does it as it opens, so the broker restarts.
+            let dir = store.config().shard_dir.clone();
+            error!(
+                storage_shard,
+                %master,
+                our_end = end,
+                consistent_end = joined.consistent_end,
+                master_end = joined.master_end,
+                "this slave holds CommitLog bytes its master does not: cutting them and restarting"
+            );
+            match crate::store::request_truncation(&dir, joined.consistent_end) {
+                Ok(()) => crate::runtime::request_restart(),
+                Err(e) => error!(storage_shard, error = %e, "cannot ask for the cut; replication stops"),
+            }
+            return;
+        }
+        info!(storage_shard, %master, epoch = joined.epoch, from = end, master_end = joined.master_end, "replicating from the master");
+        was_connected = true;
+        let master_epochs = {
+            let mut log = EpochLog::default();
+            for e in &joined.epochs {
+                let _ = log.push(*e);
+            }
+            log
+        };
+        view.epoch.set(joined.epoch);
         loop {
             let from = store.commitlog_offsets().1;
             let acknowledged = store.visible_offset();
-            let pull = link.pull(storage_shard, from, acknowledged, config.broker_id);
-            let (data, _master_end) = match pull.await {
-                Ok(answer) => answer,
+            let pull = link.pull(storage_shard, from, acknowledged, config.broker_id, joined.epoch);
+            let chunk = match pull.await {
+                Ok(chunk) if chunk.epoch == joined.epoch => chunk,
+                Ok(chunk) => {
+                    info!(storage_shard, %master, epoch = chunk.epoch, "the master began a new term; joining again");
+                    break;
+                }
                 Err(error) => {
                     warn!(storage_shard, %master, %error, "replication from the master stopped; reconnecting");
                     break;
                 }
             };
-            if data.is_empty() {
+            view.seen.set(Some(Instant::now()));
+            view.master_end.set(Some(chunk.master_end));
+            view.lag_ms.set(Some(chunk.lag_ms));
+            if chunk.bytes.is_empty() {
                 continue;
             }
-            match store.append_replicated(from, &data).await {
+            match store.append_replicated(from, &chunk.bytes).await {
                 // Acknowledged with the next pull once written (synced under sync flush): a
                 // sync master's sends wait for that.
-                Ok(_) => store.wait_visible_to_current_end().await,
+                Ok(_) => {
+                    let to = from + chunk.bytes.len() as u64;
+                    let changed = epochs.borrow_mut().record_crossed(&master_epochs, from, to);
+                    if changed {
+                        let dir = store.config().shard_dir.clone();
+                        let log = epochs.borrow().clone();
+                        let saved = glommio::executor()
+                            .spawn_blocking(move || log.save(&dir))
+                            .await;
+                        if let Err(e) = saved {
+                            warn!(storage_shard, error = %e, "cannot record the master's term");
+                        }
+                    }
+                    store.wait_visible_to_current_end().await
+                }
                 Err(StoreError::Busy { .. }) => {
                     // The disk is behind: let it catch up, then ask again from the same end.
                     glommio::timer::sleep(Duration::from_millis(10)).await;
@@ -246,6 +683,7 @@ pub async fn follow(storage_shard: usize, config: Rc<BrokerConfig>, store: Messa
                 }
             }
         }
+        view.seen.set(None);
         glommio::timer::sleep(RECONNECT_PAUSE).await;
     }
 }

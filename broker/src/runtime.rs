@@ -44,6 +44,20 @@ struct CoreRoles {
     network: Vec<NetworkEnds>,
 }
 
+/// Set when a shard asks the broker to stop and start again in the same process (a slave that
+/// must cut its CommitLog, which the store does as it opens).
+static RESTART_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Asks the broker to stop gracefully and start again (see [`take_restart_request`]).
+pub fn request_restart() {
+    RESTART_REQUESTED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a restart was asked for since the last call (clears the request).
+pub fn take_restart_request() -> bool {
+    RESTART_REQUESTED.swap(false, Ordering::Relaxed)
+}
+
 /// Runs the broker until SIGINT/SIGTERM (or until `stopping` is set), then stops gracefully.
 /// `on_listening` receives the address clients connect to, once the broker serves.
 pub fn run(
@@ -216,6 +230,10 @@ pub fn run(
             Ok((_, Ok(()))) => finished += 1,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if RESTART_REQUESTED.load(Ordering::Relaxed) && !stopping.load(Ordering::Relaxed) {
+            info!("restarting the broker in this process");
+            stopping.store(true, Ordering::Relaxed);
         }
         if stopping.load(Ordering::Relaxed) && !announced {
             // Stopped before serving (a failed start): the executors end on their own.

@@ -49,17 +49,11 @@ struct StorageShard {
     events: Vec<ConnectedSender<NetworkEvent>>,
     control: Option<Control>,
     stopping: RefCell<bool>,
-    /// Master: the slave's acknowledgement (where its stored bytes end) and when it last
-    /// asked for bytes; a sync master's sends wait on `replica_progress`.
-    replica_acknowledged: std::cell::Cell<u64>,
-    replica_seen: std::cell::Cell<Option<std::time::Instant>>,
-    replica_progress: crate::store::notify::LocalNotify,
+    /// Master: its terms and slaves (replication.rs); a sync master's sends wait on it.
+    master: Rc<crate::replication::MasterSide>,
+    /// Slave: what its replication loop knows of the master.
+    slave_view: Rc<crate::replication::SlaveView>,
 }
-
-/// A slave that has not asked for bytes for this long is not replicating: a sync master's
-/// sends answer SLAVE_NOT_AVAILABLE at once instead of waiting for it. (An idle slave asks at
-/// least once a second: the master holds its pulls 1 s.)
-const SLAVE_SILENCE: Duration = Duration::from_secs(3);
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -127,6 +121,24 @@ pub async fn run(
         warn!(shard = id, moved_to = %path.display(), %why, "consumer offsets file was damaged; consumers resume from their start point");
     }
 
+    // The master terms of this shard's log (store/epochs.rs): a master begins one as it starts;
+    // a slave forgets any its log no longer reaches.
+    let epochs = {
+        let mut epochs = crate::store::epochs::EpochLog::load(&shard_dir)
+            .map_err(|e| format!("storage shard {id}: cannot read the epoch log: {e}"))?;
+        let end = store.commitlog_offsets().1;
+        if config.role() == crate::config::BrokerRole::Slave {
+            epochs.truncate(end);
+        } else {
+            let term = epochs.begin_term(end, 0);
+            info!(shard = id, epoch = term.epoch, start = term.start, "master term begins");
+        }
+        epochs
+            .save(&shard_dir)
+            .map_err(|e| format!("storage shard {id}: cannot write the epoch log: {e}"))?;
+        Rc::new(RefCell::new(epochs))
+    };
+
     let control = if id == 0 {
         let mut topics = TopicTable::load(&config.data_dir)?;
         let storage_shards = config.storage_cores.len();
@@ -165,9 +177,8 @@ pub async fn run(
         events: connected_events,
         control,
         stopping: RefCell::new(false),
-        replica_acknowledged: std::cell::Cell::new(0),
-        replica_seen: std::cell::Cell::new(None),
-        replica_progress: crate::store::notify::LocalNotify::default(),
+        master: Rc::new(crate::replication::MasterSide::new(epochs.clone())),
+        slave_view: Rc::new(crate::replication::SlaveView::default()),
     });
     if shard.control.is_some() {
         shard.broadcast_topics();
@@ -202,14 +213,18 @@ pub async fn run(
             on_arrival,
         )
     });
-    let replication_task = is_slave.then(|| {
-        glommio::spawn_local(crate::replication::follow(
-            id,
-            shard.config.clone(),
-            shard.store.clone(),
-        ))
+    let replication_task = if is_slave {
+        glommio::spawn_local(crate::replication::follow(crate::replication::Follower {
+            storage_shard: id,
+            config: shard.config.clone(),
+            store: shard.store.clone(),
+            epochs,
+            view: shard.slave_view.clone(),
+        }))
         .detach()
-    });
+    } else {
+        glommio::spawn_local(shard.master.clone().mark_loop(shard.store.clone())).detach()
+    };
     let persist_task = glommio::spawn_local(persist_offsets_loop(shard.clone())).detach();
     let expiry_task = shard
         .control
@@ -247,9 +262,7 @@ pub async fn run(
         task.cancel();
     }
     persist_task.cancel();
-    if let Some(task) = replication_task {
-        task.cancel();
-    }
+    replication_task.cancel();
     if let Some(service) = &delay_service {
         service.stop().await;
     }
@@ -291,39 +304,11 @@ impl StorageShard {
         }
     }
 
-    /// Sync master: waits until the slave acknowledges every byte below `end`, up to
+    /// Sync master: waits until a slave acknowledges every byte below `end`, up to
     /// `sync_flush_timeout_ms`.
     async fn wait_replicated(&self, end: u64) -> crate::store::AppendStatus {
-        use crate::store::AppendStatus;
-        let is_replicating = self
-            .replica_seen
-            .get()
-            .is_some_and(|seen| seen.elapsed() < SLAVE_SILENCE);
-        if !is_replicating {
-            return AppendStatus::SlaveNotAvailable;
-        }
-        let wait = async {
-            while self.replica_acknowledged.get() < end {
-                self.replica_progress.notified().await;
-            }
-        };
         let timeout = Duration::from_millis(self.config.sync_flush_timeout_ms);
-        let acknowledged = futures_lite::future::or(
-            async {
-                wait.await;
-                true
-            },
-            async {
-                glommio::timer::sleep(timeout).await;
-                false
-            },
-        )
-        .await;
-        if acknowledged {
-            AppendStatus::Ok
-        } else {
-            AppendStatus::FlushSlaveTimeout
-        }
+        self.master.wait_replicated(end, timeout).await
     }
 
     fn notify_arrival(&self, topic: &str, queue_id: u32) {
@@ -506,16 +491,18 @@ impl StorageShard {
                 acknowledged,
                 max_bytes,
                 suspend_ms,
+                epoch,
+                broker_id,
                 reply,
             } => {
-                self.replica_seen.set(Some(std::time::Instant::now()));
-                // An acknowledgement past this log's end is a slave holding bytes this master
-                // does not: not counted (divergence is refused below, by the read).
-                if acknowledged <= self.store.commitlog_offsets().1
-                    && acknowledged > self.replica_acknowledged.get()
-                {
-                    self.replica_acknowledged.set(acknowledged);
-                    self.replica_progress.notify_all();
+                let log_end = self.store.commitlog_offsets().1;
+                self.master.on_pull(broker_id, "", acknowledged, log_end);
+                if epoch != self.master.epoch() {
+                    let _ = reply.send(Err(format!(
+                        "this master is in term {}, not {epoch}: join again",
+                        self.master.epoch()
+                    )));
+                    return;
                 }
                 let deadline = std::time::Instant::now() + Duration::from_millis(suspend_ms);
                 let answer = loop {
@@ -534,7 +521,29 @@ impl StorageShard {
                     }
                 };
                 let end = self.store.commitlog_offsets().1;
-                let _ = reply.send(answer.map(|bytes| (bytes, end)));
+                let _ = reply.send(
+                    answer
+                        .map(|bytes| crate::replication::ReplicaChunk {
+                            bytes,
+                            master_end: end,
+                            epoch: self.master.epoch(),
+                            lag_ms: self.master.age_ms(from, end),
+                        })
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            StorageRequest::ReplicaJoin {
+                broker_id,
+                peer,
+                end,
+                epochs,
+                reply,
+            } => {
+                let log_end = self.store.commitlog_offsets().1;
+                let answer = self.master.join(&epochs, end, log_end);
+                self.master
+                    .on_join(broker_id, &peer, answer.consistent_end.min(end));
+                let _ = reply.send(answer);
             }
             StorageRequest::UpsertTopic {
                 config,
@@ -740,12 +749,14 @@ impl StorageShard {
             consumer_lag: lag.into_iter().map(|((g, t), n)| (g, t, n)).collect(),
             commitlog_bytes: self.store.commitlog_disk_bytes(),
             live_groups,
-            replica_lag_bytes: self.replica_seen.get().map(|_| {
-                self.store
-                    .commitlog_offsets()
-                    .1
-                    .saturating_sub(self.replica_acknowledged.get())
-            }),
+            replication: {
+                let end = self.store.commitlog_offsets().1;
+                if self.config.role() == crate::config::BrokerRole::Slave {
+                    self.slave_view.status(end)
+                } else {
+                    self.master.status(end)
+                }
+            },
         }
     }
 

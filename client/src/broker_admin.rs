@@ -39,6 +39,24 @@ pub struct BrokerStatus {
     pub role: String,
     /// A master's replication lag in CommitLog bytes; `None` when no slave replicates from it.
     pub replica_lag_bytes: Option<u64>,
+    /// Replication per storage shard, in shard order.
+    pub replication: Vec<ReplicationShardStatus>,
+}
+
+/// One storage shard's replication as its broker sees it (docs/replication.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicationShardStatus {
+    pub storage_shard: u32,
+    /// A master: its slave's client address; a slave: its master's HA address.
+    pub peer: String,
+    /// The master term this shard writes (master) or copies (slave).
+    pub epoch: u64,
+    /// Bytes the peer lacks; `None` when unknown (no peer since the start).
+    pub lag_bytes: Option<u64>,
+    /// Age of the oldest byte the peer lacks, in ms (0 in sync); `None` when unknown.
+    pub lag_ms: Option<u64>,
+    /// Whether the peer was heard from in the last 3 s.
+    pub connected: bool,
 }
 
 /// A consumer group as one broker knows it.
@@ -114,6 +132,19 @@ impl ConnectionPool {
             disk_free_bytes: r.disk_free_bytes(),
             role: text(r.role()),
             replica_lag_bytes: u64::try_from(r.replica_lag_bytes()).ok(),
+            replication: r
+                .replication()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|s| ReplicationShardStatus {
+                    storage_shard: s.storage_shard(),
+                    peer: text(s.peer()),
+                    epoch: s.epoch(),
+                    lag_bytes: u64::try_from(s.lag_bytes()).ok(),
+                    lag_ms: u64::try_from(s.lag_ms()).ok(),
+                    connected: s.connected(),
+                })
+                .collect(),
         })
     }
 

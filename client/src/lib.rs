@@ -62,7 +62,9 @@ pub use admin::{
     Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
-pub use broker_admin::{BrokerStatus, GroupSummary, OffsetReset, ResetTarget};
+pub use broker_admin::{
+    BrokerStatus, GroupSummary, OffsetReset, ReplicationShardStatus, ResetTarget,
+};
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};

@@ -91,6 +91,47 @@ impl Group {
     }
 }
 
+/// One storage shard's replication figures from `broker status`.
+#[derive(Debug)]
+struct ShardStatus {
+    peer: String,
+    epoch: u64,
+    lag_bytes: i64,
+    lag_ms: i64,
+    connected: bool,
+}
+
+/// `(role, replica_lag_bytes, per shard)` from `broker status`.
+fn replication_status(client: &mut shardmq_tests::TestClient) -> (String, i64, Vec<ShardStatus>) {
+    let answer = client
+        .request(|b| {
+            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
+            (wire::Body::BrokerStatusRequest, body.as_union_value())
+        })
+        .expect("an answer to BrokerStatusRequest");
+    let r = answer
+        .frame()
+        .body_as_broker_status_response()
+        .expect("a body");
+    let shards = r
+        .replication()
+        .iter()
+        .flat_map(|v| v.iter())
+        .map(|s| ShardStatus {
+            peer: s.peer().unwrap_or_default().to_owned(),
+            epoch: s.epoch(),
+            lag_bytes: s.lag_bytes(),
+            lag_ms: s.lag_ms(),
+            connected: s.connected(),
+        })
+        .collect();
+    (
+        r.role().unwrap_or_default().to_owned(),
+        r.replica_lag_bytes(),
+        shards,
+    )
+}
+
 /// Small segments: the copy crosses segment rollovers.
 const SMALL_SEGMENTS: [&str; 4] = ["--segment-bytes", "1048576", "--max-message-bytes", "65536"];
 
@@ -148,27 +189,30 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
         (committed_offset(&mut on_slave, "Mover", TOPIC, 2) == Some(123)).then_some(())
     });
 
-    // `broker status` says who is who, and that the slave has everything.
-    let status = |client: &mut shardmq_tests::TestClient| {
-        let answer = client
-            .request(|b| {
-                let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
-                (wire::Body::BrokerStatusRequest, body.as_union_value())
-            })
-            .expect("an answer to BrokerStatusRequest");
-        let r = answer
-            .frame()
-            .body_as_broker_status_response()
-            .expect("a body");
-        (
-            r.role().unwrap_or_default().to_owned(),
-            r.replica_lag_bytes(),
-        )
-    };
+    // `broker status` says who is who, and that the slave has everything: per storage shard,
+    // the same term on both sides, no lag in bytes or ms, the peer connected.
     wait_until(CATCH_UP, "the master to report no lag", || {
-        (status(&mut master.client()) == ("async-master".to_owned(), 0)).then_some(())
+        let on_master = replication_status(&mut master.client());
+        (on_master.0 == "async-master"
+            && on_master.1 == 0
+            && on_master.2.iter().all(|s| s.lag_bytes == 0 && s.lag_ms == 0 && s.connected))
+            .then_some(())
     });
-    assert_eq!(status(&mut on_slave), ("slave".to_owned(), -1));
+    let on_master = replication_status(&mut master.client());
+    wait_until(CATCH_UP, "the slave to report no lag", || {
+        let on_slave_status = replication_status(&mut on_slave);
+        (on_slave_status.0 == "slave"
+            && on_slave_status.2.iter().all(|s| s.lag_bytes == 0 && s.connected))
+            .then_some(())
+    });
+    let on_slave_status = replication_status(&mut on_slave);
+    assert_eq!(on_master.2.len(), on_slave_status.2.len());
+    for (m, s) in on_master.2.iter().zip(&on_slave_status.2) {
+        assert!(m.epoch >= 1, "a master begins a term as it starts: {m:?}");
+        assert_eq!(m.epoch, s.epoch, "the slave copies the master's term");
+        assert_eq!(s.peer, group.ha, "the slave names its master's HA address");
+        assert!(!m.peer.is_empty(), "the master names its slave");
+    }
 
     // The master dies; the slave still serves what was acknowledged, byte for byte.
     master.kill9();
@@ -320,13 +364,38 @@ fn a_sync_master_acknowledges_only_what_its_slave_holds() {
 }
 
 #[test]
-fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
+fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
     let group = Group::new();
     let master = group.master("async-master", &[]);
     let mut client = master.client();
     create_topic(&mut client, TOPIC, 1);
     send_batch(&mut client, TOPIC, 0, &[TestMessage::new("kept")]);
-    let replica_pull = |client: &mut shardmq_tests::TestClient, shard: u32, from: u64| {
+    let join = |client: &mut shardmq_tests::TestClient,
+                cluster: &str,
+                broker: &str,
+                broker_id: i64,
+                shards: u32,
+                end: u64| {
+        client
+            .request(|b| {
+                let (cluster, broker) = (b.create_string(cluster), b.create_string(broker));
+                let body = wire::ReplicaJoinRequest::create(
+                    b,
+                    &wire::ReplicaJoinRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id,
+                        storage_shards: shards,
+                        storage_shard: 0,
+                        end,
+                        ..Default::default()
+                    },
+                );
+                (wire::Body::ReplicaJoinRequest, body.as_union_value())
+            })
+            .expect("an answer")
+    };
+    let replica_pull = |client: &mut shardmq_tests::TestClient, shard: u32, from: u64, epoch: u64| {
         client
             .request(|b| {
                 let body = wire::ReplicaPullRequest::create(
@@ -336,6 +405,7 @@ fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
                         from,
                         max_bytes: 1 << 20,
                         suspend_timeout_ms: 0,
+                        epoch,
                         ..Default::default()
                     },
                 );
@@ -346,11 +416,36 @@ fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
     // On the HA address as on the client address: the ordinary protocol and its checks.
     let mut ha = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();
     ha.handshake().unwrap();
-    for (shard, from, what) in [
-        (7, 0, "a storage shard the master lacks"),
-        (0, 1 << 40, "an offset past the master's end"),
+    for (cluster, broker, id, shards, what, names) in [
+        ("OtherCluster", "broker-a", 1, 1, "a slave of another cluster", "OtherCluster"),
+        ("DefaultCluster", "broker-b", 1, 1, "a slave of another broker name", "broker-b"),
+        ("DefaultCluster", "broker-a", 0, 1, "a master's broker id", "above 0"),
+        ("DefaultCluster", "broker-a", 1, 3, "another storage shard count", "3"),
     ] {
-        let answer = replica_pull(&mut ha, shard, from);
+        let answer = join(&mut ha, cluster, broker, id, shards, 0);
+        let (status, message) = status_of(&answer);
+        let message = message.unwrap_or_default();
+        assert_eq!(status, wire::Status::INVALID_ARGUMENT, "{what}: {message}");
+        assert!(message.contains(names), "{what}: {message}");
+    }
+    // A good join learns the term; a slave that claims more than the master holds (with no
+    // term in common past the start) is told to cut everything.
+    let answer = join(&mut ha, "DefaultCluster", "broker-a", 1, 1, 1 << 40);
+    assert_eq!(status_of(&answer).0, wire::Status::OK);
+    let joined = answer
+        .frame()
+        .body_as_replica_join_response()
+        .expect("a body");
+    let epoch = joined.epoch();
+    assert!(epoch >= 1);
+    assert!(joined.master_end() > 0);
+    assert_eq!(joined.consistent_end(), 0);
+    for (shard, from, epoch, what) in [
+        (7, 0, epoch, "a storage shard the master lacks"),
+        (0, 1 << 40, epoch, "an offset past the master's end"),
+        (0, 0, epoch + 1, "another term"),
+    ] {
+        let answer = replica_pull(&mut ha, shard, from, epoch);
         assert_eq!(
             status_of(&answer).0,
             wire::Status::INVALID_ARGUMENT,
@@ -363,12 +458,13 @@ fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
     let _ = garbage.send_bytes(&[0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]);
     drop(garbage);
     // A good pull from the start still gets the stored bytes.
-    let answer = replica_pull(&mut ha, 0, 0);
+    let answer = replica_pull(&mut ha, 0, 0, epoch);
     assert_eq!(status_of(&answer).0, wire::Status::OK);
     let body = answer
         .frame()
         .body_as_replica_pull_response()
         .expect("a body");
+    assert_eq!(body.epoch(), epoch);
     assert!(
         body.data().is_some_and(|d| !d.is_empty()),
         "no bytes served"
@@ -378,6 +474,6 @@ fn replica_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
 
     // A slave refuses to be replicated from.
     let slave = group.slave(&[]);
-    let answer = replica_pull(&mut slave.client(), 0, 0);
+    let answer = replica_pull(&mut slave.client(), 0, 0, epoch);
     assert_eq!(status_of(&answer).0, wire::Status::SERVICE_NOT_AVAILABLE);
 }

@@ -17,7 +17,7 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
     let commitlog_bytes: u64 = snapshots.iter().map(|s| s.commitlog_bytes).sum();
     let replica_lag_bytes = snapshots
         .iter()
-        .map(|s| s.replica_lag_bytes)
+        .map(|s| s.replication.lag_bytes)
         .reduce(|a, b| match (a, b) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
@@ -36,6 +36,26 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
         let placement = b.create_string(m.placement.get().map_or("", String::as_str));
         let flush = b.create_string(&config.flush);
         let role = b.create_string(config.role().name());
+        let replication: Vec<_> = snapshots
+            .iter()
+            .enumerate()
+            .map(|(storage, s)| {
+                let r = &s.replication;
+                let peer = b.create_string(&r.peer);
+                wire::ReplicationShardStatus::create(
+                    b,
+                    &wire::ReplicationShardStatusArgs {
+                        storage_shard: storage as u32,
+                        peer: Some(peer),
+                        epoch: r.epoch,
+                        lag_bytes: r.lag_bytes.map_or(-1, |v| v as i64),
+                        lag_ms: r.lag_ms.map_or(-1, |v| v as i64),
+                        connected: r.connected,
+                    },
+                )
+            })
+            .collect();
+        let replication = b.create_vector(&replication);
         let body = wire::BrokerStatusResponse::create(
             b,
             &wire::BrokerStatusResponseArgs {
@@ -59,6 +79,7 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
                 disk_free_bytes: disk_free,
                 role: Some(role),
                 replica_lag_bytes,
+                replication: Some(replication),
             },
         );
         (wire::Body::BrokerStatusResponse, body.as_union_value())
@@ -131,13 +152,13 @@ mod tests {
             consumer_lag: vec![("g".into(), "a".into(), 3)],
             commitlog_bytes: 0,
             live_groups: vec![("g".into(), 2, vec!["b".into()])],
-            replica_lag_bytes: None,
+            replication: Default::default(),
         };
         let shard1 = StorageSnapshot {
             consumer_lag: vec![("g".into(), "a".into(), 4), ("h".into(), "c".into(), 1)],
             commitlog_bytes: 0,
             live_groups: Vec::new(),
-            replica_lag_bytes: None,
+            replication: Default::default(),
         };
         let groups = merge_groups(vec![shard0, shard1]);
         let g = &groups["g"];

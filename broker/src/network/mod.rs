@@ -64,6 +64,8 @@ pub struct NetworkShard {
     round_robin: Cell<u32>,
     /// The address clients reach (also the record's store host).
     pub store_host: Cell<SocketAddr>,
+    /// Network shard 0 of a master: the address its slaves replicate from.
+    pub ha_host: Cell<Option<SocketAddr>>,
     pub stopping: Arc<AtomicBool>,
     storage_ready: Cell<usize>,
     /// Signalled on readiness and topic table changes.
@@ -232,9 +234,6 @@ impl NetworkShard {
     /// A slave's copy of its master's topic table (every 2 s, so it serves pulls of every
     /// topic its master has) and committed consumer offsets (every 10 s).
     async fn copy_master_metadata_loop(self: Rc<Self>) {
-        let Ok(master) = self.config.ha_master.parse() else {
-            return;
-        };
         let client_id = format!(
             "{}-slave-{}-topics",
             self.config.broker_name, self.config.broker_id
@@ -244,7 +243,16 @@ impl NetworkShard {
             std::time::Instant::now() - crate::replication::OFFSET_SYNC_INTERVAL;
         // One link, kept between rounds and made again after a failure.
         let mut link: Option<crate::replication::MasterLink> = None;
+        let mut master = None;
         while !self.stopping.load(Ordering::Relaxed) {
+            let named = crate::replication::master_address(&self.config);
+            if named != master {
+                (master, link) = (named, None);
+            }
+            let Some(master) = master else {
+                glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
+                continue;
+            };
             if link.is_none() {
                 link = crate::replication::MasterLink::connect(master, &client_id)
                     .await
@@ -494,6 +502,7 @@ pub async fn run(
         next_connection_id: Cell::new(0),
         round_robin: Cell::new(id as u32),
         store_host: Cell::new(listen.configured),
+        ha_host: Cell::new(None),
         stopping: stopping.clone(),
         storage_ready: Cell::new(0),
         changed: LocalNotify::default(),
@@ -574,6 +583,9 @@ pub async fn run(
         let _ = listen.actual.set(actual);
     }
     shard.store_host.set(actual);
+    if id == 0 {
+        crate::replication::set_own_address(actual);
+    }
     on_listening(actual);
 
     let alive_task = glommio::spawn_local(shard.clone().flush_alive_loop()).detach();
@@ -585,7 +597,9 @@ pub async fn run(
                 shard.close_storage_channels();
                 format!("cannot listen for slaves on {addr}: {e}")
             })?;
-            info!(addr = %listener.local_addr().unwrap_or(addr), "serving slaves (HA)");
+            let actual_ha = listener.local_addr().unwrap_or(addr);
+            shard.ha_host.set(Some(actual_ha));
+            info!(addr = %actual_ha, "serving slaves (HA)");
             let shard = shard.clone();
             Some(glommio::spawn_local(async move { accept_loop(&shard, &listener).await }).detach())
         }

@@ -317,6 +317,9 @@ pub struct GetResult {
 /// What recovery found and repaired, for the startup log and for tests.
 #[derive(Debug, Clone, Default)]
 pub struct RecoveryReport {
+    /// The offset the log was cut at because replication asked for it
+    /// ([`request_truncation`]), if it was.
+    pub truncated_for_replica: Option<u64>,
     pub checkpoint: Option<Checkpoint>,
     pub checkpoint_problem: Option<String>,
     pub commitlog: RecoveryScan,
@@ -416,6 +419,8 @@ impl MessageStore {
             .await
             .map_err(io_error("direct I/O probe"))?;
         let mut report = RecoveryReport::default();
+        report.truncated_for_replica = apply_requested_truncation(&dir, config.segment_bytes)
+            .map_err(io_error("requested truncation"))?;
         match Checkpoint::load(&dir).map_err(io_error("checkpoint"))? {
             Ok(checkpoint) => report.checkpoint = checkpoint,
             Err(problem) => {
@@ -1957,6 +1962,70 @@ fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
 }
 
 /// (total, available to unprivileged writers) bytes of the file system holding `path`.
+/// The file that asks the next open of a shard to cut its CommitLog (text: the offset).
+pub const TRUNCATE_REQUEST_FILE: &str = "truncate-request";
+
+/// Asks the next [`MessageStore::open`] of `shard_dir` to cut the CommitLog at `offset` (a
+/// record boundary) and rebuild the derived files: a slave holding bytes its master does not
+/// (docs/replication.md, "Divergence"). Durable when it returns.
+pub fn request_truncation(shard_dir: &Path, offset: u64) -> io::Result<()> {
+    super::atomic_file::write_atomically(
+        &shard_dir.join(TRUNCATE_REQUEST_FILE),
+        format!("{offset}\n").as_bytes(),
+    )
+}
+
+/// Carries out a [`request_truncation`] (every step may be repeated after a crash; the request
+/// is removed last): segments from `offset` on are deleted, the one holding it is cut there,
+/// the ConsumeQueues, index and checkpoint are removed (rebuilt by the scan), and the epoch log
+/// forgets the terms that start at or past it.
+fn apply_requested_truncation(shard_dir: &Path, segment_bytes: u64) -> io::Result<Option<u64>> {
+    let request = shard_dir.join(TRUNCATE_REQUEST_FILE);
+    let text = match std::fs::read_to_string(&request) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let offset: u64 = text.trim().parse().map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not an offset: {e}", request.display()),
+        )
+    })?;
+    warn!(offset, "cutting the CommitLog where replication asked (the master never had the bytes after it)");
+    let commitlog_dir = shard_dir.join("commitlog");
+    if commitlog_dir.exists() {
+        for (base, path) in super::commitlog::list_segments(&commitlog_dir)? {
+            if base >= offset {
+                std::fs::remove_file(&path)?;
+            } else if offset < base + segment_bytes {
+                let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+                if file.metadata()?.len() > offset - base {
+                    file.set_len(offset - base)?;
+                }
+                file.sync_all()?;
+            }
+        }
+        std::fs::File::open(&commitlog_dir)?.sync_all()?;
+    }
+    for sub in ["consumequeue", "index"] {
+        let path = shard_dir.join(sub);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+    }
+    match std::fs::remove_file(shard_dir.join(CHECKPOINT_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut epochs = super::epochs::EpochLog::load(shard_dir)?;
+    epochs.truncate(offset);
+    epochs.save(shard_dir)?;
+    std::fs::remove_file(&request)?;
+    std::fs::File::open(shard_dir)?.sync_all()?;
+    Ok(Some(offset))
+}
+
 pub fn disk_space(path: &Path) -> io::Result<(u64, u64)> {
     let stat = statvfs(path)?;
     let fragment = stat.f_frsize as u64;

@@ -11,6 +11,7 @@ pub mod atomic_file;
 pub mod checkpoint;
 pub mod commitlog;
 pub mod consume_queue;
+pub mod epochs;
 pub mod filter;
 pub mod format;
 pub mod index;
@@ -37,5 +38,6 @@ pub use filter::TagFilter;
 pub use message_store::{
     AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, GetResult, GetStatus,
     MessageStore, RecoveryReport, StoreConfig, StoreError, MAX_QUERY_ANSWER_BYTES,
+    request_truncation,
 };
 pub use record::{RecordInput, RecordView};

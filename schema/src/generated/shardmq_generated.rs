@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 50;
+pub const ENUM_MAX_BODY: u8 = 52;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 51] = [
+pub const ENUM_VALUES_BODY: [Body; 53] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -648,6 +648,8 @@ pub const ENUM_VALUES_BODY: [Body; 51] = [
   Body::GroupListResponse,
   Body::ReplicaPullRequest,
   Body::ReplicaPullResponse,
+  Body::ReplicaJoinRequest,
+  Body::ReplicaJoinResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -709,9 +711,11 @@ impl Body {
   pub const GroupListResponse: Self = Self(48);
   pub const ReplicaPullRequest: Self = Self(49);
   pub const ReplicaPullResponse: Self = Self(50);
+  pub const ReplicaJoinRequest: Self = Self(51);
+  pub const ReplicaJoinResponse: Self = Self(52);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 50;
+  pub const ENUM_MAX: u8 = 52;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -764,6 +768,8 @@ impl Body {
     Self::GroupListResponse,
     Self::ReplicaPullRequest,
     Self::ReplicaPullResponse,
+    Self::ReplicaJoinRequest,
+    Self::ReplicaJoinResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -819,6 +825,8 @@ impl Body {
       Self::GroupListResponse => Some("GroupListResponse"),
       Self::ReplicaPullRequest => Some("ReplicaPullRequest"),
       Self::ReplicaPullResponse => Some("ReplicaPullResponse"),
+      Self::ReplicaJoinRequest => Some("ReplicaJoinRequest"),
+      Self::ReplicaJoinResponse => Some("ReplicaJoinResponse"),
       _ => None,
     }
   }
@@ -930,6 +938,8 @@ pub enum BodyT {
   GroupListResponse(alloc::boxed::Box<GroupListResponseT>),
   ReplicaPullRequest(alloc::boxed::Box<ReplicaPullRequestT>),
   ReplicaPullResponse(alloc::boxed::Box<ReplicaPullResponseT>),
+  ReplicaJoinRequest(alloc::boxed::Box<ReplicaJoinRequestT>),
+  ReplicaJoinResponse(alloc::boxed::Box<ReplicaJoinResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -990,6 +1000,8 @@ impl BodyT {
       Self::GroupListResponse(_) => Body::GroupListResponse,
       Self::ReplicaPullRequest(_) => Body::ReplicaPullRequest,
       Self::ReplicaPullResponse(_) => Body::ReplicaPullResponse,
+      Self::ReplicaJoinRequest(_) => Body::ReplicaJoinRequest,
+      Self::ReplicaJoinResponse(_) => Body::ReplicaJoinResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1045,6 +1057,8 @@ impl BodyT {
       Self::GroupListResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaPullRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaPullResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaJoinRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaJoinResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2097,7 +2111,197 @@ impl BodyT {
   pub fn as_replica_pull_response_mut(&mut self) -> Option<&mut ReplicaPullResponseT> {
     if let Self::ReplicaPullResponse(v) = self { Some(v.as_mut()) } else { None }
   }
+  /// If the union variant matches, return the owned ReplicaJoinRequestT, setting the union to NONE.
+  pub fn take_replica_join_request(&mut self) -> Option<alloc::boxed::Box<ReplicaJoinRequestT>> {
+    if let Self::ReplicaJoinRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaJoinRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaJoinRequestT.
+  pub fn as_replica_join_request(&self) -> Option<&ReplicaJoinRequestT> {
+    if let Self::ReplicaJoinRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaJoinRequestT.
+  pub fn as_replica_join_request_mut(&mut self) -> Option<&mut ReplicaJoinRequestT> {
+    if let Self::ReplicaJoinRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaJoinResponseT, setting the union to NONE.
+  pub fn take_replica_join_response(&mut self) -> Option<alloc::boxed::Box<ReplicaJoinResponseT>> {
+    if let Self::ReplicaJoinResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaJoinResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaJoinResponseT.
+  pub fn as_replica_join_response(&self) -> Option<&ReplicaJoinResponseT> {
+    if let Self::ReplicaJoinResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaJoinResponseT.
+  pub fn as_replica_join_response_mut(&mut self) -> Option<&mut ReplicaJoinResponseT> {
+    if let Self::ReplicaJoinResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
 }
+/// One master term: its number and the CommitLog offset of its first byte.
+// struct EpochEntry, aligned to 8
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq)]
+pub struct EpochEntry(pub [u8; 16]);
+impl Default for EpochEntry { 
+  fn default() -> Self { 
+    Self([0; 16])
+  }
+}
+impl ::core::fmt::Debug for EpochEntry {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    f.debug_struct("EpochEntry")
+      .field("epoch", &self.epoch())
+      .field("start", &self.start())
+      .finish()
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for EpochEntry {}
+impl<'a> ::flatbuffers::Follow<'a> for EpochEntry {
+  type Inner = &'a EpochEntry;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { <&'a EpochEntry>::follow(buf, loc) }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for &'a EpochEntry {
+  type Inner = &'a EpochEntry;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { ::flatbuffers::follow_cast_ref::<EpochEntry>(buf, loc) }
+  }
+}
+impl<'b> ::flatbuffers::Push for EpochEntry {
+    type Output = EpochEntry;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        let src = unsafe { ::core::slice::from_raw_parts(self as *const EpochEntry as *const u8, <Self as ::flatbuffers::Push>::size()) };
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn alignment() -> ::flatbuffers::PushAlignment {
+        ::flatbuffers::PushAlignment::new(8)
+    }
+}
+
+impl<'a> ::flatbuffers::Verifiable for EpochEntry {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.in_buffer::<Self>(pos)
+  }
+}
+
+impl<'a> EpochEntry {
+  #[allow(clippy::too_many_arguments)]
+  pub fn new(
+    epoch: u64,
+    start: u64,
+  ) -> Self {
+    let mut s = Self([0; 16]);
+    s.set_epoch(epoch);
+    s.set_start(start);
+    s
+  }
+
+  pub fn epoch(&self) -> u64 {
+    let mut mem = ::core::mem::MaybeUninit::<<u64 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[0..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_epoch(&mut self, x: u64) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[0..].as_mut_ptr(),
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+  pub fn start(&self) -> u64 {
+    let mut mem = ::core::mem::MaybeUninit::<<u64 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[8..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_start(&mut self, x: u64) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[8..].as_mut_ptr(),
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+  pub fn unpack(&self) -> EpochEntryT {
+    EpochEntryT {
+      epoch: self.epoch(),
+      start: self.start(),
+    }
+  }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EpochEntryT {
+  pub epoch: u64,
+  pub start: u64,
+}
+impl EpochEntryT {
+  pub fn pack(&self) -> EpochEntry {
+    EpochEntry::new(
+      self.epoch,
+      self.start,
+    )
+  }
+}
+
 pub enum KeyValueOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4791,7 +4995,7 @@ impl<'a> RegisterBrokerRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RegisterBrokerRequest::VT_BROKER_ADDRESS, None)}
   }
-  /// `host:port` for replication (later); absent for now.
+  /// A master's `host:port` for replication (its HA address); absent for a slave.
   #[inline]
   pub fn ha_server_address(&self) -> Option<&'a str> {
     // Safety:
@@ -5033,7 +5237,7 @@ impl<'a> RegisterBrokerResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RegisterBrokerResponse::VT_MASTER_ADDRESS, None)}
   }
-  /// For a slave: the master's replication address (later).
+  /// For a slave: the master's replication (HA) address, when the master registered one.
   #[inline]
   pub fn ha_server_address(&self) -> Option<&'a str> {
     // Safety:
@@ -10719,6 +10923,7 @@ impl<'a> BrokerStatusResponse<'a> {
   pub const VT_DISK_FREE_BYTES: ::flatbuffers::VOffsetT = 38;
   pub const VT_ROLE: ::flatbuffers::VOffsetT = 40;
   pub const VT_REPLICA_LAG_BYTES: ::flatbuffers::VOffsetT = 42;
+  pub const VT_REPLICATION: ::flatbuffers::VOffsetT = 44;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -10741,6 +10946,7 @@ impl<'a> BrokerStatusResponse<'a> {
     builder.add_bytes_in(args.bytes_in);
     builder.add_messages_in(args.messages_in);
     builder.add_uptime_ms(args.uptime_ms);
+    if let Some(x) = args.replication { builder.add_replication(x); }
     if let Some(x) = args.role { builder.add_role(x); }
     builder.add_topics(args.topics);
     if let Some(x) = args.flush { builder.add_flush(x); }
@@ -10786,6 +10992,9 @@ impl<'a> BrokerStatusResponse<'a> {
       alloc::string::ToString::to_string(x)
     });
     let replica_lag_bytes = self.replica_lag_bytes();
+    let replication = self.replication().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
     BrokerStatusResponseT {
       cluster_name,
       broker_name,
@@ -10807,6 +11016,7 @@ impl<'a> BrokerStatusResponse<'a> {
       disk_free_bytes,
       role,
       replica_lag_bytes,
+      replication,
     }
   }
 
@@ -10956,6 +11166,14 @@ impl<'a> BrokerStatusResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<i64>(BrokerStatusResponse::VT_REPLICA_LAG_BYTES, Some(-1)).unwrap()}
   }
+  /// Per storage shard, in shard order (docs/replication.md).
+  #[inline]
+  pub fn replication(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus>>>>(BrokerStatusResponse::VT_REPLICATION, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
@@ -10984,6 +11202,7 @@ impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
      .visit_field::<u64>("disk_free_bytes", Self::VT_DISK_FREE_BYTES, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("role", Self::VT_ROLE, false)?
      .visit_field::<i64>("replica_lag_bytes", Self::VT_REPLICA_LAG_BYTES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus>>>>("replication", Self::VT_REPLICATION, false)?
      .finish();
     Ok(())
   }
@@ -11009,6 +11228,7 @@ pub struct BrokerStatusResponseArgs<'a> {
     pub disk_free_bytes: u64,
     pub role: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub replica_lag_bytes: i64,
+    pub replication: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus<'a>>>>>,
 }
 impl<'a> Default for BrokerStatusResponseArgs<'a> {
   #[inline]
@@ -11034,6 +11254,7 @@ impl<'a> Default for BrokerStatusResponseArgs<'a> {
       disk_free_bytes: 0,
       role: None,
       replica_lag_bytes: -1,
+      replication: None,
     }
   }
 }
@@ -11124,6 +11345,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerStatusResponseBuilder<'
     self.fbb_.push_slot::<i64>(BrokerStatusResponse::VT_REPLICA_LAG_BYTES, replica_lag_bytes, -1);
   }
   #[inline]
+  pub fn add_replication(&mut self, replication: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicationShardStatus<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_REPLICATION, replication);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerStatusResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerStatusResponseBuilder {
@@ -11161,6 +11386,7 @@ impl ::core::fmt::Debug for BrokerStatusResponse<'_> {
       ds.field("disk_free_bytes", &self.disk_free_bytes());
       ds.field("role", &self.role());
       ds.field("replica_lag_bytes", &self.replica_lag_bytes());
+      ds.field("replication", &self.replication());
       ds.finish()
   }
 }
@@ -11187,6 +11413,7 @@ pub struct BrokerStatusResponseT {
   pub disk_free_bytes: u64,
   pub role: Option<alloc::string::String>,
   pub replica_lag_bytes: i64,
+  pub replication: Option<alloc::vec::Vec<ReplicationShardStatusT>>,
 }
 impl Default for BrokerStatusResponseT {
   fn default() -> Self {
@@ -11211,6 +11438,7 @@ impl Default for BrokerStatusResponseT {
       disk_free_bytes: 0,
       role: None,
       replica_lag_bytes: -1,
+      replication: None,
     }
   }
 }
@@ -11251,6 +11479,9 @@ impl BrokerStatusResponseT {
       _fbb.create_string(x)
     });
     let replica_lag_bytes = self.replica_lag_bytes;
+    let replication = self.replication.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
     BrokerStatusResponse::create(_fbb, &BrokerStatusResponseArgs{
       cluster_name,
       broker_name,
@@ -11272,6 +11503,259 @@ impl BrokerStatusResponseT {
       disk_free_bytes,
       role,
       replica_lag_bytes,
+      replication,
+    })
+  }
+}
+pub enum ReplicationShardStatusOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One storage shard's replication, as its broker sees it.
+pub struct ReplicationShardStatus<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicationShardStatus<'a> {
+  type Inner = ReplicationShardStatus<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicationShardStatus<'a> {
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PEER: ::flatbuffers::VOffsetT = 6;
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LAG_BYTES: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LAG_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_CONNECTED: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicationShardStatus { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicationShardStatusArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicationShardStatus<'bldr>> {
+    let mut builder = ReplicationShardStatusBuilder::new(_fbb);
+    builder.add_lag_ms(args.lag_ms);
+    builder.add_lag_bytes(args.lag_bytes);
+    builder.add_epoch(args.epoch);
+    if let Some(x) = args.peer { builder.add_peer(x); }
+    builder.add_storage_shard(args.storage_shard);
+    builder.add_connected(args.connected);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicationShardStatusT {
+    let storage_shard = self.storage_shard();
+    let peer = self.peer().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let epoch = self.epoch();
+    let lag_bytes = self.lag_bytes();
+    let lag_ms = self.lag_ms();
+    let connected = self.connected();
+    ReplicationShardStatusT {
+      storage_shard,
+      peer,
+      epoch,
+      lag_bytes,
+      lag_ms,
+      connected,
+    }
+  }
+
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicationShardStatus::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  /// A master: its slave's client address (empty when none has joined). A slave: its
+  /// master's HA address.
+  #[inline]
+  pub fn peer(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicationShardStatus::VT_PEER, None)}
+  }
+  /// The master term this shard writes (master) or copies (slave).
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicationShardStatus::VT_EPOCH, Some(0)).unwrap()}
+  }
+  /// A master: bytes past what its slave acknowledged. A slave: bytes its master holds that it
+  /// has not copied yet, as of its last pull. -1: unknown (no peer since the start).
+  #[inline]
+  pub fn lag_bytes(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ReplicationShardStatus::VT_LAG_BYTES, Some(-1)).unwrap()}
+  }
+  /// Age of the oldest byte the peer lacks, in ms (0 when in sync); -1: unknown.
+  #[inline]
+  pub fn lag_ms(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ReplicationShardStatus::VT_LAG_MS, Some(-1)).unwrap()}
+  }
+  /// Whether a peer has been heard from in the last 3 s.
+  #[inline]
+  pub fn connected(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReplicationShardStatus::VT_CONNECTED, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicationShardStatus<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("peer", Self::VT_PEER, false)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
+     .visit_field::<i64>("lag_bytes", Self::VT_LAG_BYTES, false)?
+     .visit_field::<i64>("lag_ms", Self::VT_LAG_MS, false)?
+     .visit_field::<bool>("connected", Self::VT_CONNECTED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicationShardStatusArgs<'a> {
+    pub storage_shard: u32,
+    pub peer: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub epoch: u64,
+    pub lag_bytes: i64,
+    pub lag_ms: i64,
+    pub connected: bool,
+}
+impl<'a> Default for ReplicationShardStatusArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicationShardStatusArgs {
+      storage_shard: 0,
+      peer: None,
+      epoch: 0,
+      lag_bytes: -1,
+      lag_ms: -1,
+      connected: false,
+    }
+  }
+}
+
+pub struct ReplicationShardStatusBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicationShardStatusBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicationShardStatus::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_peer(&mut self, peer: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicationShardStatus::VT_PEER, peer);
+  }
+  #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ReplicationShardStatus::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
+  pub fn add_lag_bytes(&mut self, lag_bytes: i64) {
+    self.fbb_.push_slot::<i64>(ReplicationShardStatus::VT_LAG_BYTES, lag_bytes, -1);
+  }
+  #[inline]
+  pub fn add_lag_ms(&mut self, lag_ms: i64) {
+    self.fbb_.push_slot::<i64>(ReplicationShardStatus::VT_LAG_MS, lag_ms, -1);
+  }
+  #[inline]
+  pub fn add_connected(&mut self, connected: bool) {
+    self.fbb_.push_slot::<bool>(ReplicationShardStatus::VT_CONNECTED, connected, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicationShardStatusBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicationShardStatusBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicationShardStatus<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicationShardStatus<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicationShardStatus");
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("peer", &self.peer());
+      ds.field("epoch", &self.epoch());
+      ds.field("lag_bytes", &self.lag_bytes());
+      ds.field("lag_ms", &self.lag_ms());
+      ds.field("connected", &self.connected());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicationShardStatusT {
+  pub storage_shard: u32,
+  pub peer: Option<alloc::string::String>,
+  pub epoch: u64,
+  pub lag_bytes: i64,
+  pub lag_ms: i64,
+  pub connected: bool,
+}
+impl Default for ReplicationShardStatusT {
+  fn default() -> Self {
+    Self {
+      storage_shard: 0,
+      peer: None,
+      epoch: 0,
+      lag_bytes: -1,
+      lag_ms: -1,
+      connected: false,
+    }
+  }
+}
+impl ReplicationShardStatusT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicationShardStatus<'b>> {
+    let storage_shard = self.storage_shard;
+    let peer = self.peer.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let epoch = self.epoch;
+    let lag_bytes = self.lag_bytes;
+    let lag_ms = self.lag_ms;
+    let connected = self.connected;
+    ReplicationShardStatus::create(_fbb, &ReplicationShardStatusArgs{
+      storage_shard,
+      peer,
+      epoch,
+      lag_bytes,
+      lag_ms,
+      connected,
     })
   }
 }
@@ -13664,6 +14148,7 @@ impl<'a> ReplicaPullRequest<'a> {
   pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 12;
   pub const VT_SLAVE_ADDRESS: ::flatbuffers::VOffsetT = 14;
   pub const VT_ACKNOWLEDGED: ::flatbuffers::VOffsetT = 16;
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -13675,6 +14160,7 @@ impl<'a> ReplicaPullRequest<'a> {
     args: &'args ReplicaPullRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaPullRequest<'bldr>> {
     let mut builder = ReplicaPullRequestBuilder::new(_fbb);
+    builder.add_epoch(args.epoch);
     builder.add_acknowledged(args.acknowledged);
     builder.add_broker_id(args.broker_id);
     builder.add_from(args.from);
@@ -13695,6 +14181,7 @@ impl<'a> ReplicaPullRequest<'a> {
       alloc::string::ToString::to_string(x)
     });
     let acknowledged = self.acknowledged();
+    let epoch = self.epoch();
     ReplicaPullRequestT {
       storage_shard,
       from,
@@ -13703,6 +14190,7 @@ impl<'a> ReplicaPullRequest<'a> {
       broker_id,
       slave_address,
       acknowledged,
+      epoch,
     }
   }
 
@@ -13758,6 +14246,15 @@ impl<'a> ReplicaPullRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(ReplicaPullRequest::VT_ACKNOWLEDGED, Some(0)).unwrap()}
   }
+  /// The master term the slave joined under (`ReplicaJoinResponse.epoch`); a master in another
+  /// term refuses the pull with INVALID_ARGUMENT and the slave joins again.
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullRequest::VT_EPOCH, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaPullRequest<'_> {
@@ -13773,6 +14270,7 @@ impl ::flatbuffers::Verifiable for ReplicaPullRequest<'_> {
      .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("slave_address", Self::VT_SLAVE_ADDRESS, false)?
      .visit_field::<u64>("acknowledged", Self::VT_ACKNOWLEDGED, false)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
      .finish();
     Ok(())
   }
@@ -13785,6 +14283,7 @@ pub struct ReplicaPullRequestArgs<'a> {
     pub broker_id: i64,
     pub slave_address: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub acknowledged: u64,
+    pub epoch: u64,
 }
 impl<'a> Default for ReplicaPullRequestArgs<'a> {
   #[inline]
@@ -13797,6 +14296,7 @@ impl<'a> Default for ReplicaPullRequestArgs<'a> {
       broker_id: 0,
       slave_address: None,
       acknowledged: 0,
+      epoch: 0,
     }
   }
 }
@@ -13835,6 +14335,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullRequestBuilder<'a,
     self.fbb_.push_slot::<u64>(ReplicaPullRequest::VT_ACKNOWLEDGED, acknowledged, 0);
   }
   #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullRequest::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaPullRequestBuilder {
@@ -13859,6 +14363,7 @@ impl ::core::fmt::Debug for ReplicaPullRequest<'_> {
       ds.field("broker_id", &self.broker_id());
       ds.field("slave_address", &self.slave_address());
       ds.field("acknowledged", &self.acknowledged());
+      ds.field("epoch", &self.epoch());
       ds.finish()
   }
 }
@@ -13872,6 +14377,7 @@ pub struct ReplicaPullRequestT {
   pub broker_id: i64,
   pub slave_address: Option<alloc::string::String>,
   pub acknowledged: u64,
+  pub epoch: u64,
 }
 impl Default for ReplicaPullRequestT {
   fn default() -> Self {
@@ -13883,6 +14389,7 @@ impl Default for ReplicaPullRequestT {
       broker_id: 0,
       slave_address: None,
       acknowledged: 0,
+      epoch: 0,
     }
   }
 }
@@ -13900,6 +14407,7 @@ impl ReplicaPullRequestT {
       _fbb.create_string(x)
     });
     let acknowledged = self.acknowledged;
+    let epoch = self.epoch;
     ReplicaPullRequest::create(_fbb, &ReplicaPullRequestArgs{
       storage_shard,
       from,
@@ -13908,6 +14416,7 @@ impl ReplicaPullRequestT {
       broker_id,
       slave_address,
       acknowledged,
+      epoch,
     })
   }
 }
@@ -13931,6 +14440,8 @@ impl<'a> ReplicaPullResponse<'a> {
   pub const VT_FROM: ::flatbuffers::VOffsetT = 4;
   pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 6;
   pub const VT_DATA: ::flatbuffers::VOffsetT = 8;
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LAG_MS: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -13942,6 +14453,8 @@ impl<'a> ReplicaPullResponse<'a> {
     args: &'args ReplicaPullResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaPullResponse<'bldr>> {
     let mut builder = ReplicaPullResponseBuilder::new(_fbb);
+    builder.add_lag_ms(args.lag_ms);
+    builder.add_epoch(args.epoch);
     builder.add_master_end(args.master_end);
     builder.add_from(args.from);
     if let Some(x) = args.data { builder.add_data(x); }
@@ -13954,10 +14467,14 @@ impl<'a> ReplicaPullResponse<'a> {
     let data = self.data().map(|x| {
       x.into_iter().collect()
     });
+    let epoch = self.epoch();
+    let lag_ms = self.lag_ms();
     ReplicaPullResponseT {
       from,
       master_end,
       data,
+      epoch,
+      lag_ms,
     }
   }
 
@@ -13982,6 +14499,22 @@ impl<'a> ReplicaPullResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ReplicaPullResponse::VT_DATA, None)}
   }
+  /// The master's current term.
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_EPOCH, Some(0)).unwrap()}
+  }
+  /// Age in ms of the oldest byte the slave lacks (the byte at `from`); 0 when it lacks none.
+  #[inline]
+  pub fn lag_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_LAG_MS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaPullResponse<'_> {
@@ -13993,6 +14526,8 @@ impl ::flatbuffers::Verifiable for ReplicaPullResponse<'_> {
      .visit_field::<u64>("from", Self::VT_FROM, false)?
      .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
+     .visit_field::<u64>("lag_ms", Self::VT_LAG_MS, false)?
      .finish();
     Ok(())
   }
@@ -14001,6 +14536,8 @@ pub struct ReplicaPullResponseArgs<'a> {
     pub from: u64,
     pub master_end: u64,
     pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub epoch: u64,
+    pub lag_ms: u64,
 }
 impl<'a> Default for ReplicaPullResponseArgs<'a> {
   #[inline]
@@ -14009,6 +14546,8 @@ impl<'a> Default for ReplicaPullResponseArgs<'a> {
       from: 0,
       master_end: 0,
       data: None,
+      epoch: 0,
+      lag_ms: 0,
     }
   }
 }
@@ -14031,6 +14570,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullResponseBuilder<'a
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaPullResponse::VT_DATA, data);
   }
   #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
+  pub fn add_lag_ms(&mut self, lag_ms: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_LAG_MS, lag_ms, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaPullResponseBuilder {
@@ -14051,6 +14598,8 @@ impl ::core::fmt::Debug for ReplicaPullResponse<'_> {
       ds.field("from", &self.from());
       ds.field("master_end", &self.master_end());
       ds.field("data", &self.data());
+      ds.field("epoch", &self.epoch());
+      ds.field("lag_ms", &self.lag_ms());
       ds.finish()
   }
 }
@@ -14060,6 +14609,8 @@ pub struct ReplicaPullResponseT {
   pub from: u64,
   pub master_end: u64,
   pub data: Option<alloc::vec::Vec<u8>>,
+  pub epoch: u64,
+  pub lag_ms: u64,
 }
 impl Default for ReplicaPullResponseT {
   fn default() -> Self {
@@ -14067,6 +14618,8 @@ impl Default for ReplicaPullResponseT {
       from: 0,
       master_end: 0,
       data: None,
+      epoch: 0,
+      lag_ms: 0,
     }
   }
 }
@@ -14080,10 +14633,522 @@ impl ReplicaPullResponseT {
     let data = self.data.as_ref().map(|x|{
       _fbb.create_vector(x)
     });
+    let epoch = self.epoch;
+    let lag_ms = self.lag_ms;
     ReplicaPullResponse::create(_fbb, &ReplicaPullResponseArgs{
       from,
       master_end,
       data,
+      epoch,
+      lag_ms,
+    })
+  }
+}
+pub enum ReplicaJoinRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Slave to master, once per storage shard on each connection, before any pull: who the slave
+/// is and what its log holds. The master refuses a slave of another cluster or broker name, a
+/// broker id of 0, and a different storage shard count (INVALID_ARGUMENT, naming both sides).
+pub struct ReplicaJoinRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaJoinRequest<'a> {
+  type Inner = ReplicaJoinRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaJoinRequest<'a> {
+  pub const VT_CLUSTER_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_STORAGE_SHARDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 12;
+  pub const VT_END: ::flatbuffers::VOffsetT = 14;
+  pub const VT_EPOCHS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_SLAVE_ADDRESS: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaJoinRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaJoinRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaJoinRequest<'bldr>> {
+    let mut builder = ReplicaJoinRequestBuilder::new(_fbb);
+    builder.add_end(args.end);
+    builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.slave_address { builder.add_slave_address(x); }
+    if let Some(x) = args.epochs { builder.add_epochs(x); }
+    builder.add_storage_shard(args.storage_shard);
+    builder.add_storage_shards(args.storage_shards);
+    if let Some(x) = args.broker_name { builder.add_broker_name(x); }
+    if let Some(x) = args.cluster_name { builder.add_cluster_name(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaJoinRequestT {
+    let cluster_name = self.cluster_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_name = self.broker_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_id = self.broker_id();
+    let storage_shards = self.storage_shards();
+    let storage_shard = self.storage_shard();
+    let end = self.end();
+    let epochs = self.epochs().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    let slave_address = self.slave_address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    ReplicaJoinRequestT {
+      cluster_name,
+      broker_name,
+      broker_id,
+      storage_shards,
+      storage_shard,
+      end,
+      epochs,
+      slave_address,
+    }
+  }
+
+  #[inline]
+  pub fn cluster_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaJoinRequest::VT_CLUSTER_NAME, None)}
+  }
+  #[inline]
+  pub fn broker_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaJoinRequest::VT_BROKER_NAME, None)}
+  }
+  #[inline]
+  pub fn broker_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ReplicaJoinRequest::VT_BROKER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn storage_shards(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaJoinRequest::VT_STORAGE_SHARDS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaJoinRequest::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  /// Where the slave's CommitLog of this shard ends.
+  #[inline]
+  pub fn end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinRequest::VT_END, Some(0)).unwrap()}
+  }
+  /// The slave's terms for this shard, oldest first.
+  #[inline]
+  pub fn epochs(&self) -> Option<::flatbuffers::Vector<'a, EpochEntry>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, EpochEntry>>>(ReplicaJoinRequest::VT_EPOCHS, None)}
+  }
+  /// The slave's client address, for the master's status.
+  #[inline]
+  pub fn slave_address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaJoinRequest::VT_SLAVE_ADDRESS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaJoinRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_name", Self::VT_CLUSTER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("broker_name", Self::VT_BROKER_NAME, false)?
+     .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
+     .visit_field::<u32>("storage_shards", Self::VT_STORAGE_SHARDS, false)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<u64>("end", Self::VT_END, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, EpochEntry>>>("epochs", Self::VT_EPOCHS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("slave_address", Self::VT_SLAVE_ADDRESS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaJoinRequestArgs<'a> {
+    pub cluster_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_id: i64,
+    pub storage_shards: u32,
+    pub storage_shard: u32,
+    pub end: u64,
+    pub epochs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, EpochEntry>>>,
+    pub slave_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ReplicaJoinRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaJoinRequestArgs {
+      cluster_name: None,
+      broker_name: None,
+      broker_id: 0,
+      storage_shards: 0,
+      storage_shard: 0,
+      end: 0,
+      epochs: None,
+      slave_address: None,
+    }
+  }
+}
+
+pub struct ReplicaJoinRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cluster_name(&mut self, cluster_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_CLUSTER_NAME, cluster_name);
+  }
+  #[inline]
+  pub fn add_broker_name(&mut self, broker_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_BROKER_NAME, broker_name);
+  }
+  #[inline]
+  pub fn add_broker_id(&mut self, broker_id: i64) {
+    self.fbb_.push_slot::<i64>(ReplicaJoinRequest::VT_BROKER_ID, broker_id, 0);
+  }
+  #[inline]
+  pub fn add_storage_shards(&mut self, storage_shards: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaJoinRequest::VT_STORAGE_SHARDS, storage_shards, 0);
+  }
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaJoinRequest::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_end(&mut self, end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinRequest::VT_END, end, 0);
+  }
+  #[inline]
+  pub fn add_epochs(&mut self, epochs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , EpochEntry>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_EPOCHS, epochs);
+  }
+  #[inline]
+  pub fn add_slave_address(&mut self, slave_address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_SLAVE_ADDRESS, slave_address);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaJoinRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaJoinRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaJoinRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaJoinRequest");
+      ds.field("cluster_name", &self.cluster_name());
+      ds.field("broker_name", &self.broker_name());
+      ds.field("broker_id", &self.broker_id());
+      ds.field("storage_shards", &self.storage_shards());
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("end", &self.end());
+      ds.field("epochs", &self.epochs());
+      ds.field("slave_address", &self.slave_address());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaJoinRequestT {
+  pub cluster_name: Option<alloc::string::String>,
+  pub broker_name: Option<alloc::string::String>,
+  pub broker_id: i64,
+  pub storage_shards: u32,
+  pub storage_shard: u32,
+  pub end: u64,
+  pub epochs: Option<alloc::vec::Vec<EpochEntryT>>,
+  pub slave_address: Option<alloc::string::String>,
+}
+impl Default for ReplicaJoinRequestT {
+  fn default() -> Self {
+    Self {
+      cluster_name: None,
+      broker_name: None,
+      broker_id: 0,
+      storage_shards: 0,
+      storage_shard: 0,
+      end: 0,
+      epochs: None,
+      slave_address: None,
+    }
+  }
+}
+impl ReplicaJoinRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaJoinRequest<'b>> {
+    let cluster_name = self.cluster_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_name = self.broker_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_id = self.broker_id;
+    let storage_shards = self.storage_shards;
+    let storage_shard = self.storage_shard;
+    let end = self.end;
+    let epochs = self.epochs.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack()).collect();_fbb.create_vector(&w)
+    });
+    let slave_address = self.slave_address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    ReplicaJoinRequest::create(_fbb, &ReplicaJoinRequestArgs{
+      cluster_name,
+      broker_name,
+      broker_id,
+      storage_shards,
+      storage_shard,
+      end,
+      epochs,
+      slave_address,
+    })
+  }
+}
+pub enum ReplicaJoinResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The master's terms, its log's end, and where the bytes it shares with the slave end
+/// (`consistent_end`): a slave whose log ends past that cuts it there before pulling.
+pub struct ReplicaJoinResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaJoinResponse<'a> {
+  type Inner = ReplicaJoinResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaJoinResponse<'a> {
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 4;
+  pub const VT_EPOCHS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 8;
+  pub const VT_CONSISTENT_END: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaJoinResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaJoinResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaJoinResponse<'bldr>> {
+    let mut builder = ReplicaJoinResponseBuilder::new(_fbb);
+    builder.add_consistent_end(args.consistent_end);
+    builder.add_master_end(args.master_end);
+    builder.add_epoch(args.epoch);
+    if let Some(x) = args.epochs { builder.add_epochs(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaJoinResponseT {
+    let epoch = self.epoch();
+    let epochs = self.epochs().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    let master_end = self.master_end();
+    let consistent_end = self.consistent_end();
+    ReplicaJoinResponseT {
+      epoch,
+      epochs,
+      master_end,
+      consistent_end,
+    }
+  }
+
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_EPOCH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn epochs(&self) -> Option<::flatbuffers::Vector<'a, EpochEntry>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, EpochEntry>>>(ReplicaJoinResponse::VT_EPOCHS, None)}
+  }
+  #[inline]
+  pub fn master_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_MASTER_END, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn consistent_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_CONSISTENT_END, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, EpochEntry>>>("epochs", Self::VT_EPOCHS, false)?
+     .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
+     .visit_field::<u64>("consistent_end", Self::VT_CONSISTENT_END, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaJoinResponseArgs<'a> {
+    pub epoch: u64,
+    pub epochs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, EpochEntry>>>,
+    pub master_end: u64,
+    pub consistent_end: u64,
+}
+impl<'a> Default for ReplicaJoinResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaJoinResponseArgs {
+      epoch: 0,
+      epochs: None,
+      master_end: 0,
+      consistent_end: 0,
+    }
+  }
+}
+
+pub struct ReplicaJoinResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
+  pub fn add_epochs(&mut self, epochs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , EpochEntry>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinResponse::VT_EPOCHS, epochs);
+  }
+  #[inline]
+  pub fn add_master_end(&mut self, master_end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_MASTER_END, master_end, 0);
+  }
+  #[inline]
+  pub fn add_consistent_end(&mut self, consistent_end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_CONSISTENT_END, consistent_end, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaJoinResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaJoinResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaJoinResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaJoinResponse");
+      ds.field("epoch", &self.epoch());
+      ds.field("epochs", &self.epochs());
+      ds.field("master_end", &self.master_end());
+      ds.field("consistent_end", &self.consistent_end());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaJoinResponseT {
+  pub epoch: u64,
+  pub epochs: Option<alloc::vec::Vec<EpochEntryT>>,
+  pub master_end: u64,
+  pub consistent_end: u64,
+}
+impl Default for ReplicaJoinResponseT {
+  fn default() -> Self {
+    Self {
+      epoch: 0,
+      epochs: None,
+      master_end: 0,
+      consistent_end: 0,
+    }
+  }
+}
+impl ReplicaJoinResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaJoinResponse<'b>> {
+    let epoch = self.epoch;
+    let epochs = self.epochs.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack()).collect();_fbb.create_vector(&w)
+    });
+    let master_end = self.master_end;
+    let consistent_end = self.consistent_end;
+    ReplicaJoinResponse::create(_fbb, &ReplicaJoinResponseArgs{
+      epoch,
+      epochs,
+      master_end,
+      consistent_end,
     })
   }
 }
@@ -14388,6 +15453,16 @@ impl<'a> Frame<'a> {
       Body::ReplicaPullResponse => BodyT::ReplicaPullResponse(alloc::boxed::Box::new(
         self.body_as_replica_pull_response()
             .expect("Invalid union table, expected `Body::ReplicaPullResponse`.")
+            .unpack()
+      )),
+      Body::ReplicaJoinRequest => BodyT::ReplicaJoinRequest(alloc::boxed::Box::new(
+        self.body_as_replica_join_request()
+            .expect("Invalid union table, expected `Body::ReplicaJoinRequest`.")
+            .unpack()
+      )),
+      Body::ReplicaJoinResponse => BodyT::ReplicaJoinResponse(alloc::boxed::Box::new(
+        self.body_as_replica_join_response()
+            .expect("Invalid union table, expected `Body::ReplicaJoinResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -15198,6 +16273,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_join_request(&self) -> Option<ReplicaJoinRequest<'a>> {
+    if self.body_type() == Body::ReplicaJoinRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaJoinRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_join_response(&self) -> Option<ReplicaJoinResponse<'a>> {
+    if self.body_type() == Body::ReplicaJoinResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaJoinResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -15262,6 +16367,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::GroupListResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<GroupListResponse>>("Body::GroupListResponse", pos),
           Body::ReplicaPullRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaPullRequest>>("Body::ReplicaPullRequest", pos),
           Body::ReplicaPullResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaPullResponse>>("Body::ReplicaPullResponse", pos),
+          Body::ReplicaJoinRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaJoinRequest>>("Body::ReplicaJoinRequest", pos),
+          Body::ReplicaJoinResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaJoinResponse>>("Body::ReplicaJoinResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -15689,6 +16796,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ReplicaPullResponse => {
           if let Some(x) = self.body_as_replica_pull_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaJoinRequest => {
+          if let Some(x) = self.body_as_replica_join_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaJoinResponse => {
+          if let Some(x) = self.body_as_replica_join_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
