@@ -302,13 +302,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         let stopping = Arc::new(AtomicBool::new(false));
         let listening = Arc::new(std::sync::Mutex::new(None));
         let seen = listening.clone();
-        let outcome = shardmq_broker::runtime::run(config.clone(), stopping, move |addr| {
-            *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
-            // Scripts and tests read this line to learn the address (port 0 picks one).
-            if is_first_run {
-                println!("shardmq-broker listening on {addr}");
-            }
-        });
+        let outcome =
+            shardmq_broker::runtime::run(config.clone(), stopping, !is_first_run, move |addr| {
+                *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
+                // Scripts and tests read this line to learn the address (port 0 picks one).
+                if is_first_run {
+                    println!("shardmq-broker listening on {addr}");
+                }
+            });
         // A shard asked for a restart (a slave cutting its log): start again on the same
         // address.
         if outcome.is_err() || !shardmq_broker::runtime::take_restart_request() {

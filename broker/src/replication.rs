@@ -573,7 +573,10 @@ pub async fn follow(follower: Follower) {
     loop {
         let Some(master) = master_address(&config) else {
             if !waiting_for_master {
-                info!(storage_shard, "waiting for a name server to name the master");
+                info!(
+                    storage_shard,
+                    "waiting for a name server to name the master"
+                );
                 waiting_for_master = true;
             }
             glommio::timer::sleep(RECONNECT_PAUSE).await;
@@ -619,7 +622,9 @@ pub async fn follow(follower: Follower) {
             );
             match crate::store::request_truncation(&dir, joined.consistent_end) {
                 Ok(()) => crate::runtime::request_restart(),
-                Err(e) => error!(storage_shard, error = %e, "cannot ask for the cut; replication stops"),
+                Err(e) => {
+                    error!(storage_shard, error = %e, "cannot ask for the cut; replication stops")
+                }
             }
             return;
         }
@@ -636,7 +641,13 @@ pub async fn follow(follower: Follower) {
         loop {
             let from = store.commitlog_offsets().1;
             let acknowledged = store.visible_offset();
-            let pull = link.pull(storage_shard, from, acknowledged, config.broker_id, joined.epoch);
+            let pull = link.pull(
+                storage_shard,
+                from,
+                acknowledged,
+                config.broker_id,
+                joined.epoch,
+            );
             let chunk = match pull.await {
                 Ok(chunk) if chunk.epoch == joined.epoch => chunk,
                 Ok(chunk) => {

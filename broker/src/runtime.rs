@@ -59,10 +59,12 @@ pub fn take_restart_request() -> bool {
 }
 
 /// Runs the broker until SIGINT/SIGTERM (or until `stopping` is set), then stops gracefully.
+/// `is_restart`: the same process ran the broker before (see [`request_restart`]).
 /// `on_listening` receives the address clients connect to, once the broker serves.
 pub fn run(
     config: BrokerConfig,
     stopping: Arc<AtomicBool>,
+    is_restart: bool,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
     config.validate()?;
@@ -138,7 +140,14 @@ pub fn run(
     );
 
     let listen = Arc::new(OnceLock::new());
-    let configured_listen = claim_listen_address(config.listen_addr()?)?;
+    let configured_listen = if is_restart {
+        // The address is this process's from the previous run; its accepted connections may
+        // linger (FIN-WAIT) and would make the probe's plain bind fail, while the shards'
+        // SO_REUSEPORT listeners bind beside them.
+        config.listen_addr()?
+    } else {
+        claim_listen_address(config.listen_addr()?)?
+    };
     let (listening_tx, listening_rx) = mpsc::channel::<SocketAddr>();
     let (done_tx, done_rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let shared_config = Arc::new(config);

@@ -131,7 +131,12 @@ pub async fn run(
             epochs.truncate(end);
         } else {
             let term = epochs.begin_term(end, 0);
-            info!(shard = id, epoch = term.epoch, start = term.start, "master term begins");
+            info!(
+                shard = id,
+                epoch = term.epoch,
+                start = term.start,
+                "master term begins"
+            );
         }
         epochs
             .save(&shard_dir)

@@ -195,15 +195,21 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
         let on_master = replication_status(&mut master.client());
         (on_master.0 == "async-master"
             && on_master.1 == 0
-            && on_master.2.iter().all(|s| s.lag_bytes == 0 && s.lag_ms == 0 && s.connected))
-            .then_some(())
+            && on_master
+                .2
+                .iter()
+                .all(|s| s.lag_bytes == 0 && s.lag_ms == 0 && s.connected))
+        .then_some(())
     });
     let on_master = replication_status(&mut master.client());
     wait_until(CATCH_UP, "the slave to report no lag", || {
         let on_slave_status = replication_status(&mut on_slave);
         (on_slave_status.0 == "slave"
-            && on_slave_status.2.iter().all(|s| s.lag_bytes == 0 && s.connected))
-            .then_some(())
+            && on_slave_status
+                .2
+                .iter()
+                .all(|s| s.lag_bytes == 0 && s.connected))
+        .then_some(())
     });
     let on_slave_status = replication_status(&mut on_slave);
     assert_eq!(on_master.2.len(), on_slave_status.2.len());
@@ -395,32 +401,61 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
             })
             .expect("an answer")
     };
-    let replica_pull = |client: &mut shardmq_tests::TestClient, shard: u32, from: u64, epoch: u64| {
-        client
-            .request(|b| {
-                let body = wire::ReplicaPullRequest::create(
-                    b,
-                    &wire::ReplicaPullRequestArgs {
-                        storage_shard: shard,
-                        from,
-                        max_bytes: 1 << 20,
-                        suspend_timeout_ms: 0,
-                        epoch,
-                        ..Default::default()
-                    },
-                );
-                (wire::Body::ReplicaPullRequest, body.as_union_value())
-            })
-            .expect("an answer")
-    };
+    let replica_pull =
+        |client: &mut shardmq_tests::TestClient, shard: u32, from: u64, epoch: u64| {
+            client
+                .request(|b| {
+                    let body = wire::ReplicaPullRequest::create(
+                        b,
+                        &wire::ReplicaPullRequestArgs {
+                            storage_shard: shard,
+                            from,
+                            max_bytes: 1 << 20,
+                            suspend_timeout_ms: 0,
+                            epoch,
+                            ..Default::default()
+                        },
+                    );
+                    (wire::Body::ReplicaPullRequest, body.as_union_value())
+                })
+                .expect("an answer")
+        };
     // On the HA address as on the client address: the ordinary protocol and its checks.
     let mut ha = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();
     ha.handshake().unwrap();
     for (cluster, broker, id, shards, what, names) in [
-        ("OtherCluster", "broker-a", 1, 1, "a slave of another cluster", "OtherCluster"),
-        ("DefaultCluster", "broker-b", 1, 1, "a slave of another broker name", "broker-b"),
-        ("DefaultCluster", "broker-a", 0, 1, "a master's broker id", "above 0"),
-        ("DefaultCluster", "broker-a", 1, 3, "another storage shard count", "3"),
+        (
+            "OtherCluster",
+            "broker-a",
+            1,
+            1,
+            "a slave of another cluster",
+            "OtherCluster",
+        ),
+        (
+            "DefaultCluster",
+            "broker-b",
+            1,
+            1,
+            "a slave of another broker name",
+            "broker-b",
+        ),
+        (
+            "DefaultCluster",
+            "broker-a",
+            0,
+            1,
+            "a master's broker id",
+            "above 0",
+        ),
+        (
+            "DefaultCluster",
+            "broker-a",
+            1,
+            3,
+            "another storage shard count",
+            "3",
+        ),
     ] {
         let answer = join(&mut ha, cluster, broker, id, shards, 0);
         let (status, message) = status_of(&answer);
@@ -476,4 +511,124 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
     let slave = group.slave(&[]);
     let answer = replica_pull(&mut slave.client(), 0, 0, epoch);
     assert_eq!(status_of(&answer).0, wire::Status::SERVICE_NOT_AVAILABLE);
+}
+
+/// Cuts `shard_dir`'s CommitLog at `offset`, as a master that lost its tail would find it.
+fn cut_commitlog(shard_dir: &std::path::Path, offset: u64) {
+    let commitlog = shard_dir.join("commitlog");
+    let mut segments: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&commitlog)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let base = e.file_name().to_str()?.parse::<u64>().ok()?;
+            Some((base, e.path()))
+        })
+        .collect();
+    segments.sort();
+    for (base, path) in segments {
+        if base >= offset {
+            std::fs::remove_file(&path).unwrap();
+        } else {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            if file.metadata().unwrap().len() > offset - base {
+                file.set_len(offset - base).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_slave_holding_bytes_its_master_lost_cuts_them_and_follows_the_new_term() {
+    let group = Group::new();
+    let mut master = group.master("async-master", &SMALL_SEGMENTS);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    let body = |phase: &str, i: usize| format!("{phase}-{i}-{}", "x".repeat(2000)).into_bytes();
+    for i in 0..300 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("a", i))]);
+    }
+    let lost_from = {
+        let (records, _) = pull_queue(&mut client, TOPIC, 0);
+        records.last().unwrap().end()
+    };
+    for i in 0..200 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("b", i))]);
+    }
+    drop(client);
+    let slave = group.slave(&SMALL_SEGMENTS);
+    let slave_pid = slave.pid();
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to copy both phases", || {
+        let (records, _) = pull_queue(&mut on_slave, TOPIC, 0);
+        (records.len() == 500).then_some(())
+    });
+    let first_term = replication_status(&mut on_slave).2[0].epoch;
+
+    // The master dies and comes back without the "b" messages (its disk lost them): it begins
+    // a new term where its log now ends, and writes "c" messages over the same offsets.
+    master.kill9();
+    cut_commitlog(&master.data_dir().join("shard-0"), lost_from);
+    master.restart();
+    let mut client = master.client();
+    let (records, _) = pull_queue(&mut client, TOPIC, 0);
+    assert_eq!(records.len(), 300, "the master lost its tail");
+    for i in 0..100 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("c", i))]);
+    }
+
+    // The slave finds that its term-1 bytes past the cut were never the master's, cuts them
+    // (restarting in its own process, on the same address), and copies the new term.
+    let expected: Vec<(u64, Vec<u8>)> = pull_queue(&mut client, TOPIC, 0)
+        .0
+        .into_iter()
+        .map(|r| (r.physical_offset, r.body))
+        .collect();
+    assert_eq!(expected.len(), 400);
+    wait_until(
+        CATCH_UP,
+        "the slave to hold exactly the master's log",
+        || {
+            // Refused or closed while the slave restarts.
+            let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
+            on_slave.handshake().ok()?;
+            let (records, _) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pull_queue(&mut on_slave, TOPIC, 0)
+            }))
+            .ok()?;
+            let got: Vec<(u64, Vec<u8>)> = records
+                .into_iter()
+                .map(|r| (r.physical_offset, r.body))
+                .collect();
+            (got == expected).then_some(())
+        },
+    );
+    assert_eq!(
+        slave.pid(),
+        slave_pid,
+        "the slave restarted in its own process"
+    );
+    let status = replication_status(&mut slave.client());
+    assert!(status.2[0].epoch > first_term, "{:?}", status.2);
+    assert!(
+        slave
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("holds CommitLog bytes its master does not")),
+        "the slave says why it cut its log"
+    );
+    let mut slave = slave;
+    slave.stop();
+    let verify = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
+        .args([
+            "verify",
+            "--data-dir",
+            group.slave_dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .expect("run verify");
+    assert!(
+        verify.status.success(),
+        "verify of the cut slave: {}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
 }

@@ -250,7 +250,13 @@ mod tests {
         let mut master = log(&[(1, 0)]);
         master.begin_term(100, 0);
         master.begin_term(100, 0);
-        assert_eq!(master.entries().last(), Some(&Epoch { epoch: 3, start: 100 }));
+        assert_eq!(
+            master.entries().last(),
+            Some(&Epoch {
+                epoch: 3,
+                start: 100
+            })
+        );
         assert_eq!(master.entries().len(), 3);
         // A controller's number wins when it is higher.
         assert_eq!(master.begin_term(150, 9).epoch, 9);
@@ -268,7 +274,13 @@ mod tests {
         assert_eq!(slave.entries().len(), 4);
         assert_eq!(master.consistent_end(1000, &slave, 1000), 1000);
         slave.truncate(900);
-        assert_eq!(slave.last(), Epoch { epoch: 2, start: 500 });
+        assert_eq!(
+            slave.last(),
+            Epoch {
+                epoch: 2,
+                start: 500
+            }
+        );
     }
 
     #[test]

@@ -1992,7 +1992,10 @@ fn apply_requested_truncation(shard_dir: &Path, segment_bytes: u64) -> io::Resul
             format!("{}: not an offset: {e}", request.display()),
         )
     })?;
-    warn!(offset, "cutting the CommitLog where replication asked (the master never had the bytes after it)");
+    warn!(
+        offset,
+        "cutting the CommitLog where replication asked (the master never had the bytes after it)"
+    );
     let commitlog_dir = shard_dir.join("commitlog");
     if commitlog_dir.exists() {
         for (base, path) in super::commitlog::list_segments(&commitlog_dir)? {

@@ -36,8 +36,8 @@ pub(crate) fn run_local<F: std::future::Future<Output = ()> + 'static>(
 
 pub use filter::TagFilter;
 pub use message_store::{
-    AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, GetResult, GetStatus,
-    MessageStore, RecoveryReport, StoreConfig, StoreError, MAX_QUERY_ANSWER_BYTES,
-    request_truncation,
+    request_truncation, AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode,
+    GetResult, GetStatus, MessageStore, RecoveryReport, StoreConfig, StoreError,
+    MAX_QUERY_ANSWER_BYTES,
 };
 pub use record::{RecordInput, RecordView};

@@ -414,23 +414,29 @@ pub fn broker_status_text(status: &BrokerStatus, rates: Option<&StatusRates>) ->
     ];
     for r in &status.replication {
         let unknown = |v: Option<u64>| v.map_or("?".to_owned(), |v| v.to_string());
-        let side = if status.role == "slave" { "master" } else { "slave" };
+        let side = if status.role == "slave" {
+            "master"
+        } else {
+            "slave"
+        };
         lines.push(format!(
             "replication shard {}: epoch {}, {side} {}, lag {} bytes / {} ms{}",
             r.storage_shard,
             r.epoch,
-            if r.peer.is_empty() { "none" } else { r.peer.as_str() },
+            if r.peer.is_empty() {
+                "none"
+            } else {
+                r.peer.as_str()
+            },
             unknown(r.lag_bytes),
             unknown(r.lag_ms),
             if r.connected { "" } else { " (not connected)" }
         ));
     }
-    lines.extend([
-        format!(
-            "messages    in {} ({} bytes), out {} ({} bytes) since start",
-            status.messages_in, status.bytes_in, status.messages_out, status.bytes_out
-        ),
-    ]);
+    lines.extend([format!(
+        "messages    in {} ({} bytes), out {} ({} bytes) since start",
+        status.messages_in, status.bytes_in, status.messages_out, status.bytes_out
+    )]);
     if let Some(rates) = rates {
         lines.push(format!(
             "tps         in {:.1} msg/s ({:.1} KiB/s), out {:.1} msg/s ({:.1} KiB/s)",
