@@ -418,9 +418,11 @@ impl MessageStore {
         prime_direct_io_probe(&dir)
             .await
             .map_err(io_error("direct I/O probe"))?;
-        let mut report = RecoveryReport::default();
-        report.truncated_for_replica = apply_requested_truncation(&dir, config.segment_bytes)
-            .map_err(io_error("requested truncation"))?;
+        let mut report = RecoveryReport {
+            truncated_for_replica: apply_requested_truncation(&dir, config.segment_bytes)
+                .map_err(io_error("requested truncation"))?,
+            ..RecoveryReport::default()
+        };
         match Checkpoint::load(&dir).map_err(io_error("checkpoint"))? {
             Ok(checkpoint) => report.checkpoint = checkpoint,
             Err(problem) => {
