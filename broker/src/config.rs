@@ -99,8 +99,10 @@ pub struct BrokerConfig {
     pub broker_role: String,
     /// A master's address for its slaves (`host:port`); empty: the listen port + 1.
     pub ha_listen: String,
-    /// A slave's master HA address (`host:port`).
+    /// A slave's master HA address (`host:port`); empty: learned from the name servers.
     pub ha_master: String,
+    /// How often a slave copies its master's consumer offsets and delivery progress, ms.
+    pub replica_metadata_interval_ms: u64,
 }
 
 /// What a broker is in its master/slave group.
@@ -196,6 +198,7 @@ impl Default for BrokerConfig {
             broker_role: "async-master".to_owned(),
             ha_listen: String::new(),
             ha_master: String::new(),
+            replica_metadata_interval_ms: 10_000,
         }
     }
 }

@@ -119,9 +119,13 @@ struct ServeArgs {
     /// A master's address for its slaves (host:port). [default: the listen port + 1]
     #[arg(long)]
     ha_listen: Option<String>,
-    /// A slave's master HA address (host:port).
+    /// A slave's master HA address (host:port); without it, learned from the name servers.
     #[arg(long)]
     ha_master: Option<String>,
+    /// A slave copies its master's consumer offsets and delivery progress every this many ms
+    /// (topics every 2 s). [default: 10000]
+    #[arg(long)]
+    replica_metadata_interval_ms: Option<u64>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -232,6 +236,7 @@ impl ServeArgs {
             broker_role,
             ha_listen,
             ha_master,
+            replica_metadata_interval_ms,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,

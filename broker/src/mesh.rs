@@ -110,6 +110,12 @@ pub enum StorageRequest {
         broker_id: i64,
         reply: Reply<Result<crate::replication::ReplicaChunk, String>>,
     },
+    /// One of this shard's state files a slave copies (`replication::COPIED_FILES`): its bytes
+    /// (`None` when absent) and the CommitLog's end when they were read.
+    ReadShardFile {
+        name: &'static str,
+        reply: Reply<(Option<Vec<u8>>, u64)>,
+    },
     /// A slave joins: where the bytes it shares with this master end.
     ReplicaJoin {
         broker_id: i64,

@@ -638,7 +638,35 @@ pub async fn follow(follower: Follower) {
             log
         };
         view.epoch.set(joined.epoch);
+        // The master's state files, each kept once this log reaches where the master's was
+        // when it read the file (so the deliveries it counts as done are here).
+        let copy_interval = Duration::from_millis(config.replica_metadata_interval_ms.max(100));
+        let mut last_files_copy = Instant::now() - copy_interval;
+        let mut pending_files: Vec<(&'static str, Vec<u8>, u64)> = Vec::new();
         loop {
+            if last_files_copy.elapsed() >= copy_interval {
+                last_files_copy = Instant::now();
+                for name in COPIED_FILES {
+                    match link.file(storage_shard, name).await {
+                        Ok(Some((data, end))) => {
+                            pending_files.retain(|(n, _, _)| *n != name);
+                            pending_files.push((name, data, end));
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            warn!(storage_shard, %master, %error, "cannot copy the master's {name}")
+                        }
+                    }
+                }
+            }
+            let visible = store.visible_offset();
+            for (name, data, _) in pending_files.iter().filter(|(_, _, end)| *end <= visible) {
+                let path = store.config().shard_dir.join(name);
+                if let Err(e) = crate::store::atomic_file::write_atomically_async(path, data.clone()).await {
+                    warn!(storage_shard, error = %e, "cannot write the copy of the master's {name}");
+                }
+            }
+            pending_files.retain(|(_, _, end)| *end > visible);
             let from = store.commitlog_offsets().1;
             let acknowledged = store.visible_offset();
             let pull = link.pull(
@@ -699,10 +727,59 @@ pub async fn follow(follower: Follower) {
     }
 }
 
-/// How often a slave copies its master's consumer offsets (RocketMQ's 10 s).
-pub const OFFSET_SYNC_INTERVAL: Duration = Duration::from_secs(10);
+/// The per-shard state files a slave copies from its master every
+/// `replica_metadata_interval_ms` (10 s, RocketMQ's period, as for consumer offsets):
+/// delay-level and timer delivery progress (schedule.rs, timer.rs).
+pub const COPIED_FILES: [&str; 2] = [
+    crate::schedule::DELAY_PROGRESS_FILE,
+    crate::timer::TIMER_PROGRESS_FILE,
+];
+
 
 impl MasterLink {
+    /// One of the master's state files of `storage_shard` (`None`: it has none) and the
+    /// master's CommitLog end when it read it.
+    async fn file(
+        &mut self,
+        storage_shard: usize,
+        name: &str,
+    ) -> io::Result<Option<(Vec<u8>, u64)>> {
+        let answer = self
+            .request(|b, header| {
+                let name = b.create_string(name);
+                let body = wire::ReplicaFileRequest::create(
+                    b,
+                    &wire::ReplicaFileRequestArgs {
+                        storage_shard: storage_shard as u32,
+                        name: Some(name),
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaFileRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let frame = answer.frame();
+        if frame.status() != wire::Status::OK {
+            return Err(io::Error::other(format!(
+                "the master refused {name}: {}",
+                frame.message().unwrap_or_default()
+            )));
+        }
+        let body = frame
+            .body_as_replica_file_response()
+            .ok_or_else(|| io::Error::other("a ReplicaFileResponse without its body"))?;
+        Ok(body.present().then(|| {
+            (
+                body.data().map(|d| d.bytes().to_vec()).unwrap_or_default(),
+                body.master_end(),
+            )
+        }))
+    }
+
     /// The master's topic configs, user and system topics.
     pub async fn topics(&mut self) -> io::Result<Vec<crate::topics::TopicConfig>> {
         let answer = self

@@ -109,6 +109,9 @@ pub async fn run(
         rebuilt_derived = report.rebuilt_derived,
         "storage shard recovered"
     );
+    if let Some(offset) = report.truncated_for_replica {
+        warn!(shard = id, offset, "the CommitLog was cut where the master's log parts from it (replication)");
+    }
     if let Some((offset, why)) = &report.commitlog.truncated_at {
         warn!(shard = id, offset, why = %why, discarded_bytes = report.commitlog.discarded_bytes, "recovery cut the CommitLog");
     }
@@ -536,6 +539,14 @@ impl StorageShard {
                         })
                         .map_err(|e| e.to_string()),
                 );
+            }
+            StorageRequest::ReadShardFile { name, reply } => {
+                let end = self.store.commitlog_offsets().1;
+                let path = self.store.config().shard_dir.join(name);
+                let read = glommio::executor()
+                    .spawn_blocking(move || std::fs::read(path).ok())
+                    .await;
+                let _ = reply.send((read, end));
             }
             StorageRequest::ReplicaJoin {
                 broker_id,

@@ -632,3 +632,106 @@ fn a_slave_holding_bytes_its_master_lost_cuts_them_and_follows_the_new_term() {
         String::from_utf8_lossy(&verify.stdout)
     );
 }
+
+/// The topic names a broker reports (user and system).
+fn topic_names(client: &mut shardmq_tests::TestClient) -> Vec<String> {
+    let answer = client
+        .request(|b| {
+            let body = wire::BrokerTopicsRequest::create(
+                b,
+                &wire::BrokerTopicsRequestArgs {
+                    include_system: false,
+                },
+            );
+            (wire::Body::BrokerTopicsRequest, body.as_union_value())
+        })
+        .expect("an answer to BrokerTopicsRequest");
+    answer
+        .frame()
+        .body_as_broker_topics_response()
+        .and_then(|r| r.topics())
+        .map(|topics| {
+            topics
+                .iter()
+                .map(|t| t.name().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_slave_follows_topic_deletion_and_copies_delivery_progress() {
+    let group = Group::new();
+    let fast = [
+        "--replica-metadata-interval-ms",
+        "500",
+        "--schedule-persist-interval-ms",
+        "200",
+        "--delay-levels",
+        "1s 2s",
+    ];
+    let master = group.master("async-master", &fast);
+    let slave = group.slave(&fast);
+    let mut client = master.client();
+    create_topic(&mut client, "Doomed", 1);
+    create_topic(&mut client, "Later", 1);
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to copy both topics", || {
+        let names = topic_names(&mut on_slave);
+        (names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned()))
+            .then_some(())
+    });
+    let deleted = client
+        .request(|b| {
+            let topic = b.create_string("Doomed");
+            let body = wire::DeleteTopicRequest::create(
+                b,
+                &wire::DeleteTopicRequestArgs {
+                    topic: Some(topic),
+                    ..Default::default()
+                },
+            );
+            (wire::Body::DeleteTopicRequest, body.as_union_value())
+        })
+        .expect("an answer");
+    assert_eq!(status_of(&deleted).0, wire::Status::OK);
+    wait_until(CATCH_UP, "the slave to delete the topic too", || {
+        let names = topic_names(&mut on_slave);
+        (!names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned()))
+            .then_some(())
+    });
+
+    // A delayed message is delivered by the master; the slave ends up with the master's
+    // delivery progress, so a slave made master would not deliver it again.
+    let namesrv = group.namesrv.addr().to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let producer = shardmq_client::Producer::builder()
+            .namesrv(&namesrv)
+            .build()
+            .await
+            .expect("a producer");
+        producer
+            .send(shardmq_client::Message::new("Later", "in a second").with_delay_level(1))
+            .await
+            .expect("a delayed send");
+        producer.shutdown().await;
+    });
+    wait_until(CATCH_UP, "the master to deliver the delayed message", || {
+        let (records, _) = pull_queue(&mut client, "Later", 0);
+        (records.len() == 1).then_some(())
+    });
+    let progress = |dir: &std::path::Path| std::fs::read(dir.join("shard-0/delay-progress")).ok();
+    wait_until(CATCH_UP, "the slave to hold the master's delivery progress", || {
+        let on_master = progress(group.master_dir.path())?;
+        (progress(group.slave_dir.path())? == on_master).then_some(())
+    });
+    let text = String::from_utf8_lossy(&progress(group.slave_dir.path()).unwrap()).into_owned();
+    assert!(text.contains("next_offsets"), "{text}");
+    // The slave holds the delivered copy the progress counts as done.
+    let (records, _) = pull_queue(&mut on_slave, "Later", 0);
+    assert_eq!(records.len(), 1);
+}

@@ -167,6 +167,9 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
     if let Some(r) = request.body_as_replica_join_request() {
         return handle_replica_join(shard, id, r).await;
     }
+    if let Some(r) = request.body_as_replica_file_request() {
+        return handle_replica_file(shard, id, r).await;
+    }
     if let Some(send) = request.body_as_send_request() {
         return handle_send(shard, connection, id, send).await;
     }
@@ -1316,6 +1319,43 @@ async fn handle_replica_join(
             },
         );
         (wire::Body::ReplicaJoinResponse, body.as_union_value())
+    })
+}
+
+/// A slave copies one of the master's per-shard state files (`replication::COPIED_FILES`).
+async fn handle_replica_file(
+    shard: &NetworkShard,
+    id: u64,
+    r: wire::ReplicaFileRequest<'_>,
+) -> Answer {
+    refuse_if_slave(shard)?;
+    let storage = replica_storage_shard(shard, r.storage_shard())?;
+    let asked = r.name().unwrap_or_default();
+    let Some(name) = crate::replication::COPIED_FILES
+        .iter()
+        .copied()
+        .find(|n| *n == asked)
+    else {
+        return Err(invalid(format!(
+            "{asked:?} is not a file a slave copies (only {})",
+            crate::replication::COPIED_FILES.join(", ")
+        )));
+    };
+    let (data, master_end) = shard
+        .ask(storage, |reply| StorageRequest::ReadShardFile { name, reply })
+        .await?;
+    encode_ok(shard, id, |b| {
+        let present = data.is_some();
+        let data = data.map(|d| b.create_vector(&d));
+        let body = wire::ReplicaFileResponse::create(
+            b,
+            &wire::ReplicaFileResponseArgs {
+                present,
+                data,
+                master_end,
+            },
+        );
+        (wire::Body::ReplicaFileResponse, body.as_union_value())
     })
 }
 

@@ -239,8 +239,9 @@ impl NetworkShard {
             self.config.broker_name, self.config.broker_id
         );
         // The first copy of the offsets comes with the first copy of the topics.
-        let mut last_offsets_copy =
-            std::time::Instant::now() - crate::replication::OFFSET_SYNC_INTERVAL;
+        let copy_interval =
+            Duration::from_millis(self.config.replica_metadata_interval_ms.max(100));
+        let mut last_offsets_copy = std::time::Instant::now() - copy_interval;
         // One link, kept between rounds and made again after a failure.
         let mut link: Option<crate::replication::MasterLink> = None;
         let mut master = None;
@@ -264,7 +265,7 @@ impl NetworkShard {
             if let Some(connected) = link.as_mut() {
                 let mut round = self.copy_master_topics(connected).await;
                 if round.is_ok()
-                    && last_offsets_copy.elapsed() >= crate::replication::OFFSET_SYNC_INTERVAL
+                    && last_offsets_copy.elapsed() >= copy_interval
                 {
                     last_offsets_copy = std::time::Instant::now();
                     round = self.copy_master_offsets(connected).await;
@@ -284,7 +285,21 @@ impl NetworkShard {
         link: &mut crate::replication::MasterLink,
     ) -> std::io::Result<()> {
         let known = self.topics();
-        for config in link.topics().await? {
+        let masters = link.topics().await?;
+        // A user topic the master no longer has was deleted there.
+        for name in known.topics.keys() {
+            if crate::naming::is_system_topic(name) || masters.iter().any(|t| &t.name == name) {
+                continue;
+            }
+            let topic = name.clone();
+            if let Ok(true) = self
+                .ask(0, |reply| StorageRequest::DeleteTopic { topic, reply })
+                .await
+            {
+                info!(topic = %name, "topic deleted on the master: deleted here too");
+            }
+        }
+        for config in masters {
             if known.topics.get(&config.name) == Some(&config) {
                 continue;
             }

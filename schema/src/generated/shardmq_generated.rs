@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 52;
+pub const ENUM_MAX_BODY: u8 = 54;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 53] = [
+pub const ENUM_VALUES_BODY: [Body; 55] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -650,6 +650,8 @@ pub const ENUM_VALUES_BODY: [Body; 53] = [
   Body::ReplicaPullResponse,
   Body::ReplicaJoinRequest,
   Body::ReplicaJoinResponse,
+  Body::ReplicaFileRequest,
+  Body::ReplicaFileResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -713,9 +715,11 @@ impl Body {
   pub const ReplicaPullResponse: Self = Self(50);
   pub const ReplicaJoinRequest: Self = Self(51);
   pub const ReplicaJoinResponse: Self = Self(52);
+  pub const ReplicaFileRequest: Self = Self(53);
+  pub const ReplicaFileResponse: Self = Self(54);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 52;
+  pub const ENUM_MAX: u8 = 54;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -770,6 +774,8 @@ impl Body {
     Self::ReplicaPullResponse,
     Self::ReplicaJoinRequest,
     Self::ReplicaJoinResponse,
+    Self::ReplicaFileRequest,
+    Self::ReplicaFileResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -827,6 +833,8 @@ impl Body {
       Self::ReplicaPullResponse => Some("ReplicaPullResponse"),
       Self::ReplicaJoinRequest => Some("ReplicaJoinRequest"),
       Self::ReplicaJoinResponse => Some("ReplicaJoinResponse"),
+      Self::ReplicaFileRequest => Some("ReplicaFileRequest"),
+      Self::ReplicaFileResponse => Some("ReplicaFileResponse"),
       _ => None,
     }
   }
@@ -940,6 +948,8 @@ pub enum BodyT {
   ReplicaPullResponse(alloc::boxed::Box<ReplicaPullResponseT>),
   ReplicaJoinRequest(alloc::boxed::Box<ReplicaJoinRequestT>),
   ReplicaJoinResponse(alloc::boxed::Box<ReplicaJoinResponseT>),
+  ReplicaFileRequest(alloc::boxed::Box<ReplicaFileRequestT>),
+  ReplicaFileResponse(alloc::boxed::Box<ReplicaFileResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1002,6 +1012,8 @@ impl BodyT {
       Self::ReplicaPullResponse(_) => Body::ReplicaPullResponse,
       Self::ReplicaJoinRequest(_) => Body::ReplicaJoinRequest,
       Self::ReplicaJoinResponse(_) => Body::ReplicaJoinResponse,
+      Self::ReplicaFileRequest(_) => Body::ReplicaFileRequest,
+      Self::ReplicaFileResponse(_) => Body::ReplicaFileResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1059,6 +1071,8 @@ impl BodyT {
       Self::ReplicaPullResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaJoinRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaJoinResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaFileRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaFileResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2152,6 +2166,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ReplicaJoinResponseT.
   pub fn as_replica_join_response_mut(&mut self) -> Option<&mut ReplicaJoinResponseT> {
     if let Self::ReplicaJoinResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaFileRequestT, setting the union to NONE.
+  pub fn take_replica_file_request(&mut self) -> Option<alloc::boxed::Box<ReplicaFileRequestT>> {
+    if let Self::ReplicaFileRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaFileRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaFileRequestT.
+  pub fn as_replica_file_request(&self) -> Option<&ReplicaFileRequestT> {
+    if let Self::ReplicaFileRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaFileRequestT.
+  pub fn as_replica_file_request_mut(&mut self) -> Option<&mut ReplicaFileRequestT> {
+    if let Self::ReplicaFileRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaFileResponseT, setting the union to NONE.
+  pub fn take_replica_file_response(&mut self) -> Option<alloc::boxed::Box<ReplicaFileResponseT>> {
+    if let Self::ReplicaFileResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaFileResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaFileResponseT.
+  pub fn as_replica_file_response(&self) -> Option<&ReplicaFileResponseT> {
+    if let Self::ReplicaFileResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaFileResponseT.
+  pub fn as_replica_file_response_mut(&mut self) -> Option<&mut ReplicaFileResponseT> {
+    if let Self::ReplicaFileResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 /// One master term: its number and the CommitLog offset of its first byte.
@@ -15152,6 +15208,339 @@ impl ReplicaJoinResponseT {
     })
   }
 }
+pub enum ReplicaFileRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Slave to master: one of the master's small per-shard state files (`delay-progress`,
+/// `timer-progress`), copied every 10 s so that a slave that becomes master resumes scheduled
+/// deliveries where its master was.
+pub struct ReplicaFileRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFileRequest<'a> {
+  type Inner = ReplicaFileRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFileRequest<'a> {
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 4;
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFileRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFileRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFileRequest<'bldr>> {
+    let mut builder = ReplicaFileRequestBuilder::new(_fbb);
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.add_storage_shard(args.storage_shard);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaFileRequestT {
+    let storage_shard = self.storage_shard();
+    let name = self.name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    ReplicaFileRequestT {
+      storage_shard,
+      name,
+    }
+  }
+
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFileRequest::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaFileRequest::VT_NAME, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFileRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFileRequestArgs<'a> {
+    pub storage_shard: u32,
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ReplicaFileRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFileRequestArgs {
+      storage_shard: 0,
+      name: None,
+    }
+  }
+}
+
+pub struct ReplicaFileRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFileRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFileRequest::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFileRequest::VT_NAME, name);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFileRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFileRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFileRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFileRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFileRequest");
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("name", &self.name());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaFileRequestT {
+  pub storage_shard: u32,
+  pub name: Option<alloc::string::String>,
+}
+impl Default for ReplicaFileRequestT {
+  fn default() -> Self {
+    Self {
+      storage_shard: 0,
+      name: None,
+    }
+  }
+}
+impl ReplicaFileRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFileRequest<'b>> {
+    let storage_shard = self.storage_shard;
+    let name = self.name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    ReplicaFileRequest::create(_fbb, &ReplicaFileRequestArgs{
+      storage_shard,
+      name,
+    })
+  }
+}
+pub enum ReplicaFileResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The file's bytes (`present` false when the master has none), and the master's CommitLog end
+/// when it read them: the slave keeps the copy only once its own log reaches that end, so the
+/// deliveries the file counts as done are in its log.
+pub struct ReplicaFileResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFileResponse<'a> {
+  type Inner = ReplicaFileResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFileResponse<'a> {
+  pub const VT_PRESENT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_DATA: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFileResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFileResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFileResponse<'bldr>> {
+    let mut builder = ReplicaFileResponseBuilder::new(_fbb);
+    builder.add_master_end(args.master_end);
+    if let Some(x) = args.data { builder.add_data(x); }
+    builder.add_present(args.present);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaFileResponseT {
+    let present = self.present();
+    let data = self.data().map(|x| {
+      x.into_iter().collect()
+    });
+    let master_end = self.master_end();
+    ReplicaFileResponseT {
+      present,
+      data,
+      master_end,
+    }
+  }
+
+  #[inline]
+  pub fn present(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReplicaFileResponse::VT_PRESENT, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn data(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ReplicaFileResponse::VT_DATA, None)}
+  }
+  #[inline]
+  pub fn master_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFileResponse::VT_MASTER_END, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFileResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("present", Self::VT_PRESENT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
+     .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFileResponseArgs<'a> {
+    pub present: bool,
+    pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub master_end: u64,
+}
+impl<'a> Default for ReplicaFileResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFileResponseArgs {
+      present: false,
+      data: None,
+      master_end: 0,
+    }
+  }
+}
+
+pub struct ReplicaFileResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFileResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_present(&mut self, present: bool) {
+    self.fbb_.push_slot::<bool>(ReplicaFileResponse::VT_PRESENT, present, false);
+  }
+  #[inline]
+  pub fn add_data(&mut self, data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFileResponse::VT_DATA, data);
+  }
+  #[inline]
+  pub fn add_master_end(&mut self, master_end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFileResponse::VT_MASTER_END, master_end, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFileResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFileResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFileResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFileResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFileResponse");
+      ds.field("present", &self.present());
+      ds.field("data", &self.data());
+      ds.field("master_end", &self.master_end());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaFileResponseT {
+  pub present: bool,
+  pub data: Option<alloc::vec::Vec<u8>>,
+  pub master_end: u64,
+}
+impl Default for ReplicaFileResponseT {
+  fn default() -> Self {
+    Self {
+      present: false,
+      data: None,
+      master_end: 0,
+    }
+  }
+}
+impl ReplicaFileResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFileResponse<'b>> {
+    let present = self.present;
+    let data = self.data.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let master_end = self.master_end;
+    ReplicaFileResponse::create(_fbb, &ReplicaFileResponseArgs{
+      present,
+      data,
+      master_end,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -15463,6 +15852,16 @@ impl<'a> Frame<'a> {
       Body::ReplicaJoinResponse => BodyT::ReplicaJoinResponse(alloc::boxed::Box::new(
         self.body_as_replica_join_response()
             .expect("Invalid union table, expected `Body::ReplicaJoinResponse`.")
+            .unpack()
+      )),
+      Body::ReplicaFileRequest => BodyT::ReplicaFileRequest(alloc::boxed::Box::new(
+        self.body_as_replica_file_request()
+            .expect("Invalid union table, expected `Body::ReplicaFileRequest`.")
+            .unpack()
+      )),
+      Body::ReplicaFileResponse => BodyT::ReplicaFileResponse(alloc::boxed::Box::new(
+        self.body_as_replica_file_response()
+            .expect("Invalid union table, expected `Body::ReplicaFileResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -16303,6 +16702,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_file_request(&self) -> Option<ReplicaFileRequest<'a>> {
+    if self.body_type() == Body::ReplicaFileRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaFileRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_file_response(&self) -> Option<ReplicaFileResponse<'a>> {
+    if self.body_type() == Body::ReplicaFileResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaFileResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -16369,6 +16798,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ReplicaPullResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaPullResponse>>("Body::ReplicaPullResponse", pos),
           Body::ReplicaJoinRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaJoinRequest>>("Body::ReplicaJoinRequest", pos),
           Body::ReplicaJoinResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaJoinResponse>>("Body::ReplicaJoinResponse", pos),
+          Body::ReplicaFileRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaFileRequest>>("Body::ReplicaFileRequest", pos),
+          Body::ReplicaFileResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaFileResponse>>("Body::ReplicaFileResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -16810,6 +17241,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ReplicaJoinResponse => {
           if let Some(x) = self.body_as_replica_join_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaFileRequest => {
+          if let Some(x) = self.body_as_replica_file_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaFileResponse => {
+          if let Some(x) = self.body_as_replica_file_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
