@@ -662,7 +662,9 @@ pub async fn follow(follower: Follower) {
             let visible = store.visible_offset();
             for (name, data, _) in pending_files.iter().filter(|(_, _, end)| *end <= visible) {
                 let path = store.config().shard_dir.join(name);
-                if let Err(e) = crate::store::atomic_file::write_atomically_async(path, data.clone()).await {
+                if let Err(e) =
+                    crate::store::atomic_file::write_atomically_async(path, data.clone()).await
+                {
                     warn!(storage_shard, error = %e, "cannot write the copy of the master's {name}");
                 }
             }
@@ -734,7 +736,6 @@ pub const COPIED_FILES: [&str; 2] = [
     crate::schedule::DELAY_PROGRESS_FILE,
     crate::timer::TIMER_PROGRESS_FILE,
 ];
-
 
 impl MasterLink {
     /// One of the master's state files of `storage_shard` (`None`: it has none) and the

@@ -110,7 +110,10 @@ pub async fn run(
         "storage shard recovered"
     );
     if let Some(offset) = report.truncated_for_replica {
-        warn!(shard = id, offset, "the CommitLog was cut where the master's log parts from it (replication)");
+        warn!(
+            shard = id,
+            offset, "the CommitLog was cut where the master's log parts from it (replication)"
+        );
     }
     if let Some((offset, why)) = &report.commitlog.truncated_at {
         warn!(shard = id, offset, why = %why, discarded_bytes = report.commitlog.discarded_bytes, "recovery cut the CommitLog");

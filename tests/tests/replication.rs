@@ -678,8 +678,7 @@ fn a_slave_follows_topic_deletion_and_copies_delivery_progress() {
     let mut on_slave = slave.client();
     wait_until(CATCH_UP, "the slave to copy both topics", || {
         let names = topic_names(&mut on_slave);
-        (names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned()))
-            .then_some(())
+        (names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned())).then_some(())
     });
     let deleted = client
         .request(|b| {
@@ -697,8 +696,7 @@ fn a_slave_follows_topic_deletion_and_copies_delivery_progress() {
     assert_eq!(status_of(&deleted).0, wire::Status::OK);
     wait_until(CATCH_UP, "the slave to delete the topic too", || {
         let names = topic_names(&mut on_slave);
-        (!names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned()))
-            .then_some(())
+        (!names.contains(&"Doomed".to_owned()) && names.contains(&"Later".to_owned())).then_some(())
     });
 
     // A delayed message is delivered by the master; the slave ends up with the master's
@@ -720,18 +718,186 @@ fn a_slave_follows_topic_deletion_and_copies_delivery_progress() {
             .expect("a delayed send");
         producer.shutdown().await;
     });
-    wait_until(CATCH_UP, "the master to deliver the delayed message", || {
-        let (records, _) = pull_queue(&mut client, "Later", 0);
-        (records.len() == 1).then_some(())
-    });
+    wait_until(
+        CATCH_UP,
+        "the master to deliver the delayed message",
+        || {
+            let (records, _) = pull_queue(&mut client, "Later", 0);
+            (records.len() == 1).then_some(())
+        },
+    );
     let progress = |dir: &std::path::Path| std::fs::read(dir.join("shard-0/delay-progress")).ok();
-    wait_until(CATCH_UP, "the slave to hold the master's delivery progress", || {
-        let on_master = progress(group.master_dir.path())?;
-        (progress(group.slave_dir.path())? == on_master).then_some(())
-    });
+    wait_until(
+        CATCH_UP,
+        "the slave to hold the master's delivery progress",
+        || {
+            let on_master = progress(group.master_dir.path())?;
+            (progress(group.slave_dir.path())? == on_master).then_some(())
+        },
+    );
     let text = String::from_utf8_lossy(&progress(group.slave_dir.path()).unwrap()).into_owned();
     assert!(text.contains("next_offsets"), "{text}");
     // The slave holds the delivered copy the progress counts as done.
     let (records, _) = pull_queue(&mut on_slave, "Later", 0);
     assert_eq!(records.len(), 1);
+}
+
+#[test]
+fn a_sync_group_keeps_every_acknowledged_message_when_the_master_is_killed_mid_stream() {
+    const PRODUCERS: usize = 4;
+    let group = Group::new();
+    let fast = ["--replica-metadata-interval-ms", "500"];
+    let mut master = group.master("sync-master", &fast);
+    let slave = group.slave(&fast);
+    create_topic(&mut master.client(), TOPIC, QUEUES);
+    let namesrv = group.namesrv.addr().to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let (namesrv, acknowledged, stop) =
+                (namesrv.clone(), acknowledged.clone(), stop.clone());
+            runtime.spawn(async move {
+                let producer = shardmq_client::Producer::builder()
+                    .namesrv(&namesrv)
+                    .build()
+                    .await
+                    .expect("a producer");
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!("p{p}-{i}").into_bytes();
+                    i += 1;
+                    let sent = producer
+                        .send(shardmq_client::Message::new(TOPIC, body.clone()))
+                        .await;
+                    match sent {
+                        Ok(result) if result.status == shardmq_client::SendStatus::SendOk => {
+                            acknowledged.lock().unwrap().push(body)
+                        }
+                        // Stored on the master only, or not at all: not acknowledged.
+                        _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+                producer.shutdown().await;
+            })
+        })
+        .collect();
+    // A consumer group commits on the master; the slave copies its offsets.
+    wait_until(CATCH_UP, "400 acknowledged sends", || {
+        (acknowledged.lock().unwrap().len() >= 400).then_some(())
+    });
+    let mut on_master = master.client();
+    for queue in 0..QUEUES as i32 {
+        commit_offset(&mut on_master, "Continuer", TOPIC, queue, 40);
+    }
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to copy the topic", || {
+        topic_names(&mut on_slave)
+            .contains(&TOPIC.to_owned())
+            .then_some(())
+    });
+    wait_until(CATCH_UP, "the slave to copy the group's offsets", || {
+        (0..QUEUES as i32)
+            .all(|q| committed_offset(&mut on_slave, "Continuer", TOPIC, q) == Some(40))
+            .then_some(())
+    });
+    // Killed while the producers keep sending.
+    let before_kill = acknowledged.lock().unwrap().len();
+    wait_until(CATCH_UP, "more sends", || {
+        (acknowledged.lock().unwrap().len() >= before_kill + 100).then_some(())
+    });
+    master.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    runtime.block_on(async {
+        for producer in producers {
+            let _ = tokio::time::timeout(Duration::from_secs(30), producer).await;
+        }
+    });
+    let acknowledged: Vec<Vec<u8>> = acknowledged.lock().unwrap().clone();
+    let held = |client: &mut shardmq_tests::TestClient| {
+        let mut bodies = std::collections::HashSet::new();
+        for queue in 0..QUEUES as i32 {
+            let (records, end) = pull_queue(client, TOPIC, queue);
+            assert_eq!(end, QueueEnd::End);
+            bodies.extend(records.into_iter().map(|r| r.body));
+        }
+        bodies
+    };
+    let on_slave_bodies = held(&mut on_slave);
+    let missing: Vec<String> = acknowledged
+        .iter()
+        .filter(|b| !on_slave_bodies.contains(*b))
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages are not on the slave: {:?}",
+        missing.len(),
+        acknowledged.len(),
+        &missing[..missing.len().min(10)]
+    );
+
+    // The group continues on the slave (through the name server's route) from its committed
+    // offsets: nothing skipped.
+    let master_addr = master.addr().to_string();
+    wait_until(
+        CATCH_UP,
+        "the name server to route reads to the slave only",
+        || {
+            let route = shardmq_tests::run_cli(&namesrv, &["--json", "topic", "route", TOPIC]);
+            let text = String::from_utf8_lossy(&route.stdout).into_owned();
+            (route.status.success() && !text.contains(&master_addr)).then_some(())
+        },
+    );
+    runtime.block_on(async {
+        let consumer = shardmq_client::PullConsumer::builder()
+            .namesrv(&namesrv)
+            .group("Continuer")
+            .build()
+            .await
+            .expect("a pull consumer");
+        for queue in consumer.queues(TOPIC).await.expect("the queues") {
+            let resumed = consumer.committed_offset(&queue).await.expect("an offset");
+            assert_eq!(resumed, Some(40), "{queue:?} resumes where the group was");
+            let pulled = consumer
+                .pull(&queue, 40, 8)
+                .await
+                .expect("a pull from the slave");
+            let offsets: Vec<i64> = pulled.messages.iter().map(|m| m.queue_offset).collect();
+            assert_eq!(offsets, (40..48).collect::<Vec<i64>>(), "{queue:?}");
+        }
+        consumer.shutdown().await;
+    });
+
+    // The master returns; the slave catches up with what only the master held, and both hold
+    // every acknowledged message.
+    master.restart();
+    wait_until(
+        CATCH_UP,
+        "the slave to catch up with the returned master",
+        || {
+            let status = replication_status(&mut master.client());
+            status
+                .2
+                .iter()
+                .all(|s| s.connected && s.lag_bytes == 0)
+                .then_some(())
+        },
+    );
+    for (side, bodies) in [
+        ("master", held(&mut master.client())),
+        ("slave", held(&mut slave.client())),
+    ] {
+        let lost = acknowledged.iter().filter(|b| !bodies.contains(*b)).count();
+        assert_eq!(
+            lost, 0,
+            "acknowledged messages missing on the {side} after the return"
+        );
+    }
 }

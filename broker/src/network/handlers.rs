@@ -1342,7 +1342,10 @@ async fn handle_replica_file(
         )));
     };
     let (data, master_end) = shard
-        .ask(storage, |reply| StorageRequest::ReadShardFile { name, reply })
+        .ask(storage, |reply| StorageRequest::ReadShardFile {
+            name,
+            reply,
+        })
         .await?;
     encode_ok(shard, id, |b| {
         let present = data.is_some();

@@ -264,9 +264,7 @@ impl NetworkShard {
             }
             if let Some(connected) = link.as_mut() {
                 let mut round = self.copy_master_topics(connected).await;
-                if round.is_ok()
-                    && last_offsets_copy.elapsed() >= copy_interval
-                {
+                if round.is_ok() && last_offsets_copy.elapsed() >= copy_interval {
                     last_offsets_copy = std::time::Instant::now();
                     round = self.copy_master_offsets(connected).await;
                 }
