@@ -1229,3 +1229,23 @@ impl LocalCluster {
         });
     }
 }
+
+/// The body of `GET path` from an HTTP endpoint (the metrics endpoints); empty when it cannot
+/// be read.
+#[must_use]
+pub fn http_get_body(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    if write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").is_err() {
+        return String::new();
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}

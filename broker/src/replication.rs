@@ -685,7 +685,10 @@ pub async fn follow(follower: Follower) {
                     break;
                 }
                 Err(error) => {
-                    warn!(storage_shard, %master, %error, "replication from the master stopped; reconnecting");
+                    // What the master held past this log when last heard from: under
+                    // async-master, acknowledged messages in it exist only on the master.
+                    let lag_bytes = view.master_end.get().map(|end| end.saturating_sub(from));
+                    warn!(storage_shard, %master, %error, ?lag_bytes, "replication from the master stopped; reconnecting");
                     break;
                 }
             };
