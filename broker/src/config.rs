@@ -103,6 +103,10 @@ pub struct BrokerConfig {
     pub ha_master: String,
     /// How often a slave copies its master's consumer offsets and delivery progress, ms.
     pub replica_metadata_interval_ms: u64,
+    /// RocketMQ's slaveReadEnable: hint consumers far behind to pull from a slave.
+    pub slave_read_enable: bool,
+    /// How far behind the log's end a pull is "far behind" for `slave_read_enable`.
+    pub slave_read_lag_bytes: u64,
 }
 
 /// What a broker is in its master/slave group.
@@ -199,6 +203,8 @@ impl Default for BrokerConfig {
             ha_listen: String::new(),
             ha_master: String::new(),
             replica_metadata_interval_ms: 10_000,
+            slave_read_enable: false,
+            slave_read_lag_bytes: 64 << 20,
         }
     }
 }

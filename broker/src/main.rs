@@ -126,6 +126,15 @@ struct ServeArgs {
     /// (topics every 2 s). [default: 10000]
     #[arg(long)]
     replica_metadata_interval_ms: Option<u64>,
+    /// Let consumers far behind read from the slave (RocketMQ's slaveReadEnable): a pull whose
+    /// position is more than slave_read_lag_bytes behind the log's end is answered with a hint
+    /// to pull that queue from a slave holding it, and a slave hints back once caught up.
+    #[arg(long)]
+    slave_read_enable: bool,
+    /// How far behind the CommitLog's end (bytes) a pull must be for slave_read_enable to send
+    /// it to the slave. [default: 67108864, the hot tail kept in memory]
+    #[arg(long)]
+    slave_read_lag_bytes: Option<u64>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -237,6 +246,7 @@ impl ServeArgs {
             ha_listen,
             ha_master,
             replica_metadata_interval_ms,
+            slave_read_lag_bytes,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,
@@ -262,6 +272,9 @@ impl ServeArgs {
             timer_max_pending,
             schedule_persist_interval_ms
         );
+        if self.slave_read_enable {
+            config.slave_read_enable = true;
+        }
         if self.auto_create_topics {
             config.auto_create_topics = true;
         }

@@ -130,6 +130,15 @@ impl MasterSide {
             .max()
     }
 
+    /// The lowest broker id of a live slave that holds every byte below `position`.
+    pub fn reader_holding(&self, position: u64) -> Option<i64> {
+        self.slaves
+            .borrow()
+            .iter()
+            .find(|(_, s)| s.seen.elapsed() < SLAVE_SILENCE && s.acknowledged >= position)
+            .map(|(id, _)| *id)
+    }
+
     /// A slave asked for bytes, acknowledging `acknowledged` (ignored past `log_end`: a slave
     /// holding bytes this master does not is not counted).
     pub fn on_pull(&self, broker_id: i64, peer: &str, acknowledged: u64, log_end: u64) {

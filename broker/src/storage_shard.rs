@@ -322,6 +322,31 @@ impl StorageShard {
         self.master.wait_replicated(end, timeout).await
     }
 
+    /// `slave_read_enable` (RocketMQ's slaveReadEnable): where the consumer that got `records`
+    /// should pull this queue next. A master sends a consumer more than `slave_read_lag_bytes`
+    /// behind its log's end to the lowest-id live slave that holds everything up to where the
+    /// consumer continues; a slave sends a consumer that has caught up back to the master (0).
+    fn suggest_reader(&self, records: &[bytes::Bytes]) -> i64 {
+        if !self.config.slave_read_enable {
+            return 0;
+        }
+        let Some(position) = records.last().and_then(|r| {
+            shardmq_codec::RecordView::parse_unchecked(r)
+                .ok()
+                .map(|v| v.physical_offset() + r.len() as u64)
+        }) else {
+            return 0;
+        };
+        let end = self.store.commitlog_offsets().1;
+        let is_far_behind = end.saturating_sub(position) > self.config.slave_read_lag_bytes;
+        match self.config.role() {
+            crate::config::BrokerRole::Slave if is_far_behind => self.config.broker_id,
+            crate::config::BrokerRole::Slave => 0,
+            _ if is_far_behind => self.master.reader_holding(position).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     fn notify_arrival(&self, topic: &str, queue_id: u32) {
         let mask = {
             let mut watches = self.watches.borrow_mut();
@@ -394,6 +419,10 @@ impl StorageShard {
                         &query.filter,
                     )
                     .await;
+                let mut result = result;
+                if let Ok(got) = &mut result {
+                    got.suggest_broker_id = self.suggest_reader(&got.records);
+                }
                 if let (Ok(got), Some(network_shard)) = (&result, watch_for) {
                     let is_at_end = matches!(got.status, GetStatus::NoNewMessage)
                         || (got.status == GetStatus::NoMatchedQueue && query.offset == 0);

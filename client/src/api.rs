@@ -285,6 +285,8 @@ pub(crate) struct UndecodedPull {
     pub max_offset: i64,
     /// The stored records, concatenated (a slice of the answer's frame).
     records: Bytes,
+    /// Which broker id to pull this queue from next (0: the master).
+    pub suggest_which_broker_id: i64,
 }
 
 impl UndecodedPull {
@@ -327,6 +329,7 @@ impl UndecodedPull {
             min_offset: self.min_offset,
             max_offset: self.max_offset,
             messages,
+            suggest_which_broker_id: self.suggest_which_broker_id,
         })
     }
 }
@@ -440,6 +443,7 @@ impl ConnectionPool {
             min_offset: response.min_offset(),
             max_offset: response.max_offset(),
             records,
+            suggest_which_broker_id: response.suggest_which_broker_id(),
         })
     }
 

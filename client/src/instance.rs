@@ -185,6 +185,9 @@ pub(crate) struct ClientInstance {
     pub(crate) pool: Arc<ConnectionPool>,
     pub(crate) namesrv: Arc<NameServers>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Queues a broker suggested pulling from a slave (its broker id), RocketMQ's
+    /// suggestWhichBrokerId; absent: the usual choice.
+    pull_from: Mutex<std::collections::HashMap<MessageQueue, i64>>,
 }
 
 impl ClientInstance {
@@ -223,6 +226,7 @@ impl ClientInstance {
             pool,
             namesrv: Arc::clone(&namesrv),
             tasks: Mutex::new(Vec::new()),
+            pull_from: Mutex::new(std::collections::HashMap::new()),
         });
         instance.spawn(async move {
             let mut ticks = tokio::time::interval(ROUTE_REFRESH_INTERVAL);
@@ -273,6 +277,40 @@ impl ClientInstance {
                 "live-broker"
             },
         })
+    }
+
+    /// Where to pull `queue` from: the broker id its last pull answer suggested, while the
+    /// route has that broker alive; else the master, else the lowest-id slave.
+    pub(crate) async fn pull_address(&self, queue: &MessageQueue) -> Result<String> {
+        let suggested = self
+            .pull_from
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+            .copied();
+        if let Some(id) = suggested {
+            let route = self.namesrv.route(&queue.topic).await?;
+            if let Some(address) = route
+                .brokers
+                .get(&queue.broker_name)
+                .and_then(|b| b.addresses.get(&id))
+            {
+                return Ok(address.clone());
+            }
+        }
+        self.broker_address(queue, false).await
+    }
+
+    /// Records a pull answer's suggestion for `queue` (0: back to the usual choice).
+    pub(crate) fn follow_pull_suggestion(&self, queue: &MessageQueue, broker_id: i64) {
+        let mut pull_from = self.pull_from.lock().unwrap_or_else(|e| e.into_inner());
+        if broker_id > 0 {
+            if pull_from.insert(queue.clone(), broker_id) != Some(broker_id) {
+                tracing::debug!(%queue, broker_id, "the broker suggests pulling from a slave");
+            }
+        } else {
+            pull_from.remove(queue);
+        }
     }
 
     /// Runs `task` in the background until the client shuts down.

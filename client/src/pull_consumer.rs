@@ -61,6 +61,9 @@ pub struct PullResult {
     pub max_offset: i64,
     /// The messages found (after the exact tag match), in queue order.
     pub messages: Vec<MessageExt>,
+    /// The broker id the answering broker suggests pulling this queue from next (0: the
+    /// master; see the broker's `slave_read_enable`). The client follows it by itself.
+    pub suggest_which_broker_id: i64,
 }
 
 /// What one pull asks for beyond the queue and offset.
@@ -207,7 +210,7 @@ impl PullConsumer {
                 "max_messages must be at least 1".to_owned(),
             ));
         }
-        let address = self.instance.broker_address(queue, false).await?;
+        let address = self.instance.pull_address(queue).await?;
         let args = PullArgs {
             group: &self.group,
             topic: &queue.topic,
@@ -221,6 +224,8 @@ impl PullConsumer {
             commit_offset: None,
         };
         let mut result = self.instance.pool.pull(&address, &args).await?;
+        self.instance
+            .follow_pull_suggestion(queue, result.suggest_which_broker_id);
         result
             .messages
             .retain(|message| options.tags.matches(message.tags()));

@@ -1119,3 +1119,100 @@ fn brokers_register_with_two_name_servers_and_clients_keep_working_when_one_stop
         (total(&mut on_slave) == 100).then_some(())
     });
 }
+
+/// `messages_out` from `broker status`.
+fn messages_out(client: &mut shardmq_tests::TestClient) -> u64 {
+    let answer = client
+        .request(|b| {
+            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
+            (wire::Body::BrokerStatusRequest, body.as_union_value())
+        })
+        .expect("an answer to BrokerStatusRequest");
+    answer
+        .frame()
+        .body_as_broker_status_response()
+        .expect("a body")
+        .messages_out()
+}
+
+#[test]
+fn with_slave_read_enable_a_consumer_far_behind_reads_from_the_slave_and_returns_when_caught_up() {
+    let group = Group::new();
+    let mut master = group.master(
+        "async-master",
+        &["--slave-read-enable", "--slave-read-lag-bytes", "16384"],
+    );
+    let slave = group.slave(&["--slave-read-enable", "--slave-read-lag-bytes", "16384"]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    for i in 0..100 {
+        send_batch(
+            &mut client,
+            TOPIC,
+            0,
+            &[TestMessage::new(format!("{i:04}-{}", "z".repeat(1000)))],
+        );
+    }
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to catch up", || {
+        (pull_queue(&mut on_slave, TOPIC, 0).0.len() == 100).then_some(())
+    });
+    let namesrv = group.namesrv.addr().to_string();
+    wait_until(CATCH_UP, "the route to list the slave", || {
+        let route = shardmq_tests::run_cli(&namesrv, &["--json", "topic", "route", TOPIC]);
+        String::from_utf8_lossy(&route.stdout)
+            .contains(&slave.addr().to_string())
+            .then_some(())
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let consumer = shardmq_client::PullConsumer::builder()
+            .namesrv(&namesrv)
+            .group("Slow")
+            .build()
+            .await
+            .expect("a pull consumer");
+        let queue = consumer.queues(TOPIC).await.unwrap().remove(0);
+        let (master_out, slave_out) = (
+            messages_out(&mut master.client()),
+            messages_out(&mut on_slave),
+        );
+        // Far behind: the master answers and points at the slave.
+        let first = consumer.pull(&queue, 0, 4).await.unwrap();
+        assert_eq!(first.messages.len(), 4);
+        assert_eq!(first.suggest_which_broker_id, 1);
+        assert_eq!(messages_out(&mut master.client()), master_out + 4);
+        // The next pulls go to the slave, which keeps the consumer while it is far behind.
+        let second = consumer.pull(&queue, 4, 4).await.unwrap();
+        assert_eq!(second.messages[0].queue_offset, 4);
+        assert_eq!(second.suggest_which_broker_id, 1);
+        assert_eq!(messages_out(&mut on_slave), slave_out + 4);
+        assert_eq!(messages_out(&mut master.client()), master_out + 4);
+        // Caught up: the slave sends it back to the master.
+        let near_end = consumer.pull(&queue, 96, 4).await.unwrap();
+        assert_eq!(near_end.suggest_which_broker_id, 0);
+        assert_eq!(messages_out(&mut on_slave), slave_out + 8);
+        consumer.pull(&queue, 99, 1).await.unwrap();
+        assert_eq!(messages_out(&mut master.client()), master_out + 5);
+        consumer.shutdown().await;
+    });
+    // Without a live slave the master suggests nothing.
+    drop(slave);
+    let mut on_master = master.client();
+    std::thread::sleep(Duration::from_secs(4));
+    let response = on_master
+        .request(|b| {
+            shardmq_tests::pull_request_body(b, &shardmq_tests::PullParams::new(TOPIC, 0, 0))
+        })
+        .expect("a pull");
+    let suggested = response
+        .frame()
+        .body_as_pull_response()
+        .expect("a body")
+        .suggest_which_broker_id();
+    assert_eq!(suggested, 0);
+    master.stop();
+}

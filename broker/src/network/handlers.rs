@@ -1001,6 +1001,7 @@ fn encode_pull(shard: &NetworkShard, id: u64, result: GetResult, requested: u64)
                         min_offset: result.min_offset as i64,
                         max_offset: result.max_offset as i64,
                         records: Some(records),
+                        suggest_which_broker_id: result.suggest_broker_id,
                     },
                 );
                 build_frame(

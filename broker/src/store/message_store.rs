@@ -312,6 +312,9 @@ pub struct GetResult {
     pub next_offset: u64,
     pub min_offset: u64,
     pub max_offset: u64,
+    /// Which broker of the group the consumer should pull this queue from next (0: the
+    /// master); set by the storage shard under `slave_read_enable`, 0 from the store.
+    pub suggest_broker_id: i64,
 }
 
 /// What recovery found and repaired, for the startup log and for tests.
@@ -601,6 +604,7 @@ impl MessageStore {
                 next_offset: 0,
                 min_offset: 0,
                 max_offset: 0,
+                suggest_broker_id: 0,
             });
         };
         let (min_offset, max_offset) = (queue.min_offset(), queue.max_offset());
@@ -610,6 +614,7 @@ impl MessageStore {
             next_offset: offset,
             min_offset,
             max_offset,
+            suggest_broker_id: 0,
         };
         if offset < min_offset {
             result.status = GetStatus::OffsetTooSmall;

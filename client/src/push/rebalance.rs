@@ -237,7 +237,7 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             None => process_queue.pulled_up_to(),
         };
         let pull = async {
-            let address = core.instance.broker_address(&queue, false).await?;
+            let address = core.instance.pull_address(&queue).await?;
             let commit_offset = match core.config.model {
                 MessageModel::Clustering => core.offsets.get(&queue).filter(|o| *o > 0),
                 MessageModel::Broadcasting => None,
@@ -254,7 +254,12 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                 suspend: core.config.pull_wait,
                 commit_offset,
             };
-            core.instance.pool.pull_undecoded(&address, &args).await
+            let answer = core.instance.pool.pull_undecoded(&address, &args).await;
+            if let Ok(answer) = &answer {
+                core.instance
+                    .follow_pull_suggestion(&queue, answer.suggest_which_broker_id);
+            }
+            answer
         };
         // The previous answer is decoded while this pull travels (the pull is polled first, so
         // its request is out before the decoding starts).

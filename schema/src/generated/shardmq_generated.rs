@@ -4535,6 +4535,7 @@ impl<'a> PullResponse<'a> {
   pub const VT_MIN_OFFSET: ::flatbuffers::VOffsetT = 6;
   pub const VT_MAX_OFFSET: ::flatbuffers::VOffsetT = 8;
   pub const VT_RECORDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SUGGEST_WHICH_BROKER_ID: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4546,6 +4547,7 @@ impl<'a> PullResponse<'a> {
     args: &'args PullResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<PullResponse<'bldr>> {
     let mut builder = PullResponseBuilder::new(_fbb);
+    builder.add_suggest_which_broker_id(args.suggest_which_broker_id);
     builder.add_max_offset(args.max_offset);
     builder.add_min_offset(args.min_offset);
     builder.add_next_begin_offset(args.next_begin_offset);
@@ -4560,11 +4562,13 @@ impl<'a> PullResponse<'a> {
     let records = self.records().map(|x| {
       x.into_iter().collect()
     });
+    let suggest_which_broker_id = self.suggest_which_broker_id();
     PullResponseT {
       next_begin_offset,
       min_offset,
       max_offset,
       records,
+      suggest_which_broker_id,
     }
   }
 
@@ -4603,6 +4607,16 @@ impl<'a> PullResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(PullResponse::VT_RECORDS, None)}
   }
+  /// Which broker of the group to pull this queue from next (RocketMQ's
+  /// suggestWhichBrokerId): 0 the master; a slave id when the master runs with
+  /// slave_read_enable and this consumer is far behind (docs/replication.md).
+  #[inline]
+  pub fn suggest_which_broker_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(PullResponse::VT_SUGGEST_WHICH_BROKER_ID, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PullResponse<'_> {
@@ -4615,6 +4629,7 @@ impl ::flatbuffers::Verifiable for PullResponse<'_> {
      .visit_field::<i64>("min_offset", Self::VT_MIN_OFFSET, false)?
      .visit_field::<i64>("max_offset", Self::VT_MAX_OFFSET, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("records", Self::VT_RECORDS, false)?
+     .visit_field::<i64>("suggest_which_broker_id", Self::VT_SUGGEST_WHICH_BROKER_ID, false)?
      .finish();
     Ok(())
   }
@@ -4624,6 +4639,7 @@ pub struct PullResponseArgs<'a> {
     pub min_offset: i64,
     pub max_offset: i64,
     pub records: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub suggest_which_broker_id: i64,
 }
 impl<'a> Default for PullResponseArgs<'a> {
   #[inline]
@@ -4633,6 +4649,7 @@ impl<'a> Default for PullResponseArgs<'a> {
       min_offset: 0,
       max_offset: 0,
       records: None,
+      suggest_which_broker_id: 0,
     }
   }
 }
@@ -4659,6 +4676,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PullResponseBuilder<'a, 'b, A
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PullResponse::VT_RECORDS, records);
   }
   #[inline]
+  pub fn add_suggest_which_broker_id(&mut self, suggest_which_broker_id: i64) {
+    self.fbb_.push_slot::<i64>(PullResponse::VT_SUGGEST_WHICH_BROKER_ID, suggest_which_broker_id, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PullResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PullResponseBuilder {
@@ -4680,6 +4701,7 @@ impl ::core::fmt::Debug for PullResponse<'_> {
       ds.field("min_offset", &self.min_offset());
       ds.field("max_offset", &self.max_offset());
       ds.field("records", &self.records());
+      ds.field("suggest_which_broker_id", &self.suggest_which_broker_id());
       ds.finish()
   }
 }
@@ -4690,6 +4712,7 @@ pub struct PullResponseT {
   pub min_offset: i64,
   pub max_offset: i64,
   pub records: Option<alloc::vec::Vec<u8>>,
+  pub suggest_which_broker_id: i64,
 }
 impl Default for PullResponseT {
   fn default() -> Self {
@@ -4698,6 +4721,7 @@ impl Default for PullResponseT {
       min_offset: 0,
       max_offset: 0,
       records: None,
+      suggest_which_broker_id: 0,
     }
   }
 }
@@ -4712,11 +4736,13 @@ impl PullResponseT {
     let records = self.records.as_ref().map(|x|{
       _fbb.create_vector(x)
     });
+    let suggest_which_broker_id = self.suggest_which_broker_id;
     PullResponse::create(_fbb, &PullResponseArgs{
       next_begin_offset,
       min_offset,
       max_offset,
       records,
+      suggest_which_broker_id,
     })
   }
 }
