@@ -232,6 +232,7 @@ fn frames(record: &[u8]) -> Vec<Vec<u8>> {
                     min_offset: 0,
                     max_offset: 1,
                     records: Some(records),
+                    suggest_which_broker_id: 0,
                 },
             );
             (wire::Body::PullResponse, response.as_union_value())

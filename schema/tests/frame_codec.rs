@@ -335,6 +335,7 @@ proptest! {
                 min_offset,
                 max_offset,
                 records: Some(records_vector),
+                suggest_which_broker_id: min_offset & 3,
             });
             build_frame(builder, &header, wire::Body::PullResponse, Some(body.as_union_value()))
         })?;
@@ -343,7 +344,7 @@ proptest! {
 
         let decoded = FrameDecoder::new().decode(&mut stream)?.expect("one whole frame");
         prop_assert!(stream.is_empty());
-        let expected = with(|v: &mut FrameT| { v.request_id = request_id; v.kind = wire::FrameKind::RESPONSE; v.status = wire::Status::OK; v.message = message; v.body = BodyT::PullResponse(Box::new(with(|v: &mut wire::PullResponseT| { v.next_begin_offset = next_begin_offset; v.min_offset = min_offset; v.max_offset = max_offset; v.records = Some(records.clone()); }))); });
+        let expected = with(|v: &mut FrameT| { v.request_id = request_id; v.kind = wire::FrameKind::RESPONSE; v.status = wire::Status::OK; v.message = message; v.body = BodyT::PullResponse(Box::new(with(|v: &mut wire::PullResponseT| { v.next_begin_offset = next_begin_offset; v.min_offset = min_offset; v.max_offset = max_offset; v.records = Some(records.clone()); v.suggest_which_broker_id = min_offset & 3; }))); });
         prop_assert_eq!(decoded.frame().unpack(), expected);
         let pull = decoded.frame().body_as_pull_response().expect("a pull response");
         let records_in_frame = pull.records().expect("records present").bytes();

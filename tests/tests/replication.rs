@@ -1195,7 +1195,7 @@ fn with_slave_read_enable_a_consumer_far_behind_reads_from_the_slave_and_returns
         let near_end = consumer.pull(&queue, 96, 4).await.unwrap();
         assert_eq!(near_end.suggest_which_broker_id, 0);
         assert_eq!(messages_out(&mut on_slave), slave_out + 8);
-        consumer.pull(&queue, 99, 1).await.unwrap();
+        let _ = consumer.pull(&queue, 99, 1).await.unwrap();
         assert_eq!(messages_out(&mut master.client()), master_out + 5);
         consumer.shutdown().await;
     });
