@@ -107,6 +107,21 @@ pub struct BrokerConfig {
     pub slave_read_enable: bool,
     /// How far behind the log's end a pull is "far behind" for `slave_read_enable`.
     pub slave_read_lag_bytes: u64,
+    /// Controller addresses (`broker_role = "auto"`, docs/replication.md "Automatic
+    /// failover"): the controller decides whether this broker is master or slave.
+    pub controller: Vec<String>,
+    /// How often a broker in controller mode heartbeats the controller, ms.
+    pub controller_heartbeat_ms: u64,
+    /// A master in controller mode keeps a slave in the SyncStateSet while its lag stays under
+    /// this many bytes (per storage shard); a slave joins the set once it has everything.
+    pub in_sync_max_lag_bytes: u64,
+    /// Set by the broker itself in controller mode (not a setting): the epoch the controller
+    /// gave this run, and this broker's own id (its `broker_id` setting; a master registers
+    /// with the name servers as 0).
+    #[serde(skip)]
+    pub controller_epoch: u64,
+    #[serde(skip)]
+    pub controller_self_id: i64,
 }
 
 /// What a broker is in its master/slave group.
@@ -126,7 +141,7 @@ impl std::str::FromStr for BrokerRole {
             "sync-master" | "SYNC_MASTER" => Ok(BrokerRole::SyncMaster),
             "slave" | "SLAVE" => Ok(BrokerRole::Slave),
             other => Err(format!(
-                "broker_role `{other}` is not async-master, sync-master or slave"
+                "broker_role `{other}` is not async-master, sync-master, slave or auto"
             )),
         }
     }
@@ -205,6 +220,11 @@ impl Default for BrokerConfig {
             replica_metadata_interval_ms: 10_000,
             slave_read_enable: false,
             slave_read_lag_bytes: 64 << 20,
+            controller: Vec::new(),
+            controller_heartbeat_ms: 500,
+            in_sync_max_lag_bytes: 4 << 20,
+            controller_epoch: 0,
+            controller_self_id: 0,
         }
     }
 }
@@ -219,6 +239,11 @@ impl BrokerConfig {
 
     pub fn flush_mode(&self) -> FlushMode {
         self.flush.parse().unwrap_or(FlushMode::Async)
+    }
+
+    /// `broker_role = "auto"`: the controller decides the role at each start.
+    pub fn is_auto(&self) -> bool {
+        self.broker_role == "auto"
     }
 
     /// The broker's role (validated by [`validate`](Self::validate)).
@@ -284,9 +309,29 @@ impl BrokerConfig {
         self.flush.parse::<FlushMode>()?;
         self.listen_addr()?;
         self.metrics_listen_addr()?;
-        let role: BrokerRole = self.broker_role.parse()?;
+        if self.is_auto() {
+            if self.controller.is_empty() {
+                return Err("broker_role auto needs controller addresses (--controller)".into());
+            }
+            if self.broker_id <= 0 {
+                return Err(format!(
+                    "broker_role auto needs this broker's own broker_id, above 0 (not {})",
+                    self.broker_id
+                ));
+            }
+            for addr in &self.controller {
+                addr.parse::<SocketAddr>()
+                    .map_err(|e| format!("controller address `{addr}` is not host:port: {e}"))?;
+            }
+        }
+        let role: BrokerRole = if self.is_auto() {
+            BrokerRole::AsyncMaster
+        } else {
+            self.broker_role.parse()?
+        };
         self.ha_listen_addr()?;
         match role {
+            _ if self.is_auto() => {}
             BrokerRole::Slave => {
                 if self.broker_id <= 0 {
                     return Err(format!(

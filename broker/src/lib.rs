@@ -5,6 +5,7 @@
 //! and runs them; `registration` announces the broker to name servers.
 
 pub mod config;
+pub mod controller_client;
 pub mod groups;
 pub mod mesh;
 pub mod meta;

@@ -113,7 +113,7 @@ struct ServeArgs {
     /// Broker id: 0 for a master. [default: 0]
     #[arg(long)]
     broker_id: Option<i64>,
-    /// `async-master`, `sync-master` (sends wait for the slave) or `slave`. [default: async-master]
+    /// `async-master`, `sync-master` (sends wait for the slave), `slave`, or `auto` (the controller decides; needs --controller). [default: async-master]
     #[arg(long)]
     broker_role: Option<String>,
     /// A master's address for its slaves (host:port). [default: the listen port + 1]
@@ -135,6 +135,18 @@ struct ServeArgs {
     /// it to the slave. [default: 67108864, the hot tail kept in memory]
     #[arg(long)]
     slave_read_lag_bytes: Option<u64>,
+    /// Controller addresses, comma separated, for `--broker-role auto`: the controller decides
+    /// at each start whether this broker (its own --broker-id, above 0) is master or slave,
+    /// and replaces a dead master (docs/replication.md, "Automatic failover").
+    #[arg(long, value_delimiter = ',')]
+    controller: Option<Vec<String>>,
+    /// How often a broker in controller mode heartbeats the controller, ms. [default: 500]
+    #[arg(long)]
+    controller_heartbeat_ms: Option<u64>,
+    /// Controller mode: a slave stays in the SyncStateSet while it is at most this many bytes
+    /// behind (per storage shard). [default: 4194304]
+    #[arg(long)]
+    in_sync_max_lag_bytes: Option<u64>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -247,6 +259,9 @@ impl ServeArgs {
             ha_master,
             replica_metadata_interval_ms,
             slave_read_lag_bytes,
+            controller,
+            controller_heartbeat_ms,
+            in_sync_max_lag_bytes,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,
@@ -316,21 +331,42 @@ fn serve(args: ServeArgs) -> ExitCode {
     init_logging(&config.log_format);
     let mut config = config;
     let mut is_first_run = true;
+    let announced = Arc::new(AtomicBool::new(false));
+    // Signals before a run starts (while waiting for the controller) end the broker too.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, interrupted.clone());
+    }
     let outcome = loop {
+        // Controller mode: the controller says what this run is (and a restart asks again).
+        let effective = if config.is_auto() {
+            match shardmq_broker::controller_client::resolve(&config, &interrupted) {
+                Ok(effective) => effective,
+                Err(_) if interrupted.load(std::sync::atomic::Ordering::Relaxed) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        } else {
+            config.clone()
+        };
         let stopping = Arc::new(AtomicBool::new(false));
         let listening = Arc::new(std::sync::Mutex::new(None));
         let seen = listening.clone();
+        let announced = announced.clone();
         let outcome =
-            shardmq_broker::runtime::run(config.clone(), stopping, !is_first_run, move |addr| {
+            shardmq_broker::runtime::run(effective, stopping, !is_first_run, move |addr| {
                 *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
-                // Scripts and tests read this line to learn the address (port 0 picks one).
-                if is_first_run {
+                // Scripts and tests read this line to learn the address (port 0 picks one), once:
+                // a run that restarts before it serves has not said it.
+                if !announced.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     println!("shardmq-broker listening on {addr}");
                 }
             });
-        // A shard asked for a restart (a slave cutting its log): start again on the same
-        // address.
-        if outcome.is_err() || !shardmq_broker::runtime::take_restart_request() {
+        // A shard asked for a restart (a slave cutting its log, a new role from the
+        // controller): start again on the same address.
+        if outcome.is_err()
+            || !shardmq_broker::runtime::take_restart_request()
+            || interrupted.load(std::sync::atomic::Ordering::Relaxed)
+        {
             break outcome;
         }
         if let Some(addr) = *listening.lock().unwrap_or_else(|e| e.into_inner()) {

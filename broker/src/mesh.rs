@@ -116,6 +116,10 @@ pub enum StorageRequest {
         name: &'static str,
         reply: Reply<(Option<Vec<u8>>, u64)>,
     },
+    /// Controller mode: this shard's log end and each slave's acknowledgement and liveness.
+    ReplicaSyncView {
+        reply: Reply<crate::replication::SyncView>,
+    },
     /// A slave joins: where the bytes it shares with this master end.
     ReplicaJoin {
         broker_id: i64,
@@ -171,6 +175,10 @@ pub enum StorageRequest {
     /// On-demand figures for a metrics scrape.
     MetricsSnapshot {
         reply: Reply<crate::metrics::StorageSnapshot>,
+    },
+    /// Every (topic, queue id) this shard's store holds a ConsumeQueue for.
+    StoredQueues {
+        reply: Reply<Vec<(String, u32)>>,
     },
     /// Half messages and their resolution (shard 0 only; `transaction.rs`).
     Transaction(crate::transaction::TransactionRequest),

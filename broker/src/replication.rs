@@ -15,7 +15,7 @@
 //! in `network::handlers`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -58,6 +58,21 @@ const MAX_MARKS: usize = 4096;
 /// and this broker's own client address: shared by the network and storage executors.
 static LEARNED_MASTER: Mutex<Option<SocketAddr>> = Mutex::new(None);
 static OWN_ADDRESS: Mutex<Option<SocketAddr>> = Mutex::new(None);
+
+/// Controller mode: the broker ids a sync master's sends wait for (its SyncStateSet, without
+/// itself, plus slaves it is adding); `None` outside controller mode (then any one slave).
+static SYNC_WAIT_SET: Mutex<Option<BTreeSet<i64>>> = Mutex::new(None);
+
+pub fn set_sync_wait_set(set: Option<BTreeSet<i64>>) {
+    *SYNC_WAIT_SET.lock().unwrap_or_else(|e| e.into_inner()) = set;
+}
+
+pub fn sync_wait_set() -> Option<BTreeSet<i64>> {
+    SYNC_WAIT_SET
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
 
 /// Records the master HA address a name server named (slave registration).
 pub fn learn_master(address: SocketAddr) {
@@ -179,13 +194,33 @@ impl MasterSide {
     }
 
     /// Sync master: waits until a slave acknowledges every byte below `end`, up to `timeout`.
+    /// In controller mode, every member of the SyncStateSet (but the master) must; with none
+    /// but the master, the send completes at once.
     pub async fn wait_replicated(&self, end: u64, timeout: Duration) -> AppendStatus {
-        if self.best_acknowledged().is_none() {
+        let required = sync_wait_set();
+        if required.is_none() && self.best_acknowledged().is_none() {
             return AppendStatus::SlaveNotAvailable;
         }
+        let is_done = || match &required {
+            None => self.best_acknowledged().unwrap_or(0) >= end,
+            Some(_) => {
+                // Read again: the controller loop changes the set as slaves join and leave.
+                let required = sync_wait_set().unwrap_or_default();
+                let slaves = self.slaves.borrow();
+                required.iter().all(|id| {
+                    slaves
+                        .get(id)
+                        .is_some_and(|s| s.acknowledged >= end && s.seen.elapsed() < SLAVE_SILENCE)
+                })
+            }
+        };
         let wait = async {
-            while self.best_acknowledged().unwrap_or(0) < end {
-                self.progress.notified().await;
+            while !is_done() {
+                futures_lite::future::or(
+                    self.progress.notified(),
+                    glommio::timer::sleep(Duration::from_millis(50)),
+                )
+                .await;
             }
         };
         let acknowledged = futures_lite::future::or(
@@ -204,6 +239,19 @@ impl MasterSide {
         } else {
             AppendStatus::FlushSlaveTimeout
         }
+    }
+
+    /// Controller mode: each slave's acknowledgement on this shard and whether it asked within
+    /// [`SLAVE_SILENCE`], with this log's end.
+    pub fn sync_view(&self, log_end: u64) -> SyncView {
+        let slaves = self.slaves.borrow();
+        (
+            log_end,
+            slaves
+                .iter()
+                .map(|(id, s)| (*id, s.acknowledged, s.seen.elapsed() < SLAVE_SILENCE))
+                .collect(),
+        )
     }
 
     /// Notes that the log reached `end` now (one mark per [`MARK_EVERY`]).
@@ -277,6 +325,10 @@ impl MasterSide {
         }
     }
 }
+
+/// A storage shard's log end and, per slave, its id, acknowledgement and whether it asked
+/// within [`SLAVE_SILENCE`].
+pub type SyncView = (u64, Vec<(i64, u64, bool)>);
 
 /// The master's answer to a join (see `ReplicaJoinResponse`).
 #[derive(Debug, Clone)]

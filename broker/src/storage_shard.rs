@@ -136,7 +136,7 @@ pub async fn run(
         if config.role() == crate::config::BrokerRole::Slave {
             epochs.truncate(end);
         } else {
-            let term = epochs.begin_term(end, 0);
+            let term = epochs.begin_term(end, config.controller_epoch);
             info!(
                 shard = id,
                 epoch = term.epoch,
@@ -579,6 +579,18 @@ impl StorageShard {
                     .spawn_blocking(move || std::fs::read(path).ok())
                     .await;
                 let _ = reply.send((read, end));
+            }
+            StorageRequest::StoredQueues { reply } => {
+                let queues = self
+                    .store
+                    .queues()
+                    .into_iter()
+                    .map(|(topic, queue_id, _, _)| (topic, queue_id))
+                    .collect();
+                let _ = reply.send(queues);
+            }
+            StorageRequest::ReplicaSyncView { reply } => {
+                let _ = reply.send(self.master.sync_view(self.store.commitlog_offsets().1));
             }
             StorageRequest::ReplicaJoin {
                 broker_id,

@@ -423,3 +423,115 @@ mod tests {
         );
     }
 }
+
+/// One broker group as a controller has it (docs/replication.md, "Automatic failover").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControllerGroup {
+    pub cluster_name: String,
+    pub broker_name: String,
+    /// 0 while none is elected.
+    pub master_id: i64,
+    pub master_address: String,
+    pub master_ha_address: String,
+    pub epoch: u64,
+    pub sync_state_set: Vec<i64>,
+    /// Every registered broker id and its client address.
+    pub replicas: Vec<(i64, String)>,
+    /// Ids heard from within the broker timeout (the leader's view; empty on a follower).
+    pub alive: Vec<i64>,
+}
+
+/// What one controller answers to `controller status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControllerStatus {
+    pub address: String,
+    pub node_id: u64,
+    /// 0: no leader known.
+    pub leader_id: u64,
+    /// `id=address` of every voter.
+    pub members: Vec<String>,
+    pub term: u64,
+    pub last_applied: u64,
+    pub groups: Vec<ControllerGroup>,
+}
+
+impl ControllerGroup {
+    fn from_wire(g: &wire::ControllerGroup<'_>) -> ControllerGroup {
+        let text = |s: Option<&str>| s.unwrap_or_default().to_owned();
+        ControllerGroup {
+            cluster_name: text(g.cluster_name()),
+            broker_name: text(g.broker_name()),
+            master_id: g.master_id(),
+            master_address: text(g.master_address()),
+            master_ha_address: text(g.master_ha_address()),
+            epoch: g.epoch(),
+            sync_state_set: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+            replicas: g
+                .replica_ids()
+                .iter()
+                .flat_map(|v| v.iter())
+                .zip(
+                    g.replica_addresses()
+                        .iter()
+                        .flat_map(|v| v.iter())
+                        .map(str::to_owned),
+                )
+                .collect(),
+            alive: g.alive().iter().flat_map(|v| v.iter()).collect(),
+        }
+    }
+}
+
+impl ConnectionPool {
+    pub(crate) async fn controller_status(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<ControllerStatus> {
+        let frame = self
+            .request(address, "controller status", timeout, |builder| {
+                let request = wire::ControllerStatusRequest::create(
+                    builder,
+                    &wire::ControllerStatusRequestArgs {},
+                );
+                (
+                    wire::Body::ControllerStatusRequest,
+                    request.as_union_value(),
+                )
+            })
+            .await?;
+        let frame = require_ok(address, frame)?;
+        let r = frame
+            .frame()
+            .body_as_controller_status_response()
+            .ok_or_else(|| missing_body(address, "ControllerStatusResponse"))?;
+        Ok(ControllerStatus {
+            address: address.to_owned(),
+            node_id: r.node_id(),
+            leader_id: r.leader_id(),
+            members: r
+                .members()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(str::to_owned)
+                .collect(),
+            term: r.term(),
+            last_applied: r.last_applied(),
+            groups: r
+                .groups()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|g| ControllerGroup::from_wire(&g))
+                .collect(),
+        })
+    }
+}
+
+impl Admin {
+    /// The status of the controller at `address` (any member answers with its view).
+    pub async fn controller_status(&self, address: &str) -> Result<ControllerStatus> {
+        crate::instance::check_address(address)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.pool().controller_status(address, self.timeout()).await
+    }
+}

@@ -63,7 +63,8 @@ pub use admin::{
     MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
-    BrokerStatus, GroupSummary, OffsetReset, ReplicationShardStatus, ResetTarget,
+    BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
+    ReplicationShardStatus, ResetTarget,
 };
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};

@@ -663,10 +663,9 @@ impl ProducerInner {
                 }
                 Err(error) if error.is_retriable() => {
                     warn!(%topic, %address, attempt = attempts, %error, "send failed; retrying");
-                    if !matches!(error, Error::Timeout { .. }) {
-                        // The broker may be gone or refusing writes: look again where the topic lives.
-                        let _ = self.instance.namesrv.fetch_route(topic).await;
-                    }
+                    // The broker may be gone, paused or refusing writes (a master replaced by
+                    // failover): look again where the topic lives.
+                    let _ = self.instance.namesrv.fetch_route(topic).await;
                     // Broker names to avoid with a route; addresses without one.
                     failed_broker = Some(queue.map_or(address, |queue| queue.broker_name));
                     last_error = Some(error);

@@ -13,6 +13,7 @@
 //!
 //! The wire format is `docs/protocol.md` ("Name server"); the schema is `schema/fbs/namesrv.fbs`.
 
+pub mod controller;
 pub mod handler;
 pub mod metrics;
 pub mod registry;

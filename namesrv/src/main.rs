@@ -49,6 +49,38 @@ struct Cli {
     /// unless given.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+
+    /// Also run a controller (docs/replication.md, "Automatic failover"): one Raft member
+    /// that keeps each broker group's master, epoch and in-sync replicas, and elects a new
+    /// master when the master dies.
+    #[arg(long)]
+    controller: bool,
+
+    /// The controller's address (brokers, `shardmq controller`, other controllers).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9878")]
+    controller_listen: String,
+
+    /// Every controller of the group, this one included: `1=host:port,2=host:port,3=host:port`.
+    #[arg(long, value_name = "PEERS")]
+    controller_peers: Option<String>,
+
+    /// This controller's id among --controller-peers.
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    controller_id: u64,
+
+    /// Where the controller keeps its Raft log and snapshots. [default: data/controller-ID]
+    #[arg(long, value_name = "DIR")]
+    controller_data_dir: Option<std::path::PathBuf>,
+
+    /// A broker that has not heartbeated the controller for this many ms is dead; a dead
+    /// master is replaced from its in-sync replicas.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 3_000,
+        value_parser = clap::value_parser!(u64).range(100..)
+    )]
+    controller_broker_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,11 +101,39 @@ fn main() -> anyhow::Result<()> {
         metrics_listen: cli.metrics_listen,
         ..ServerConfig::default()
     };
+    let controller = if cli.controller {
+        let peers = match &cli.controller_peers {
+            Some(text) => shardmq_namesrv::controller::ControllerConfig::parse_peers(text)
+                .map_err(anyhow::Error::msg)?,
+            None => [(cli.controller_id, cli.controller_listen.clone())].into(),
+        };
+        let config = shardmq_namesrv::controller::ControllerConfig {
+            id: cli.controller_id,
+            listen: cli.controller_listen.clone(),
+            peers,
+            data_dir: cli.controller_data_dir.clone().unwrap_or_else(|| {
+                std::path::PathBuf::from(format!("data/controller-{}", cli.controller_id))
+            }),
+            broker_timeout: Duration::from_millis(cli.controller_broker_timeout_ms),
+        };
+        config.validate().map_err(anyhow::Error::msg)?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let thread = shardmq_namesrv::controller::spawn(config, stopped)
+            .context("cannot start the controller")?;
+        Some((stop, thread))
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    runtime.block_on(serve(config))
+    let outcome = runtime.block_on(serve(config));
+    if let Some((stop, thread)) = controller {
+        let _ = stop.send(true);
+        let _ = thread.join();
+    }
+    outcome
 }
 
 async fn serve(config: ServerConfig) -> anyhow::Result<()> {
@@ -120,7 +180,8 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

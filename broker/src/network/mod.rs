@@ -17,7 +17,7 @@ pub mod queue_locks;
 pub mod transaction;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -274,6 +274,186 @@ impl NetworkShard {
                 }
             }
             glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
+        }
+    }
+
+    /// A master gives every user topic its store holds messages of, and its topic table lacks,
+    /// a config with the queues found: a slave made master may not have copied a topic created
+    /// just before its master died (topics are copied every 2 s), yet holds its messages.
+    async fn restore_topics_from_store(&self) {
+        let mut found: BTreeMap<String, u32> = BTreeMap::new();
+        for storage in 0..self.storage_shards() {
+            let Ok(queues) = self
+                .ask(storage, |reply| StorageRequest::StoredQueues { reply })
+                .await
+            else {
+                continue;
+            };
+            for (topic, queue_id) in queues {
+                let queues = found.entry(topic).or_default();
+                *queues = (*queues).max(queue_id + 1);
+            }
+        }
+        let known = self.topics();
+        for (topic, queues) in found {
+            if crate::naming::is_system_topic(&topic) || known.topics.contains_key(&topic) {
+                continue;
+            }
+            warn!(%topic, queues, "a topic with stored messages has no config here: restoring it with the queues found");
+            let config = crate::topics::TopicConfig::new(&topic, queues);
+            let _ = self
+                .ask(0, |reply| StorageRequest::UpsertTopic {
+                    config,
+                    is_create_only: true,
+                    reply,
+                })
+                .await;
+        }
+    }
+
+    /// Controller mode (controller_client.rs): heartbeats the controller every
+    /// `controller_heartbeat_ms`; as master, reports the slaves in sync and keeps the set its
+    /// sends wait for; restarts the broker when the controller names another master or epoch.
+    async fn controller_loop(self: Rc<Self>) {
+        use crate::controller_client::{decode_answer, encode_heartbeat, Beat};
+        let config = self.config.clone();
+        let self_id = config.controller_self_id;
+        let is_master = config.role() != crate::config::BrokerRole::Slave;
+        let interval = Duration::from_millis(config.controller_heartbeat_ms.max(50));
+        let client_id = format!("{}-{}-controller", config.broker_name, self_id);
+        let mut link: Option<crate::replication::MasterLink> = None;
+        let mut next = 0usize;
+        let mut said_unreachable = false;
+        while !self.stopping.load(Ordering::Relaxed) {
+            let mut in_sync = std::collections::BTreeSet::new();
+            if is_master {
+                // A slave is in sync on every shard: known and alive, and within the lag bound
+                // if already in the set, or holding everything if it is joining.
+                let current = crate::replication::sync_wait_set().unwrap_or_default();
+                let mut candidates: Option<std::collections::BTreeSet<i64>> = None;
+                for storage in 0..self.storage_shards() {
+                    let Ok((end, slaves)) = self
+                        .ask(storage, |reply| StorageRequest::ReplicaSyncView { reply })
+                        .await
+                    else {
+                        candidates = Some(Default::default());
+                        break;
+                    };
+                    let here: std::collections::BTreeSet<i64> = slaves
+                        .into_iter()
+                        .filter(|(id, acknowledged, alive)| {
+                            *alive
+                                && if current.contains(id) {
+                                    end.saturating_sub(*acknowledged)
+                                        <= config.in_sync_max_lag_bytes
+                                } else {
+                                    *acknowledged >= end
+                                }
+                        })
+                        .map(|(id, _, _)| id)
+                        .collect();
+                    candidates = Some(match candidates {
+                        None => here,
+                        Some(so_far) => so_far.intersection(&here).copied().collect(),
+                    });
+                }
+                in_sync = candidates.unwrap_or_default();
+                // Joining slaves are waited for from now on, before the controller agrees:
+                // a send acknowledged meanwhile is then on them too.
+                let mut wait_for: std::collections::BTreeSet<i64> =
+                    current.union(&in_sync).copied().collect();
+                wait_for.remove(&self_id);
+                crate::replication::set_sync_wait_set(Some(wait_for));
+            }
+            let beat = Beat {
+                address: self.store_host.get().to_string(),
+                ha_address: self
+                    .ha_host
+                    .get()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                epoch: config.controller_epoch,
+                in_sync,
+                is_master,
+            };
+            let mut answer = None;
+            for _ in 0..config.controller.len() {
+                if link.is_none() {
+                    let address = &config.controller[next % config.controller.len()];
+                    link = match address.parse() {
+                        Ok(addr) => crate::replication::MasterLink::connect(addr, &client_id)
+                            .await
+                            .ok(),
+                        Err(_) => None,
+                    };
+                }
+                if let Some(connected) = link.as_mut() {
+                    let sent = futures_lite::future::or(
+                        async {
+                            Some(
+                                connected
+                                    .request(|b, header| {
+                                        encode_heartbeat(b, &header, &config, &beat)
+                                    })
+                                    .await,
+                            )
+                        },
+                        async {
+                            glommio::timer::sleep(Duration::from_secs(3)).await;
+                            None
+                        },
+                    )
+                    .await;
+                    match sent.map(|r| r.map_err(|e| e.to_string()).and_then(|f| decode_answer(&f)))
+                    {
+                        Some(Ok(group)) => {
+                            answer = Some(group);
+                            break;
+                        }
+                        Some(Err(error)) => {
+                            tracing::debug!(%error, "controller heartbeat failed; trying the next");
+                        }
+                        None => tracing::debug!("controller heartbeat timed out; trying the next"),
+                    }
+                }
+                link = None;
+                next += 1;
+            }
+            match answer {
+                None => {
+                    // A lost majority stops elections, not this broker: it keeps its role.
+                    if !said_unreachable {
+                        warn!("no controller answers; keeping the current role");
+                        said_unreachable = true;
+                    }
+                }
+                Some(group) => {
+                    said_unreachable = false;
+                    let still = if is_master {
+                        group.master_id == self_id && group.epoch == config.controller_epoch
+                    } else {
+                        group.master_id != self_id
+                            && group.epoch == config.controller_epoch
+                            && group.master_ha_address == config.ha_master
+                    };
+                    if !still {
+                        info!(
+                            master = group.master_id,
+                            epoch = group.epoch,
+                            our_epoch = config.controller_epoch,
+                            "the controller changed this group's master: restarting in the new role"
+                        );
+                        crate::runtime::request_restart();
+                        return;
+                    }
+                    if is_master {
+                        let mut wait_for = group.sync_state_set.clone();
+                        wait_for.remove(&self_id);
+                        crate::replication::set_sync_wait_set(Some(wait_for));
+                    }
+                }
+            }
+            glommio::timer::sleep(interval).await;
         }
     }
 
@@ -618,6 +798,11 @@ pub async fn run(
         }
         _ => None,
     };
+    if id == 0 && config.role() != crate::config::BrokerRole::Slave {
+        shard.restore_topics_from_store().await;
+    }
+    let controller_task = (id == 0 && config.controller_self_id > 0)
+        .then(|| glommio::spawn_local(shard.clone().controller_loop()).detach());
     let topic_sync_task = (id == 0 && config.role() == crate::config::BrokerRole::Slave)
         .then(|| glommio::spawn_local(shard.clone().copy_master_metadata_loop()).detach());
     let registration = (id == 0 && !config.namesrv.is_empty())
@@ -655,6 +840,9 @@ pub async fn run(
         task.await;
     }
     if let Some(task) = topic_sync_task {
+        task.cancel();
+    }
+    if let Some(task) = controller_task {
         task.cancel();
     }
     shard.close_storage_channels();

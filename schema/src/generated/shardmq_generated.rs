@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 54;
+pub const ENUM_MAX_BODY: u8 = 60;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 55] = [
+pub const ENUM_VALUES_BODY: [Body; 61] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -652,6 +652,12 @@ pub const ENUM_VALUES_BODY: [Body; 55] = [
   Body::ReplicaJoinResponse,
   Body::ReplicaFileRequest,
   Body::ReplicaFileResponse,
+  Body::ControllerRaftRequest,
+  Body::ControllerRaftResponse,
+  Body::ControllerHeartbeatRequest,
+  Body::ControllerHeartbeatResponse,
+  Body::ControllerStatusRequest,
+  Body::ControllerStatusResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -717,9 +723,15 @@ impl Body {
   pub const ReplicaJoinResponse: Self = Self(52);
   pub const ReplicaFileRequest: Self = Self(53);
   pub const ReplicaFileResponse: Self = Self(54);
+  pub const ControllerRaftRequest: Self = Self(55);
+  pub const ControllerRaftResponse: Self = Self(56);
+  pub const ControllerHeartbeatRequest: Self = Self(57);
+  pub const ControllerHeartbeatResponse: Self = Self(58);
+  pub const ControllerStatusRequest: Self = Self(59);
+  pub const ControllerStatusResponse: Self = Self(60);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 54;
+  pub const ENUM_MAX: u8 = 60;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -776,6 +788,12 @@ impl Body {
     Self::ReplicaJoinResponse,
     Self::ReplicaFileRequest,
     Self::ReplicaFileResponse,
+    Self::ControllerRaftRequest,
+    Self::ControllerRaftResponse,
+    Self::ControllerHeartbeatRequest,
+    Self::ControllerHeartbeatResponse,
+    Self::ControllerStatusRequest,
+    Self::ControllerStatusResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -835,6 +853,12 @@ impl Body {
       Self::ReplicaJoinResponse => Some("ReplicaJoinResponse"),
       Self::ReplicaFileRequest => Some("ReplicaFileRequest"),
       Self::ReplicaFileResponse => Some("ReplicaFileResponse"),
+      Self::ControllerRaftRequest => Some("ControllerRaftRequest"),
+      Self::ControllerRaftResponse => Some("ControllerRaftResponse"),
+      Self::ControllerHeartbeatRequest => Some("ControllerHeartbeatRequest"),
+      Self::ControllerHeartbeatResponse => Some("ControllerHeartbeatResponse"),
+      Self::ControllerStatusRequest => Some("ControllerStatusRequest"),
+      Self::ControllerStatusResponse => Some("ControllerStatusResponse"),
       _ => None,
     }
   }
@@ -950,6 +974,12 @@ pub enum BodyT {
   ReplicaJoinResponse(alloc::boxed::Box<ReplicaJoinResponseT>),
   ReplicaFileRequest(alloc::boxed::Box<ReplicaFileRequestT>),
   ReplicaFileResponse(alloc::boxed::Box<ReplicaFileResponseT>),
+  ControllerRaftRequest(alloc::boxed::Box<ControllerRaftRequestT>),
+  ControllerRaftResponse(alloc::boxed::Box<ControllerRaftResponseT>),
+  ControllerHeartbeatRequest(alloc::boxed::Box<ControllerHeartbeatRequestT>),
+  ControllerHeartbeatResponse(alloc::boxed::Box<ControllerHeartbeatResponseT>),
+  ControllerStatusRequest(alloc::boxed::Box<ControllerStatusRequestT>),
+  ControllerStatusResponse(alloc::boxed::Box<ControllerStatusResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1014,6 +1044,12 @@ impl BodyT {
       Self::ReplicaJoinResponse(_) => Body::ReplicaJoinResponse,
       Self::ReplicaFileRequest(_) => Body::ReplicaFileRequest,
       Self::ReplicaFileResponse(_) => Body::ReplicaFileResponse,
+      Self::ControllerRaftRequest(_) => Body::ControllerRaftRequest,
+      Self::ControllerRaftResponse(_) => Body::ControllerRaftResponse,
+      Self::ControllerHeartbeatRequest(_) => Body::ControllerHeartbeatRequest,
+      Self::ControllerHeartbeatResponse(_) => Body::ControllerHeartbeatResponse,
+      Self::ControllerStatusRequest(_) => Body::ControllerStatusRequest,
+      Self::ControllerStatusResponse(_) => Body::ControllerStatusResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1073,6 +1109,12 @@ impl BodyT {
       Self::ReplicaJoinResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaFileRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaFileResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerRaftRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerRaftResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerHeartbeatRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerHeartbeatResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerStatusRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerStatusResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2208,6 +2250,132 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ReplicaFileResponseT.
   pub fn as_replica_file_response_mut(&mut self) -> Option<&mut ReplicaFileResponseT> {
     if let Self::ReplicaFileResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerRaftRequestT, setting the union to NONE.
+  pub fn take_controller_raft_request(&mut self) -> Option<alloc::boxed::Box<ControllerRaftRequestT>> {
+    if let Self::ControllerRaftRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerRaftRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerRaftRequestT.
+  pub fn as_controller_raft_request(&self) -> Option<&ControllerRaftRequestT> {
+    if let Self::ControllerRaftRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerRaftRequestT.
+  pub fn as_controller_raft_request_mut(&mut self) -> Option<&mut ControllerRaftRequestT> {
+    if let Self::ControllerRaftRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerRaftResponseT, setting the union to NONE.
+  pub fn take_controller_raft_response(&mut self) -> Option<alloc::boxed::Box<ControllerRaftResponseT>> {
+    if let Self::ControllerRaftResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerRaftResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerRaftResponseT.
+  pub fn as_controller_raft_response(&self) -> Option<&ControllerRaftResponseT> {
+    if let Self::ControllerRaftResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerRaftResponseT.
+  pub fn as_controller_raft_response_mut(&mut self) -> Option<&mut ControllerRaftResponseT> {
+    if let Self::ControllerRaftResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerHeartbeatRequestT, setting the union to NONE.
+  pub fn take_controller_heartbeat_request(&mut self) -> Option<alloc::boxed::Box<ControllerHeartbeatRequestT>> {
+    if let Self::ControllerHeartbeatRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerHeartbeatRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerHeartbeatRequestT.
+  pub fn as_controller_heartbeat_request(&self) -> Option<&ControllerHeartbeatRequestT> {
+    if let Self::ControllerHeartbeatRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerHeartbeatRequestT.
+  pub fn as_controller_heartbeat_request_mut(&mut self) -> Option<&mut ControllerHeartbeatRequestT> {
+    if let Self::ControllerHeartbeatRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerHeartbeatResponseT, setting the union to NONE.
+  pub fn take_controller_heartbeat_response(&mut self) -> Option<alloc::boxed::Box<ControllerHeartbeatResponseT>> {
+    if let Self::ControllerHeartbeatResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerHeartbeatResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerHeartbeatResponseT.
+  pub fn as_controller_heartbeat_response(&self) -> Option<&ControllerHeartbeatResponseT> {
+    if let Self::ControllerHeartbeatResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerHeartbeatResponseT.
+  pub fn as_controller_heartbeat_response_mut(&mut self) -> Option<&mut ControllerHeartbeatResponseT> {
+    if let Self::ControllerHeartbeatResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerStatusRequestT, setting the union to NONE.
+  pub fn take_controller_status_request(&mut self) -> Option<alloc::boxed::Box<ControllerStatusRequestT>> {
+    if let Self::ControllerStatusRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerStatusRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerStatusRequestT.
+  pub fn as_controller_status_request(&self) -> Option<&ControllerStatusRequestT> {
+    if let Self::ControllerStatusRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerStatusRequestT.
+  pub fn as_controller_status_request_mut(&mut self) -> Option<&mut ControllerStatusRequestT> {
+    if let Self::ControllerStatusRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerStatusResponseT, setting the union to NONE.
+  pub fn take_controller_status_response(&mut self) -> Option<alloc::boxed::Box<ControllerStatusResponseT>> {
+    if let Self::ControllerStatusResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerStatusResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerStatusResponseT.
+  pub fn as_controller_status_response(&self) -> Option<&ControllerStatusResponseT> {
+    if let Self::ControllerStatusResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerStatusResponseT.
+  pub fn as_controller_status_response_mut(&mut self) -> Option<&mut ControllerStatusResponseT> {
+    if let Self::ControllerStatusResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 /// One master term: its number and the CommitLog offset of its first byte.
@@ -15567,6 +15735,1457 @@ impl ReplicaFileResponseT {
     })
   }
 }
+pub enum ControllerRaftRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Controller to controller: one openraft RPC. `rpc` is `append`, `vote` or `snapshot`;
+/// `payload` is the openraft request as JSON (serde); the answer's `payload` is the openraft
+/// response (or error) as JSON.
+pub struct ControllerRaftRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerRaftRequest<'a> {
+  type Inner = ControllerRaftRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerRaftRequest<'a> {
+  pub const VT_RPC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PAYLOAD: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerRaftRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerRaftRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerRaftRequest<'bldr>> {
+    let mut builder = ControllerRaftRequestBuilder::new(_fbb);
+    if let Some(x) = args.payload { builder.add_payload(x); }
+    if let Some(x) = args.rpc { builder.add_rpc(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerRaftRequestT {
+    let rpc = self.rpc().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let payload = self.payload().map(|x| {
+      x.into_iter().collect()
+    });
+    ControllerRaftRequestT {
+      rpc,
+      payload,
+    }
+  }
+
+  #[inline]
+  pub fn rpc(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerRaftRequest::VT_RPC, None)}
+  }
+  #[inline]
+  pub fn payload(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ControllerRaftRequest::VT_PAYLOAD, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerRaftRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("rpc", Self::VT_RPC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("payload", Self::VT_PAYLOAD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerRaftRequestArgs<'a> {
+    pub rpc: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub payload: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ControllerRaftRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerRaftRequestArgs {
+      rpc: None,
+      payload: None,
+    }
+  }
+}
+
+pub struct ControllerRaftRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerRaftRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_rpc(&mut self, rpc: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerRaftRequest::VT_RPC, rpc);
+  }
+  #[inline]
+  pub fn add_payload(&mut self, payload: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerRaftRequest::VT_PAYLOAD, payload);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerRaftRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerRaftRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerRaftRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerRaftRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerRaftRequest");
+      ds.field("rpc", &self.rpc());
+      ds.field("payload", &self.payload());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerRaftRequestT {
+  pub rpc: Option<alloc::string::String>,
+  pub payload: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for ControllerRaftRequestT {
+  fn default() -> Self {
+    Self {
+      rpc: None,
+      payload: None,
+    }
+  }
+}
+impl ControllerRaftRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerRaftRequest<'b>> {
+    let rpc = self.rpc.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let payload = self.payload.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    ControllerRaftRequest::create(_fbb, &ControllerRaftRequestArgs{
+      rpc,
+      payload,
+    })
+  }
+}
+pub enum ControllerRaftResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ControllerRaftResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerRaftResponse<'a> {
+  type Inner = ControllerRaftResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerRaftResponse<'a> {
+  pub const VT_PAYLOAD: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerRaftResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerRaftResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerRaftResponse<'bldr>> {
+    let mut builder = ControllerRaftResponseBuilder::new(_fbb);
+    if let Some(x) = args.payload { builder.add_payload(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerRaftResponseT {
+    let payload = self.payload().map(|x| {
+      x.into_iter().collect()
+    });
+    ControllerRaftResponseT {
+      payload,
+    }
+  }
+
+  #[inline]
+  pub fn payload(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ControllerRaftResponse::VT_PAYLOAD, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerRaftResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("payload", Self::VT_PAYLOAD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerRaftResponseArgs<'a> {
+    pub payload: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ControllerRaftResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerRaftResponseArgs {
+      payload: None,
+    }
+  }
+}
+
+pub struct ControllerRaftResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerRaftResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_payload(&mut self, payload: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerRaftResponse::VT_PAYLOAD, payload);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerRaftResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerRaftResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerRaftResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerRaftResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerRaftResponse");
+      ds.field("payload", &self.payload());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerRaftResponseT {
+  pub payload: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for ControllerRaftResponseT {
+  fn default() -> Self {
+    Self {
+      payload: None,
+    }
+  }
+}
+impl ControllerRaftResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerRaftResponse<'b>> {
+    let payload = self.payload.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    ControllerRaftResponse::create(_fbb, &ControllerRaftResponseArgs{
+      payload,
+    })
+  }
+}
+pub enum ControllerHeartbeatRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Broker to controller, every `controller_heartbeat_ms` (and at start): liveness, and from a
+/// master the slaves it finds in sync. Any controller answers: a follower forwards to the leader.
+pub struct ControllerHeartbeatRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerHeartbeatRequest<'a> {
+  type Inner = ControllerHeartbeatRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerHeartbeatRequest<'a> {
+  pub const VT_CLUSTER_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_ADDRESS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_HA_ADDRESS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 14;
+  pub const VT_IN_SYNC: ::flatbuffers::VOffsetT = 16;
+  pub const VT_IS_MASTER: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerHeartbeatRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerHeartbeatRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatRequest<'bldr>> {
+    let mut builder = ControllerHeartbeatRequestBuilder::new(_fbb);
+    builder.add_epoch(args.epoch);
+    builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.in_sync { builder.add_in_sync(x); }
+    if let Some(x) = args.ha_address { builder.add_ha_address(x); }
+    if let Some(x) = args.address { builder.add_address(x); }
+    if let Some(x) = args.broker_name { builder.add_broker_name(x); }
+    if let Some(x) = args.cluster_name { builder.add_cluster_name(x); }
+    builder.add_is_master(args.is_master);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerHeartbeatRequestT {
+    let cluster_name = self.cluster_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_name = self.broker_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_id = self.broker_id();
+    let address = self.address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let ha_address = self.ha_address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let epoch = self.epoch();
+    let in_sync = self.in_sync().map(|x| {
+      x.into_iter().collect()
+    });
+    let is_master = self.is_master();
+    ControllerHeartbeatRequestT {
+      cluster_name,
+      broker_name,
+      broker_id,
+      address,
+      ha_address,
+      epoch,
+      in_sync,
+      is_master,
+    }
+  }
+
+  #[inline]
+  pub fn cluster_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerHeartbeatRequest::VT_CLUSTER_NAME, None)}
+  }
+  #[inline]
+  pub fn broker_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerHeartbeatRequest::VT_BROKER_NAME, None)}
+  }
+  /// The broker's own id (> 0) in controller mode; stable across roles.
+  #[inline]
+  pub fn broker_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ControllerHeartbeatRequest::VT_BROKER_ID, Some(0)).unwrap()}
+  }
+  /// Client address and HA address.
+  #[inline]
+  pub fn address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerHeartbeatRequest::VT_ADDRESS, None)}
+  }
+  #[inline]
+  pub fn ha_address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerHeartbeatRequest::VT_HA_ADDRESS, None)}
+  }
+  /// The epoch the broker runs under (0 before it has one).
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerHeartbeatRequest::VT_EPOCH, Some(0)).unwrap()}
+  }
+  /// A master only: its slaves that are caught up (ids); the controller makes this the
+  /// group's SyncStateSet (with the master) when `epoch` is current.
+  #[inline]
+  pub fn in_sync(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerHeartbeatRequest::VT_IN_SYNC, None)}
+  }
+  #[inline]
+  pub fn is_master(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ControllerHeartbeatRequest::VT_IS_MASTER, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_name", Self::VT_CLUSTER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("broker_name", Self::VT_BROKER_NAME, false)?
+     .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("address", Self::VT_ADDRESS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("ha_address", Self::VT_HA_ADDRESS, false)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("in_sync", Self::VT_IN_SYNC, false)?
+     .visit_field::<bool>("is_master", Self::VT_IS_MASTER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerHeartbeatRequestArgs<'a> {
+    pub cluster_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_id: i64,
+    pub address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub ha_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub epoch: u64,
+    pub in_sync: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+    pub is_master: bool,
+}
+impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerHeartbeatRequestArgs {
+      cluster_name: None,
+      broker_name: None,
+      broker_id: 0,
+      address: None,
+      ha_address: None,
+      epoch: 0,
+      in_sync: None,
+      is_master: false,
+    }
+  }
+}
+
+pub struct ControllerHeartbeatRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerHeartbeatRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cluster_name(&mut self, cluster_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_CLUSTER_NAME, cluster_name);
+  }
+  #[inline]
+  pub fn add_broker_name(&mut self, broker_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_BROKER_NAME, broker_name);
+  }
+  #[inline]
+  pub fn add_broker_id(&mut self, broker_id: i64) {
+    self.fbb_.push_slot::<i64>(ControllerHeartbeatRequest::VT_BROKER_ID, broker_id, 0);
+  }
+  #[inline]
+  pub fn add_address(&mut self, address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_ADDRESS, address);
+  }
+  #[inline]
+  pub fn add_ha_address(&mut self, ha_address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_HA_ADDRESS, ha_address);
+  }
+  #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ControllerHeartbeatRequest::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
+  pub fn add_in_sync(&mut self, in_sync: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_IN_SYNC, in_sync);
+  }
+  #[inline]
+  pub fn add_is_master(&mut self, is_master: bool) {
+    self.fbb_.push_slot::<bool>(ControllerHeartbeatRequest::VT_IS_MASTER, is_master, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerHeartbeatRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerHeartbeatRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerHeartbeatRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerHeartbeatRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerHeartbeatRequest");
+      ds.field("cluster_name", &self.cluster_name());
+      ds.field("broker_name", &self.broker_name());
+      ds.field("broker_id", &self.broker_id());
+      ds.field("address", &self.address());
+      ds.field("ha_address", &self.ha_address());
+      ds.field("epoch", &self.epoch());
+      ds.field("in_sync", &self.in_sync());
+      ds.field("is_master", &self.is_master());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerHeartbeatRequestT {
+  pub cluster_name: Option<alloc::string::String>,
+  pub broker_name: Option<alloc::string::String>,
+  pub broker_id: i64,
+  pub address: Option<alloc::string::String>,
+  pub ha_address: Option<alloc::string::String>,
+  pub epoch: u64,
+  pub in_sync: Option<alloc::vec::Vec<i64>>,
+  pub is_master: bool,
+}
+impl Default for ControllerHeartbeatRequestT {
+  fn default() -> Self {
+    Self {
+      cluster_name: None,
+      broker_name: None,
+      broker_id: 0,
+      address: None,
+      ha_address: None,
+      epoch: 0,
+      in_sync: None,
+      is_master: false,
+    }
+  }
+}
+impl ControllerHeartbeatRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatRequest<'b>> {
+    let cluster_name = self.cluster_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_name = self.broker_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_id = self.broker_id;
+    let address = self.address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let ha_address = self.ha_address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let epoch = self.epoch;
+    let in_sync = self.in_sync.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let is_master = self.is_master;
+    ControllerHeartbeatRequest::create(_fbb, &ControllerHeartbeatRequestArgs{
+      cluster_name,
+      broker_name,
+      broker_id,
+      address,
+      ha_address,
+      epoch,
+      in_sync,
+      is_master,
+    })
+  }
+}
+pub enum ControllerGroupOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The group as the controller's committed state has it.
+pub struct ControllerGroup<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerGroup<'a> {
+  type Inner = ControllerGroup<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerGroup<'a> {
+  pub const VT_CLUSTER_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MASTER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_MASTER_ADDRESS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_MASTER_HA_ADDRESS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_EPOCH: ::flatbuffers::VOffsetT = 14;
+  pub const VT_SYNC_STATE_SET: ::flatbuffers::VOffsetT = 16;
+  pub const VT_REPLICA_IDS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_REPLICA_ADDRESSES: ::flatbuffers::VOffsetT = 20;
+  pub const VT_ALIVE: ::flatbuffers::VOffsetT = 22;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerGroup { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerGroupArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerGroup<'bldr>> {
+    let mut builder = ControllerGroupBuilder::new(_fbb);
+    builder.add_epoch(args.epoch);
+    builder.add_master_id(args.master_id);
+    if let Some(x) = args.alive { builder.add_alive(x); }
+    if let Some(x) = args.replica_addresses { builder.add_replica_addresses(x); }
+    if let Some(x) = args.replica_ids { builder.add_replica_ids(x); }
+    if let Some(x) = args.sync_state_set { builder.add_sync_state_set(x); }
+    if let Some(x) = args.master_ha_address { builder.add_master_ha_address(x); }
+    if let Some(x) = args.master_address { builder.add_master_address(x); }
+    if let Some(x) = args.broker_name { builder.add_broker_name(x); }
+    if let Some(x) = args.cluster_name { builder.add_cluster_name(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerGroupT {
+    let cluster_name = self.cluster_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_name = self.broker_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let master_id = self.master_id();
+    let master_address = self.master_address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let master_ha_address = self.master_ha_address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let epoch = self.epoch();
+    let sync_state_set = self.sync_state_set().map(|x| {
+      x.into_iter().collect()
+    });
+    let replica_ids = self.replica_ids().map(|x| {
+      x.into_iter().collect()
+    });
+    let replica_addresses = self.replica_addresses().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    let alive = self.alive().map(|x| {
+      x.into_iter().collect()
+    });
+    ControllerGroupT {
+      cluster_name,
+      broker_name,
+      master_id,
+      master_address,
+      master_ha_address,
+      epoch,
+      sync_state_set,
+      replica_ids,
+      replica_addresses,
+      alive,
+    }
+  }
+
+  #[inline]
+  pub fn cluster_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerGroup::VT_CLUSTER_NAME, None)}
+  }
+  #[inline]
+  pub fn broker_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerGroup::VT_BROKER_NAME, None)}
+  }
+  /// 0: none elected.
+  #[inline]
+  pub fn master_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ControllerGroup::VT_MASTER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn master_address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerGroup::VT_MASTER_ADDRESS, None)}
+  }
+  #[inline]
+  pub fn master_ha_address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerGroup::VT_MASTER_HA_ADDRESS, None)}
+  }
+  #[inline]
+  pub fn epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerGroup::VT_EPOCH, Some(0)).unwrap()}
+  }
+  /// Ids of the replicas in sync (the master included); a new master is chosen from these.
+  #[inline]
+  pub fn sync_state_set(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerGroup::VT_SYNC_STATE_SET, None)}
+  }
+  /// Every broker id that has registered, and its addresses.
+  #[inline]
+  pub fn replica_ids(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerGroup::VT_REPLICA_IDS, None)}
+  }
+  #[inline]
+  pub fn replica_addresses(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ControllerGroup::VT_REPLICA_ADDRESSES, None)}
+  }
+  /// Ids heard from within the broker timeout (the leader's view).
+  #[inline]
+  pub fn alive(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerGroup::VT_ALIVE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerGroup<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_name", Self::VT_CLUSTER_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("broker_name", Self::VT_BROKER_NAME, false)?
+     .visit_field::<i64>("master_id", Self::VT_MASTER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("master_address", Self::VT_MASTER_ADDRESS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("master_ha_address", Self::VT_MASTER_HA_ADDRESS, false)?
+     .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("sync_state_set", Self::VT_SYNC_STATE_SET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("replica_ids", Self::VT_REPLICA_IDS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("replica_addresses", Self::VT_REPLICA_ADDRESSES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("alive", Self::VT_ALIVE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerGroupArgs<'a> {
+    pub cluster_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub master_id: i64,
+    pub master_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub master_ha_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub epoch: u64,
+    pub sync_state_set: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+    pub replica_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+    pub replica_addresses: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub alive: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+}
+impl<'a> Default for ControllerGroupArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerGroupArgs {
+      cluster_name: None,
+      broker_name: None,
+      master_id: 0,
+      master_address: None,
+      master_ha_address: None,
+      epoch: 0,
+      sync_state_set: None,
+      replica_ids: None,
+      replica_addresses: None,
+      alive: None,
+    }
+  }
+}
+
+pub struct ControllerGroupBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerGroupBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cluster_name(&mut self, cluster_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_CLUSTER_NAME, cluster_name);
+  }
+  #[inline]
+  pub fn add_broker_name(&mut self, broker_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_BROKER_NAME, broker_name);
+  }
+  #[inline]
+  pub fn add_master_id(&mut self, master_id: i64) {
+    self.fbb_.push_slot::<i64>(ControllerGroup::VT_MASTER_ID, master_id, 0);
+  }
+  #[inline]
+  pub fn add_master_address(&mut self, master_address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_MASTER_ADDRESS, master_address);
+  }
+  #[inline]
+  pub fn add_master_ha_address(&mut self, master_ha_address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_MASTER_HA_ADDRESS, master_ha_address);
+  }
+  #[inline]
+  pub fn add_epoch(&mut self, epoch: u64) {
+    self.fbb_.push_slot::<u64>(ControllerGroup::VT_EPOCH, epoch, 0);
+  }
+  #[inline]
+  pub fn add_sync_state_set(&mut self, sync_state_set: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_SYNC_STATE_SET, sync_state_set);
+  }
+  #[inline]
+  pub fn add_replica_ids(&mut self, replica_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_REPLICA_IDS, replica_ids);
+  }
+  #[inline]
+  pub fn add_replica_addresses(&mut self, replica_addresses: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_REPLICA_ADDRESSES, replica_addresses);
+  }
+  #[inline]
+  pub fn add_alive(&mut self, alive: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_ALIVE, alive);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerGroupBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerGroupBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerGroup<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerGroup<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerGroup");
+      ds.field("cluster_name", &self.cluster_name());
+      ds.field("broker_name", &self.broker_name());
+      ds.field("master_id", &self.master_id());
+      ds.field("master_address", &self.master_address());
+      ds.field("master_ha_address", &self.master_ha_address());
+      ds.field("epoch", &self.epoch());
+      ds.field("sync_state_set", &self.sync_state_set());
+      ds.field("replica_ids", &self.replica_ids());
+      ds.field("replica_addresses", &self.replica_addresses());
+      ds.field("alive", &self.alive());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerGroupT {
+  pub cluster_name: Option<alloc::string::String>,
+  pub broker_name: Option<alloc::string::String>,
+  pub master_id: i64,
+  pub master_address: Option<alloc::string::String>,
+  pub master_ha_address: Option<alloc::string::String>,
+  pub epoch: u64,
+  pub sync_state_set: Option<alloc::vec::Vec<i64>>,
+  pub replica_ids: Option<alloc::vec::Vec<i64>>,
+  pub replica_addresses: Option<alloc::vec::Vec<alloc::string::String>>,
+  pub alive: Option<alloc::vec::Vec<i64>>,
+}
+impl Default for ControllerGroupT {
+  fn default() -> Self {
+    Self {
+      cluster_name: None,
+      broker_name: None,
+      master_id: 0,
+      master_address: None,
+      master_ha_address: None,
+      epoch: 0,
+      sync_state_set: None,
+      replica_ids: None,
+      replica_addresses: None,
+      alive: None,
+    }
+  }
+}
+impl ControllerGroupT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerGroup<'b>> {
+    let cluster_name = self.cluster_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_name = self.broker_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let master_id = self.master_id;
+    let master_address = self.master_address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let master_ha_address = self.master_ha_address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let epoch = self.epoch;
+    let sync_state_set = self.sync_state_set.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let replica_ids = self.replica_ids.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let replica_addresses = self.replica_addresses.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    let alive = self.alive.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    ControllerGroup::create(_fbb, &ControllerGroupArgs{
+      cluster_name,
+      broker_name,
+      master_id,
+      master_address,
+      master_ha_address,
+      epoch,
+      sync_state_set,
+      replica_ids,
+      replica_addresses,
+      alive,
+    })
+  }
+}
+pub enum ControllerHeartbeatResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ControllerHeartbeatResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerHeartbeatResponse<'a> {
+  type Inner = ControllerHeartbeatResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerHeartbeatResponse<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerHeartbeatResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerHeartbeatResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatResponse<'bldr>> {
+    let mut builder = ControllerHeartbeatResponseBuilder::new(_fbb);
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerHeartbeatResponseT {
+    let group = self.group().map(|x| {
+      alloc::boxed::Box::new(x.unpack())
+    });
+    ControllerHeartbeatResponseT {
+      group,
+    }
+  }
+
+  #[inline]
+  pub fn group(&self) -> Option<ControllerGroup<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<ControllerGroup>>(ControllerHeartbeatResponse::VT_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerHeartbeatResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<ControllerGroup>>("group", Self::VT_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerHeartbeatResponseArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<ControllerGroup<'a>>>,
+}
+impl<'a> Default for ControllerHeartbeatResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerHeartbeatResponseArgs {
+      group: None,
+    }
+  }
+}
+
+pub struct ControllerHeartbeatResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerHeartbeatResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<ControllerGroup<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<ControllerGroup>>(ControllerHeartbeatResponse::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerHeartbeatResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerHeartbeatResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerHeartbeatResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerHeartbeatResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerHeartbeatResponse");
+      ds.field("group", &self.group());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerHeartbeatResponseT {
+  pub group: Option<alloc::boxed::Box<ControllerGroupT>>,
+}
+impl Default for ControllerHeartbeatResponseT {
+  fn default() -> Self {
+    Self {
+      group: None,
+    }
+  }
+}
+impl ControllerHeartbeatResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatResponse<'b>> {
+    let group = self.group.as_ref().map(|x|{
+      x.pack(_fbb)
+    });
+    ControllerHeartbeatResponse::create(_fbb, &ControllerHeartbeatResponseArgs{
+      group,
+    })
+  }
+}
+pub enum ControllerStatusRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ControllerStatusRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerStatusRequest<'a> {
+  type Inner = ControllerStatusRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerStatusRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerStatusRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args ControllerStatusRequestArgs
+  ) -> ::flatbuffers::WIPOffset<ControllerStatusRequest<'bldr>> {
+    let mut builder = ControllerStatusRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerStatusRequestT {
+    ControllerStatusRequestT {
+    }
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerStatusRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerStatusRequestArgs {
+}
+impl<'a> Default for ControllerStatusRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    ControllerStatusRequestArgs {
+    }
+  }
+}
+
+pub struct ControllerStatusRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerStatusRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerStatusRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerStatusRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerStatusRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerStatusRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerStatusRequest");
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerStatusRequestT {
+}
+impl Default for ControllerStatusRequestT {
+  fn default() -> Self {
+    Self {
+    }
+  }
+}
+impl ControllerStatusRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerStatusRequest<'b>> {
+    ControllerStatusRequest::create(_fbb, &ControllerStatusRequestArgs{
+    })
+  }
+}
+pub enum ControllerStatusResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The controller cluster and every group.
+pub struct ControllerStatusResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerStatusResponse<'a> {
+  type Inner = ControllerStatusResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerStatusResponse<'a> {
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_LEADER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TERM: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LAST_APPLIED: ::flatbuffers::VOffsetT = 12;
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerStatusResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerStatusResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerStatusResponse<'bldr>> {
+    let mut builder = ControllerStatusResponseBuilder::new(_fbb);
+    builder.add_last_applied(args.last_applied);
+    builder.add_term(args.term);
+    builder.add_leader_id(args.leader_id);
+    builder.add_node_id(args.node_id);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    if let Some(x) = args.members { builder.add_members(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerStatusResponseT {
+    let node_id = self.node_id();
+    let leader_id = self.leader_id();
+    let members = self.members().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    let term = self.term();
+    let last_applied = self.last_applied();
+    let groups = self.groups().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    ControllerStatusResponseT {
+      node_id,
+      leader_id,
+      members,
+      term,
+      last_applied,
+      groups,
+    }
+  }
+
+  /// The node answering, and the leader it knows (0: none).
+  #[inline]
+  pub fn node_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerStatusResponse::VT_NODE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn leader_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerStatusResponse::VT_LEADER_ID, Some(0)).unwrap()}
+  }
+  /// `id=address` of every voter.
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ControllerStatusResponse::VT_MEMBERS, None)}
+  }
+  #[inline]
+  pub fn term(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerStatusResponse::VT_TERM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn last_applied(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerStatusResponse::VT_LAST_APPLIED, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ControllerGroup<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ControllerGroup>>>>(ControllerStatusResponse::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerStatusResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
+     .visit_field::<u64>("leader_id", Self::VT_LEADER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("members", Self::VT_MEMBERS, false)?
+     .visit_field::<u64>("term", Self::VT_TERM, false)?
+     .visit_field::<u64>("last_applied", Self::VT_LAST_APPLIED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ControllerGroup>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerStatusResponseArgs<'a> {
+    pub node_id: u64,
+    pub leader_id: u64,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub term: u64,
+    pub last_applied: u64,
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ControllerGroup<'a>>>>>,
+}
+impl<'a> Default for ControllerStatusResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerStatusResponseArgs {
+      node_id: 0,
+      leader_id: 0,
+      members: None,
+      term: 0,
+      last_applied: 0,
+      groups: None,
+    }
+  }
+}
+
+pub struct ControllerStatusResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerStatusResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: u64) {
+    self.fbb_.push_slot::<u64>(ControllerStatusResponse::VT_NODE_ID, node_id, 0);
+  }
+  #[inline]
+  pub fn add_leader_id(&mut self, leader_id: u64) {
+    self.fbb_.push_slot::<u64>(ControllerStatusResponse::VT_LEADER_ID, leader_id, 0);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerStatusResponse::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn add_term(&mut self, term: u64) {
+    self.fbb_.push_slot::<u64>(ControllerStatusResponse::VT_TERM, term, 0);
+  }
+  #[inline]
+  pub fn add_last_applied(&mut self, last_applied: u64) {
+    self.fbb_.push_slot::<u64>(ControllerStatusResponse::VT_LAST_APPLIED, last_applied, 0);
+  }
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ControllerGroup<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerStatusResponse::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerStatusResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerStatusResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerStatusResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerStatusResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerStatusResponse");
+      ds.field("node_id", &self.node_id());
+      ds.field("leader_id", &self.leader_id());
+      ds.field("members", &self.members());
+      ds.field("term", &self.term());
+      ds.field("last_applied", &self.last_applied());
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerStatusResponseT {
+  pub node_id: u64,
+  pub leader_id: u64,
+  pub members: Option<alloc::vec::Vec<alloc::string::String>>,
+  pub term: u64,
+  pub last_applied: u64,
+  pub groups: Option<alloc::vec::Vec<ControllerGroupT>>,
+}
+impl Default for ControllerStatusResponseT {
+  fn default() -> Self {
+    Self {
+      node_id: 0,
+      leader_id: 0,
+      members: None,
+      term: 0,
+      last_applied: 0,
+      groups: None,
+    }
+  }
+}
+impl ControllerStatusResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerStatusResponse<'b>> {
+    let node_id = self.node_id;
+    let leader_id = self.leader_id;
+    let members = self.members.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    let term = self.term;
+    let last_applied = self.last_applied;
+    let groups = self.groups.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    ControllerStatusResponse::create(_fbb, &ControllerStatusResponseArgs{
+      node_id,
+      leader_id,
+      members,
+      term,
+      last_applied,
+      groups,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -15888,6 +17507,36 @@ impl<'a> Frame<'a> {
       Body::ReplicaFileResponse => BodyT::ReplicaFileResponse(alloc::boxed::Box::new(
         self.body_as_replica_file_response()
             .expect("Invalid union table, expected `Body::ReplicaFileResponse`.")
+            .unpack()
+      )),
+      Body::ControllerRaftRequest => BodyT::ControllerRaftRequest(alloc::boxed::Box::new(
+        self.body_as_controller_raft_request()
+            .expect("Invalid union table, expected `Body::ControllerRaftRequest`.")
+            .unpack()
+      )),
+      Body::ControllerRaftResponse => BodyT::ControllerRaftResponse(alloc::boxed::Box::new(
+        self.body_as_controller_raft_response()
+            .expect("Invalid union table, expected `Body::ControllerRaftResponse`.")
+            .unpack()
+      )),
+      Body::ControllerHeartbeatRequest => BodyT::ControllerHeartbeatRequest(alloc::boxed::Box::new(
+        self.body_as_controller_heartbeat_request()
+            .expect("Invalid union table, expected `Body::ControllerHeartbeatRequest`.")
+            .unpack()
+      )),
+      Body::ControllerHeartbeatResponse => BodyT::ControllerHeartbeatResponse(alloc::boxed::Box::new(
+        self.body_as_controller_heartbeat_response()
+            .expect("Invalid union table, expected `Body::ControllerHeartbeatResponse`.")
+            .unpack()
+      )),
+      Body::ControllerStatusRequest => BodyT::ControllerStatusRequest(alloc::boxed::Box::new(
+        self.body_as_controller_status_request()
+            .expect("Invalid union table, expected `Body::ControllerStatusRequest`.")
+            .unpack()
+      )),
+      Body::ControllerStatusResponse => BodyT::ControllerStatusResponse(alloc::boxed::Box::new(
+        self.body_as_controller_status_response()
+            .expect("Invalid union table, expected `Body::ControllerStatusResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -16758,6 +18407,96 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_raft_request(&self) -> Option<ControllerRaftRequest<'a>> {
+    if self.body_type() == Body::ControllerRaftRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerRaftRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_raft_response(&self) -> Option<ControllerRaftResponse<'a>> {
+    if self.body_type() == Body::ControllerRaftResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerRaftResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_heartbeat_request(&self) -> Option<ControllerHeartbeatRequest<'a>> {
+    if self.body_type() == Body::ControllerHeartbeatRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerHeartbeatRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_heartbeat_response(&self) -> Option<ControllerHeartbeatResponse<'a>> {
+    if self.body_type() == Body::ControllerHeartbeatResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerHeartbeatResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_status_request(&self) -> Option<ControllerStatusRequest<'a>> {
+    if self.body_type() == Body::ControllerStatusRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerStatusRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_status_response(&self) -> Option<ControllerStatusResponse<'a>> {
+    if self.body_type() == Body::ControllerStatusResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerStatusResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -16826,6 +18565,12 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ReplicaJoinResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaJoinResponse>>("Body::ReplicaJoinResponse", pos),
           Body::ReplicaFileRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaFileRequest>>("Body::ReplicaFileRequest", pos),
           Body::ReplicaFileResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaFileResponse>>("Body::ReplicaFileResponse", pos),
+          Body::ControllerRaftRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerRaftRequest>>("Body::ControllerRaftRequest", pos),
+          Body::ControllerRaftResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerRaftResponse>>("Body::ControllerRaftResponse", pos),
+          Body::ControllerHeartbeatRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerHeartbeatRequest>>("Body::ControllerHeartbeatRequest", pos),
+          Body::ControllerHeartbeatResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerHeartbeatResponse>>("Body::ControllerHeartbeatResponse", pos),
+          Body::ControllerStatusRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerStatusRequest>>("Body::ControllerStatusRequest", pos),
+          Body::ControllerStatusResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerStatusResponse>>("Body::ControllerStatusResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -17281,6 +19026,48 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ReplicaFileResponse => {
           if let Some(x) = self.body_as_replica_file_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerRaftRequest => {
+          if let Some(x) = self.body_as_controller_raft_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerRaftResponse => {
+          if let Some(x) = self.body_as_controller_raft_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerHeartbeatRequest => {
+          if let Some(x) = self.body_as_controller_heartbeat_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerHeartbeatResponse => {
+          if let Some(x) = self.body_as_controller_heartbeat_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerStatusRequest => {
+          if let Some(x) = self.body_as_controller_status_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerStatusResponse => {
+          if let Some(x) = self.body_as_controller_status_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use crate::output;
 use crate::{
-    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, GroupCommand, MessageCommand,
-    SendArgs, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
+    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, GroupCommand,
+    MessageCommand, SendArgs, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
 };
 
 /// How long `consume` pauses when a round over every queue found nothing.
@@ -85,6 +85,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Message(command) => message(&context, command).await,
         Command::Broker(command) => broker(&context, command).await,
         Command::Cluster(ClusterCommand::List) => cluster_list(&context).await,
+        Command::Controller(ControllerCommand::Status { controller }) => {
+            controller_status(&context, &controller).await
+        }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
     }
 }
@@ -625,6 +628,27 @@ async fn broker(context: &Settings, command: BrokerCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn controller_status(context: &Settings, addresses: &[String]) -> Result<()> {
+    let admin = admin(context).await?;
+    let mut last_error = None;
+    for address in addresses {
+        match admin.controller_status(address).await {
+            Ok(status) => {
+                if context.is_json {
+                    print_json(&output::controller_status_json(&status));
+                } else {
+                    println!("{}", output::controller_status_text(&status));
+                }
+                return Ok(());
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow::anyhow!("no controller address given")))
 }
 
 async fn cluster_list(context: &Settings) -> Result<()> {

@@ -62,6 +62,9 @@ pub enum Command {
     /// Inspect the clusters the name server knows.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Inspect the controller of automatic failover (docs/replication.md).
+    #[command(subcommand)]
+    Controller(ControllerCommand),
     /// Dead letters of a consumer group (`%DLQ%<group>`): list them, send them back to their
     /// original topic.
     #[command(subcommand)]
@@ -312,6 +315,17 @@ pub struct TimeRange {
     /// Stored at or before this time: ms since the epoch or RFC 3339. Default: now.
     #[arg(long, value_name = "TIME")]
     pub end: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ControllerCommand {
+    /// The controller group's leader and members, and per broker group its master, epoch and
+    /// in-sync replicas (SyncStateSet).
+    Status {
+        /// Controller addresses, comma separated; the first that answers is shown.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9878")]
+        controller: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

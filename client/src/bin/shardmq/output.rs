@@ -529,6 +529,63 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     Some(seconds * 1000 + millis)
 }
 
+pub fn controller_status_json(status: &shardmq_client::ControllerStatus) -> Value {
+    json!({
+        "address": status.address,
+        "node_id": status.node_id,
+        "leader_id": status.leader_id,
+        "members": status.members,
+        "term": status.term,
+        "last_applied": status.last_applied,
+        "groups": status.groups.iter().map(|g| json!({
+            "cluster_name": g.cluster_name,
+            "broker_name": g.broker_name,
+            "master_id": g.master_id,
+            "master_address": g.master_address,
+            "master_ha_address": g.master_ha_address,
+            "epoch": g.epoch,
+            "sync_state_set": g.sync_state_set,
+            "replicas": g.replicas.iter().map(|(id, a)| json!({"id": id, "address": a})).collect::<Vec<_>>(),
+            "alive": g.alive,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn controller_status_text(status: &shardmq_client::ControllerStatus) -> String {
+    let leader = if status.leader_id == 0 {
+        "none".to_owned()
+    } else {
+        status.leader_id.to_string()
+    };
+    let mut lines = vec![
+        format!(
+            "controller  {} (node {}), leader {leader}, term {}, applied {}",
+            status.address, status.node_id, status.term, status.last_applied
+        ),
+        format!("members     {}", status.members.join(", ")),
+    ];
+    for g in &status.groups {
+        let replicas: Vec<String> = g
+            .replicas
+            .iter()
+            .map(|(id, a)| format!("{id}={a}"))
+            .collect();
+        lines.push(format!(
+            "group       {}/{}: master {} at {} (HA {}), epoch {}, in sync {:?}, replicas {}, alive {:?}",
+            g.cluster_name,
+            g.broker_name,
+            g.master_id,
+            g.master_address,
+            g.master_ha_address,
+            g.epoch,
+            g.sync_state_set,
+            replicas.join(" "),
+            g.alive
+        ));
+    }
+    lines.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_rfc3339_ms;

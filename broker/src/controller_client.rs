@@ -1,0 +1,237 @@
+//! A broker's side of the controller (`broker_role = "auto"`, docs/replication.md "Automatic
+//! failover"): it asks the controller for its role before each start (blocking, on the main
+//! thread) and, while it runs, heartbeats the controller from network shard 0; a master also
+//! reports which slaves are in sync and learns the SyncStateSet its sends wait for. When the
+//! controller's answer no longer matches the role this run has, the broker restarts in its
+//! process with the new role.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use shardmq_schema::{
+    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
+
+use crate::config::BrokerConfig;
+
+/// A broker group as the controller has it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupView {
+    pub master_id: i64,
+    pub master_address: String,
+    pub master_ha_address: String,
+    pub epoch: u64,
+    pub sync_state_set: BTreeSet<i64>,
+}
+
+/// What one heartbeat says.
+#[derive(Debug, Clone, Default)]
+pub struct Beat {
+    pub address: String,
+    pub ha_address: String,
+    pub epoch: u64,
+    pub in_sync: BTreeSet<i64>,
+    pub is_master: bool,
+}
+
+/// Builds a `ControllerHeartbeatRequest` frame body.
+pub fn encode_heartbeat<'b>(
+    b: &mut flatbuffers::FlatBufferBuilder<'b>,
+    header: &FrameHeader<'_>,
+    config: &BrokerConfig,
+    beat: &Beat,
+) -> flatbuffers::WIPOffset<wire::Frame<'b>> {
+    let cluster = b.create_string(&config.cluster_name);
+    let broker = b.create_string(&config.broker_name);
+    let address = b.create_string(&beat.address);
+    let ha = b.create_string(&beat.ha_address);
+    let in_sync: Vec<i64> = beat.in_sync.iter().copied().collect();
+    let in_sync = b.create_vector(&in_sync);
+    let self_id = if config.controller_self_id > 0 {
+        config.controller_self_id
+    } else {
+        config.broker_id
+    };
+    let body = wire::ControllerHeartbeatRequest::create(
+        b,
+        &wire::ControllerHeartbeatRequestArgs {
+            cluster_name: Some(cluster),
+            broker_name: Some(broker),
+            broker_id: self_id,
+            address: Some(address),
+            ha_address: Some(ha),
+            epoch: beat.epoch,
+            in_sync: Some(in_sync),
+            is_master: beat.is_master,
+        },
+    );
+    build_frame(
+        b,
+        header,
+        wire::Body::ControllerHeartbeatRequest,
+        Some(body.as_union_value()),
+    )
+}
+
+/// The group from a controller's answer to a heartbeat.
+pub fn decode_answer(answer: &VerifiedFrame) -> Result<GroupView, String> {
+    let frame = answer.frame();
+    if frame.status() != wire::Status::OK {
+        return Err(format!(
+            "the controller answered {:?}: {}",
+            frame.status(),
+            frame.message().unwrap_or_default()
+        ));
+    }
+    let group = frame
+        .body_as_controller_heartbeat_response()
+        .and_then(|r| r.group())
+        .ok_or("a heartbeat answer without its group")?;
+    Ok(GroupView {
+        master_id: group.master_id(),
+        master_address: group.master_address().unwrap_or_default().to_owned(),
+        master_ha_address: group.master_ha_address().unwrap_or_default().to_owned(),
+        epoch: group.epoch(),
+        sync_state_set: group
+            .sync_state_set()
+            .iter()
+            .flat_map(|v| v.iter())
+            .collect(),
+    })
+}
+
+fn blocking_call(
+    address: &str,
+    config: &BrokerConfig,
+    beat: &Beat,
+    timeout: Duration,
+) -> Result<GroupView, String> {
+    let addr: SocketAddr = address.parse().map_err(|e| format!("{address}: {e}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{address}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    let mut encoder = FrameEncoder::new();
+    let handshake = encoder
+        .encode(|b| {
+            let client_id = b.create_string(&config.broker_name);
+            let body = wire::HandshakeRequest::create(
+                b,
+                &wire::HandshakeRequestArgs {
+                    protocol_version: PROTOCOL_VERSION,
+                    min_protocol_version: MIN_PROTOCOL_VERSION,
+                    client_id: Some(client_id),
+                    client_version: None,
+                },
+            );
+            build_frame(
+                b,
+                &FrameHeader::request(1),
+                wire::Body::HandshakeRequest,
+                Some(body.as_union_value()),
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    let heartbeat = encoder
+        .encode(|b| encode_heartbeat(b, &FrameHeader::request(2), config, beat))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(&handshake)
+        .and_then(|()| stream.write_all(&heartbeat))
+        .map_err(|e| format!("{address}: {e}"))?;
+    let decoder = FrameDecoder::new();
+    let mut buffer = BytesMut::new();
+    loop {
+        if let Some(frame) = decoder.decode(&mut buffer).map_err(|e| e.to_string())? {
+            if frame.frame().request_id() == 2 {
+                return decode_answer(&frame);
+            }
+            continue;
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream
+            .read(&mut chunk)
+            .map_err(|e| format!("{address}: {e}"))?;
+        if n == 0 {
+            return Err(format!("{address} closed the connection"));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Asks the controllers (each in turn, until one answers with a master elected) what this
+/// broker is, and returns the configuration to run with: as master `sync-master` with broker
+/// id 0, else `slave` of the elected master. Retries every second while no controller answers
+/// or the master's HA address is not known yet, until `stopping`.
+pub fn resolve(
+    config: &BrokerConfig,
+    stopping: &std::sync::atomic::AtomicBool,
+) -> Result<BrokerConfig, String> {
+    let own_id = config.broker_id;
+    let ha_address = config
+        .ha_listen_addr()
+        .ok()
+        .flatten()
+        .filter(|a| a.port() != 0)
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let beat = Beat {
+        address: config.listen.clone(),
+        ha_address,
+        ..Beat::default()
+    };
+    let mut said = String::new();
+    loop {
+        if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("stopped while waiting for the controller".into());
+        }
+        let mut errors = Vec::new();
+        for address in &config.controller {
+            match blocking_call(address, config, &beat, Duration::from_secs(2)) {
+                Ok(group) if group.master_id == own_id => {
+                    let mut effective = config.clone();
+                    effective.broker_role = "sync-master".into();
+                    effective.broker_id = 0;
+                    effective.controller_self_id = own_id;
+                    effective.controller_epoch = group.epoch;
+                    let mut wait_for = group.sync_state_set.clone();
+                    wait_for.remove(&own_id);
+                    crate::replication::set_sync_wait_set(Some(wait_for));
+                    tracing::info!(epoch = group.epoch, in_sync = ?group.sync_state_set, "the controller makes this broker the master");
+                    return Ok(effective);
+                }
+                Ok(group) if group.master_id > 0 && is_usable(&group.master_ha_address) => {
+                    let mut effective = config.clone();
+                    effective.broker_role = "slave".into();
+                    effective.ha_master = group.master_ha_address.clone();
+                    effective.controller_self_id = own_id;
+                    effective.controller_epoch = group.epoch;
+                    crate::replication::set_sync_wait_set(None);
+                    tracing::info!(epoch = group.epoch, master = group.master_id, master_ha = %group.master_ha_address, "the controller makes this broker a slave");
+                    return Ok(effective);
+                }
+                Ok(group) => errors.push(format!(
+                    "{address}: master {} has no HA address yet",
+                    group.master_id
+                )),
+                Err(e) => errors.push(e),
+            }
+        }
+        let now = errors.join("; ");
+        if now != said {
+            tracing::warn!(errors = %now, "waiting for the controller to name a master");
+            said = now;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn is_usable(address: &str) -> bool {
+    address.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0)
+}

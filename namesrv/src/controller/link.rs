@@ -1,0 +1,111 @@
+//! A frame connection to another controller (tokio): handshake, then one request at a time.
+//! Used for Raft RPCs between controllers and for a follower forwarding a broker's heartbeat
+//! to the leader.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use shardmq_schema::{
+    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest answer a controller accepts from another (snapshots travel in chunks).
+pub const MAX_LINK_FRAME_BYTES: usize = 64 << 20;
+
+pub struct Link {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    encoder: FrameEncoder,
+    buffer: BytesMut,
+    next_request_id: u64,
+}
+
+type Build<'a> = Box<
+    dyn FnOnce(
+            &mut flatbuffers::FlatBufferBuilder<'static>,
+            FrameHeader<'static>,
+        ) -> flatbuffers::WIPOffset<wire::Frame<'static>>
+        + Send
+        + 'a,
+>;
+
+impl Link {
+    /// Connects to `address` and shakes hands, within `timeout`.
+    pub async fn connect(address: &str, timeout: Duration) -> io::Result<Link> {
+        let work = async {
+            let stream = TcpStream::connect(address).await?;
+            let _ = stream.set_nodelay(true);
+            let mut link = Link {
+                stream,
+                decoder: FrameDecoder::with_max_frame_bytes(MAX_LINK_FRAME_BYTES),
+                encoder: FrameEncoder::with_max_frame_bytes(MAX_LINK_FRAME_BYTES),
+                buffer: BytesMut::with_capacity(64 << 10),
+                next_request_id: 1,
+            };
+            let answer = link
+                .request(Box::new(|b, header| {
+                    let client_id = b.create_string("shardmq-controller");
+                    let body = wire::HandshakeRequest::create(
+                        b,
+                        &wire::HandshakeRequestArgs {
+                            protocol_version: PROTOCOL_VERSION,
+                            min_protocol_version: MIN_PROTOCOL_VERSION,
+                            client_id: Some(client_id),
+                            client_version: None,
+                        },
+                    );
+                    build_frame(
+                        b,
+                        &header,
+                        wire::Body::HandshakeRequest,
+                        Some(body.as_union_value()),
+                    )
+                }))
+                .await?;
+            if answer.frame().status() != wire::Status::OK {
+                return Err(io::Error::other(format!(
+                    "{address} refused the handshake: {:?}",
+                    answer.frame().status()
+                )));
+            }
+            Ok(link)
+        };
+        tokio::time::timeout(timeout, work).await.map_err(|_| {
+            io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {address}"))
+        })?
+    }
+
+    /// Sends one request and reads its answer.
+    pub async fn request(&mut self, build: Build<'_>) -> io::Result<VerifiedFrame> {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        let frame = self
+            .encoder
+            .encode(|b| build(b, FrameHeader::request(id)))
+            .map_err(io::Error::other)?;
+        self.stream.write_all(&frame).await?;
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .decode(&mut self.buffer)
+                .map_err(io::Error::other)?
+            {
+                if frame.frame().request_id() == id {
+                    return Ok(frame);
+                }
+                continue;
+            }
+            let read = self.stream.read_buf(&mut self.buffer).await?;
+            if read == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection",
+                ));
+            }
+        }
+    }
+}

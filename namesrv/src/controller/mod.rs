@@ -1,0 +1,818 @@
+//! The controller (issue 15, docs/replication.md "Automatic failover"): a Raft group on
+//! `openraft`, run inside name server processes on threads of its own, that keeps per broker
+//! group (cluster, broker name) the master, an epoch and the in-sync replicas (SyncStateSet),
+//! and elects a new master from that set when the master stops heartbeating.
+//!
+//! - [`state`]: the replicated state and its rules (pure);
+//! - [`store`]: the Raft log, vote and snapshots on disk;
+//! - [`network`] and [`link`]: Raft RPCs between controllers as frames;
+//! - this module: the listener (brokers, the CLI and the other controllers all connect to the
+//!   controller address), broker heartbeats (liveness is the leader's, in memory; a follower
+//!   forwards a heartbeat to the leader), and the election loop on the leader.
+
+pub mod link;
+pub mod network;
+pub mod state;
+pub mod store;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft};
+use shardmq_schema::{
+    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+
+use self::link::Link;
+use self::state::{Command, CommandResult, Group, Replica};
+
+pub type NodeId = u64;
+
+use std::io::Cursor;
+
+openraft::declare_raft_types!(
+    /// The controller's Raft types: commands in, results out.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+);
+
+/// How the controller is run (name server flags `--controller-*`).
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub id: NodeId,
+    pub listen: String,
+    /// Every voter, this one included: id → controller address.
+    pub peers: BTreeMap<NodeId, String>,
+    pub data_dir: PathBuf,
+    /// A broker silent this long is dead; a dead master is replaced.
+    pub broker_timeout: Duration,
+}
+
+impl ControllerConfig {
+    /// Parses `1=host:port,2=host:port,…`.
+    pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
+        let mut peers = BTreeMap::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (id, address) = part
+                .split_once('=')
+                .ok_or_else(|| format!("controller peer `{part}` is not id=host:port"))?;
+            let id: NodeId = id
+                .trim()
+                .parse()
+                .map_err(|e| format!("controller peer id `{id}`: {e}"))?;
+            address
+                .trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("controller peer address `{address}`: {e}"))?;
+            if peers.insert(id, address.trim().to_owned()).is_some() {
+                return Err(format!("controller peer id {id} appears twice"));
+            }
+        }
+        if peers.is_empty() {
+            return Err("--controller-peers names no controller".into());
+        }
+        Ok(peers)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        match self.peers.get(&self.id) {
+            None => Err(format!(
+                "--controller-id {} is not among --controller-peers",
+                self.id
+            )),
+            Some(address) if address != &self.listen => Err(format!(
+                "--controller-peers gives {} for id {} but --controller-listen is {}",
+                address, self.id, self.listen
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// A running controller.
+pub struct Controller {
+    config: ControllerConfig,
+    raft: Raft<TypeConfig>,
+    machine: store::StateMachine,
+    /// (group key, broker id) → last heartbeat, on this node (meaningful on the leader).
+    alive: Mutex<HashMap<(String, i64), Instant>>,
+    /// Since when this node has been leader (`None`: it is not).
+    leader_since: Mutex<Option<Instant>>,
+    /// A follower's link to the leader, for forwarded heartbeats.
+    to_leader: tokio::sync::Mutex<Option<(String, Link)>>,
+    /// Groups whose master is dead with no in-sync replica alive (logged once).
+    stuck: Mutex<BTreeSet<String>>,
+}
+
+/// A broker's heartbeat, decoded.
+#[derive(Debug, Clone)]
+struct Heartbeat {
+    cluster_name: String,
+    broker_name: String,
+    broker_id: i64,
+    address: String,
+    ha_address: String,
+    epoch: u64,
+    in_sync: BTreeSet<i64>,
+    is_master: bool,
+}
+
+impl Heartbeat {
+    fn from_wire(r: &wire::ControllerHeartbeatRequest<'_>) -> Heartbeat {
+        let text = |s: Option<&str>| s.unwrap_or_default().to_owned();
+        Heartbeat {
+            cluster_name: text(r.cluster_name()),
+            broker_name: text(r.broker_name()),
+            broker_id: r.broker_id(),
+            address: text(r.address()),
+            ha_address: text(r.ha_address()),
+            epoch: r.epoch(),
+            in_sync: r.in_sync().iter().flat_map(|v| v.iter()).collect(),
+            is_master: r.is_master(),
+        }
+    }
+
+    fn key(&self) -> String {
+        state::group_key(&self.cluster_name, &self.broker_name)
+    }
+}
+
+impl Controller {
+    /// Opens the storage, starts Raft and (when this node's log is empty) proposes the
+    /// membership from `peers` (every controller does the same; openraft keeps one).
+    pub async fn start(config: ControllerConfig) -> io::Result<Arc<Controller>> {
+        config.validate().map_err(io::Error::other)?;
+        let log = store::LogStore::open(&config.data_dir)?;
+        let machine = store::StateMachine::open(&config.data_dir)?;
+        let raft_config = openraft::Config {
+            cluster_name: "shardmq-controller".into(),
+            heartbeat_interval: 150,
+            election_timeout_min: 600,
+            election_timeout_max: 1200,
+            ..openraft::Config::default()
+        }
+        .validate()
+        .map_err(io::Error::other)?;
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            network::NetworkFactory,
+            log,
+            machine.clone(),
+        )
+        .await
+        .map_err(io::Error::other)?;
+        let members: BTreeMap<NodeId, BasicNode> = config
+            .peers
+            .iter()
+            .map(|(id, address)| (*id, BasicNode::new(address)))
+            .collect();
+        match raft.initialize(members).await {
+            Ok(()) => info!(id = config.id, "controller cluster initialized"),
+            Err(e) => debug!(error = %e, "controller cluster already initialized"),
+        }
+        Ok(Arc::new(Controller {
+            config,
+            raft,
+            machine,
+            alive: Mutex::new(HashMap::new()),
+            leader_since: Mutex::new(None),
+            to_leader: tokio::sync::Mutex::new(None),
+            stuck: Mutex::new(BTreeSet::new()),
+        }))
+    }
+
+    fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    fn is_leader(&self) -> bool {
+        self.leader() == Some(self.config.id)
+    }
+
+    /// Serves the controller address until `shutdown`, and runs the election loop.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let elections = tokio::spawn(self.clone().election_loop());
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let controller = self.clone();
+                        tokio::spawn(async move { controller.serve_connection(stream).await });
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "controller accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+        elections.abort();
+        let _ = self.raft.shutdown().await;
+    }
+
+    async fn serve_connection(self: Arc<Self>, mut stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let decoder = FrameDecoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
+        let mut encoder = FrameEncoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
+        let mut buffer = BytesMut::with_capacity(64 << 10);
+        loop {
+            let frame = match decoder.decode(&mut buffer) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => match stream.read_buf(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                },
+                Err(e) => {
+                    debug!(error = %e, "bad frame on the controller port; closing");
+                    return;
+                }
+            };
+            let answer = self.handle(&frame, &mut encoder).await;
+            match answer {
+                Ok(bytes) => {
+                    if stream.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "cannot answer on the controller port; closing");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn handle(
+        &self,
+        frame: &VerifiedFrame,
+        encoder: &mut FrameEncoder,
+    ) -> Result<bytes::Bytes, shardmq_schema::FrameError> {
+        let request = frame.frame();
+        let id = request.request_id();
+        let refuse = |encoder: &mut FrameEncoder, status: wire::Status, message: String| {
+            encoder.encode(|b| {
+                let header = FrameHeader::response(id, status).with_message(&message);
+                build_frame(b, &header, wire::Body::NONE, None)
+            })
+        };
+        if request.body_as_handshake_request().is_some() {
+            return encoder.encode(|b| {
+                let name = b.create_string("shardmq-controller");
+                let version = b.create_string(env!("CARGO_PKG_VERSION"));
+                let server = wire::ServerInfo::create(
+                    b,
+                    &wire::ServerInfoArgs {
+                        name: Some(name),
+                        version: Some(version),
+                        cluster_name: None,
+                        broker_name: None,
+                        broker_id: -1,
+                    },
+                );
+                let body = wire::HandshakeResponse::create(
+                    b,
+                    &wire::HandshakeResponseArgs {
+                        protocol_version: PROTOCOL_VERSION,
+                        min_protocol_version: MIN_PROTOCOL_VERSION,
+                        max_protocol_version: PROTOCOL_VERSION,
+                        server: Some(server),
+                        max_frame_bytes: link::MAX_LINK_FRAME_BYTES as u32,
+                        max_message_bytes: 0,
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::HandshakeResponse,
+                    Some(body.as_union_value()),
+                )
+            });
+        }
+        if let Some(r) = request.body_as_controller_raft_request() {
+            let payload = r.payload().map(|p| p.bytes()).unwrap_or_default();
+            let answer = match r.rpc().unwrap_or_default() {
+                "append" => match serde_json::from_slice(payload) {
+                    Ok(rpc) => serde_json::to_vec(&self.raft.append_entries(rpc).await),
+                    Err(e) => {
+                        return refuse(encoder, wire::Status::INVALID_ARGUMENT, e.to_string())
+                    }
+                },
+                "vote" => match serde_json::from_slice(payload) {
+                    Ok(rpc) => serde_json::to_vec(&self.raft.vote(rpc).await),
+                    Err(e) => {
+                        return refuse(encoder, wire::Status::INVALID_ARGUMENT, e.to_string())
+                    }
+                },
+                "snapshot" => match serde_json::from_slice(payload) {
+                    Ok(rpc) => serde_json::to_vec(&self.raft.install_snapshot(rpc).await),
+                    Err(e) => {
+                        return refuse(encoder, wire::Status::INVALID_ARGUMENT, e.to_string())
+                    }
+                },
+                other => {
+                    return refuse(
+                        encoder,
+                        wire::Status::INVALID_ARGUMENT,
+                        format!("unknown controller rpc {other:?}"),
+                    )
+                }
+            };
+            let Ok(answer) = answer else {
+                return refuse(encoder, wire::Status::SYSTEM_ERROR, "cannot encode".into());
+            };
+            return encoder.encode(|b| {
+                let payload = b.create_vector(&answer);
+                let body = wire::ControllerRaftResponse::create(
+                    b,
+                    &wire::ControllerRaftResponseArgs {
+                        payload: Some(payload),
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::ControllerRaftResponse,
+                    Some(body.as_union_value()),
+                )
+            });
+        }
+        if let Some(r) = request.body_as_controller_heartbeat_request() {
+            let heartbeat = Heartbeat::from_wire(&r);
+            if heartbeat.cluster_name.is_empty()
+                || heartbeat.broker_name.is_empty()
+                || heartbeat.broker_id <= 0
+            {
+                return refuse(
+                    encoder,
+                    wire::Status::INVALID_ARGUMENT,
+                    "a heartbeat names its cluster, broker name and a broker id above 0".into(),
+                );
+            }
+            return match self.heartbeat(heartbeat).await {
+                Ok((group, alive)) => encoder.encode(|b| {
+                    let group = encode_group(b, &group, &alive);
+                    let body = wire::ControllerHeartbeatResponse::create(
+                        b,
+                        &wire::ControllerHeartbeatResponseArgs { group: Some(group) },
+                    );
+                    build_frame(
+                        b,
+                        &FrameHeader::response(id, wire::Status::OK),
+                        wire::Body::ControllerHeartbeatResponse,
+                        Some(body.as_union_value()),
+                    )
+                }),
+                Err(why) => refuse(encoder, wire::Status::SERVICE_NOT_AVAILABLE, why),
+            };
+        }
+        if request.body_as_controller_status_request().is_some() {
+            let metrics = self.raft.metrics().borrow().clone();
+            let groups = self.machine.groups();
+            let alive = self.alive_ids();
+            let members: Vec<String> = metrics
+                .membership_config
+                .nodes()
+                .map(|(id, node)| format!("{id}={}", node.addr))
+                .collect();
+            return encoder.encode(|b| {
+                let groups: Vec<_> = groups
+                    .groups
+                    .values()
+                    .map(|g| {
+                        let alive = alive
+                            .get(&state::group_key(&g.cluster_name, &g.broker_name))
+                            .cloned()
+                            .unwrap_or_default();
+                        encode_group(b, g, &alive)
+                    })
+                    .collect();
+                let groups = b.create_vector(&groups);
+                let members: Vec<_> = members.iter().map(|m| b.create_string(m)).collect();
+                let members = b.create_vector(&members);
+                let body = wire::ControllerStatusResponse::create(
+                    b,
+                    &wire::ControllerStatusResponseArgs {
+                        node_id: metrics.id,
+                        leader_id: metrics.current_leader.unwrap_or(0),
+                        members: Some(members),
+                        term: metrics.current_term,
+                        last_applied: metrics.last_applied.map_or(0, |l| l.index),
+                        groups: Some(groups),
+                    },
+                );
+                build_frame(
+                    b,
+                    &FrameHeader::response(id, wire::Status::OK),
+                    wire::Body::ControllerStatusResponse,
+                    Some(body.as_union_value()),
+                )
+            });
+        }
+        refuse(
+            encoder,
+            wire::Status::INVALID_ARGUMENT,
+            "a controller serves handshakes, heartbeats, status and Raft requests only".into(),
+        )
+    }
+
+    /// Alive broker ids per group key (the leader's view).
+    fn alive_ids(&self) -> HashMap<String, BTreeSet<i64>> {
+        let mut out: HashMap<String, BTreeSet<i64>> = HashMap::new();
+        for ((key, id), seen) in self.alive.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if seen.elapsed() < self.config.broker_timeout {
+                out.entry(key.clone()).or_default().insert(*id);
+            }
+        }
+        out
+    }
+
+    /// Proposes `command`; the applied result, or why it could not be (not the leader, no
+    /// quorum).
+    async fn write(&self, command: Command) -> Result<CommandResult, String> {
+        match self.raft.client_write(command).await {
+            Ok(response) => Ok(response.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(format!("not the leader (leader: {:?})", f.leader_id))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A broker's heartbeat: on the leader, liveness and the commands it calls for; on a
+    /// follower, forwarded to the leader.
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(Group, BTreeSet<i64>), String> {
+        if !self.is_leader() {
+            return self.forward(heartbeat).await;
+        }
+        let key = heartbeat.key();
+        self.alive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((key.clone(), heartbeat.broker_id), Instant::now());
+        let replica = Replica {
+            address: heartbeat.address.clone(),
+            ha_address: heartbeat.ha_address.clone(),
+        };
+        let groups = self.machine.groups();
+        let mut group = groups
+            .get(&heartbeat.cluster_name, &heartbeat.broker_name)
+            .cloned();
+        if group
+            .as_ref()
+            .and_then(|g| g.replicas.get(&heartbeat.broker_id))
+            != Some(&replica)
+        {
+            group = self
+                .write(Command::Register {
+                    cluster_name: heartbeat.cluster_name.clone(),
+                    broker_name: heartbeat.broker_name.clone(),
+                    broker_id: heartbeat.broker_id,
+                    replica,
+                })
+                .await?
+                .group;
+        }
+        let mut group = group.ok_or("the group was not registered")?;
+        if group.master == 0 {
+            let result = self
+                .write(Command::Elect {
+                    cluster_name: heartbeat.cluster_name.clone(),
+                    broker_name: heartbeat.broker_name.clone(),
+                    broker_id: heartbeat.broker_id,
+                    expected_epoch: group.epoch,
+                })
+                .await?;
+            if result.applied {
+                info!(group = %key, master = heartbeat.broker_id, "first master of the group");
+            }
+            group = result.group.unwrap_or(group);
+        }
+        if heartbeat.is_master
+            && group.master == heartbeat.broker_id
+            && group.epoch == heartbeat.epoch
+        {
+            let mut set = heartbeat.in_sync.clone();
+            set.insert(heartbeat.broker_id);
+            if set != group.sync_state_set {
+                let result = self
+                    .write(Command::AlterSyncStateSet {
+                        cluster_name: heartbeat.cluster_name.clone(),
+                        broker_name: heartbeat.broker_name.clone(),
+                        master: heartbeat.broker_id,
+                        epoch: heartbeat.epoch,
+                        sync_state_set: set,
+                    })
+                    .await?;
+                if result.applied {
+                    info!(group = %key, set = ?result.group.as_ref().map(|g| &g.sync_state_set), "SyncStateSet changed");
+                }
+                group = result.group.unwrap_or(group);
+            }
+        }
+        let alive = self.alive_ids().remove(&key).unwrap_or_default();
+        Ok((group, alive))
+    }
+
+    /// A follower passes a heartbeat to the leader and relays its answer.
+    async fn forward(&self, heartbeat: Heartbeat) -> Result<(Group, BTreeSet<i64>), String> {
+        let leader = self.leader().ok_or("no controller leader is elected")?;
+        let address = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .nodes()
+            .find(|(id, _)| **id == leader)
+            .map(|(_, node)| node.addr.clone())
+            .ok_or("the leader is not a member")?;
+        let mut slot = self.to_leader.lock().await;
+        if slot.as_ref().is_none_or(|(a, _)| a != &address) {
+            let link = Link::connect(&address, Duration::from_secs(2))
+                .await
+                .map_err(|e| format!("cannot reach the leader at {address}: {e}"))?;
+            *slot = Some((address.clone(), link));
+        }
+        let (_, link) = slot.as_mut().expect("connected above");
+        let hb = heartbeat.clone();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(3),
+            link.request(Box::new(move |b, header| {
+                let (cluster, broker) = (
+                    b.create_string(&hb.cluster_name),
+                    b.create_string(&hb.broker_name),
+                );
+                let (address, ha) = (
+                    b.create_string(&hb.address),
+                    b.create_string(&hb.ha_address),
+                );
+                let in_sync: Vec<i64> = hb.in_sync.iter().copied().collect();
+                let in_sync = b.create_vector(&in_sync);
+                let body = wire::ControllerHeartbeatRequest::create(
+                    b,
+                    &wire::ControllerHeartbeatRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: hb.broker_id,
+                        address: Some(address),
+                        ha_address: Some(ha),
+                        epoch: hb.epoch,
+                        in_sync: Some(in_sync),
+                        is_master: hb.is_master,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ControllerHeartbeatRequest,
+                    Some(body.as_union_value()),
+                )
+            })),
+        )
+        .await;
+        let answer = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                *slot = None;
+                return Err(format!("the leader at {address}: {e}"));
+            }
+            Err(_) => {
+                *slot = None;
+                return Err(format!("the leader at {address} did not answer"));
+            }
+        };
+        let frame = answer.frame();
+        if frame.status() != wire::Status::OK {
+            return Err(frame.message().unwrap_or("refused").to_owned());
+        }
+        let group = frame
+            .body_as_controller_heartbeat_response()
+            .and_then(|r| r.group())
+            .ok_or("a heartbeat answer without its group")?;
+        Ok(decode_group(&group))
+    }
+
+    /// On the leader: replaces every dead master by an alive member of its SyncStateSet.
+    async fn election_loop(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            ticker.tick().await;
+            let is_leader = self.is_leader();
+            let since = {
+                let mut since = self.leader_since.lock().unwrap_or_else(|e| e.into_inner());
+                match (is_leader, *since) {
+                    (true, None) => *since = Some(Instant::now()),
+                    (false, Some(_)) => *since = None,
+                    _ => {}
+                }
+                *since
+            };
+            // A new leader knows no heartbeat yet: it waits one broker timeout first.
+            let Some(since) = since else { continue };
+            if since.elapsed() < self.config.broker_timeout {
+                continue;
+            }
+            let alive = self.alive_ids();
+            for group in self.machine.groups().groups.into_values() {
+                let key = state::group_key(&group.cluster_name, &group.broker_name);
+                let alive = alive.get(&key).cloned().unwrap_or_default();
+                if group.master == 0 || alive.contains(&group.master) {
+                    self.stuck
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                    continue;
+                }
+                let candidate = group
+                    .sync_state_set
+                    .iter()
+                    .copied()
+                    .find(|id| *id != group.master && alive.contains(id));
+                let Some(candidate) = candidate else {
+                    if self
+                        .stuck
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key.clone())
+                    {
+                        warn!(group = %key, master = group.master, set = ?group.sync_state_set, "the master is dead and no in-sync replica is alive: the group waits for one");
+                    }
+                    continue;
+                };
+                let started = Instant::now();
+                match self
+                    .write(Command::Elect {
+                        cluster_name: group.cluster_name.clone(),
+                        broker_name: group.broker_name.clone(),
+                        broker_id: candidate,
+                        expected_epoch: group.epoch,
+                    })
+                    .await
+                {
+                    Ok(result) if result.applied => info!(
+                        group = %key,
+                        old_master = group.master,
+                        new_master = candidate,
+                        epoch = group.epoch + 1,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "elected a new master"
+                    ),
+                    Ok(result) => {
+                        debug!(group = %key, why = %result.why_not, "election not applied")
+                    }
+                    Err(e) => warn!(group = %key, error = %e, "election failed"),
+                }
+            }
+        }
+    }
+}
+
+fn encode_group<'b>(
+    b: &mut flatbuffers::FlatBufferBuilder<'b>,
+    group: &Group,
+    alive: &BTreeSet<i64>,
+) -> flatbuffers::WIPOffset<wire::ControllerGroup<'b>> {
+    let cluster = b.create_string(&group.cluster_name);
+    let broker = b.create_string(&group.broker_name);
+    let master = group.master_replica().cloned().unwrap_or_default();
+    let master_address = b.create_string(&master.address);
+    let master_ha = b.create_string(&master.ha_address);
+    let set: Vec<i64> = group.sync_state_set.iter().copied().collect();
+    let set = b.create_vector(&set);
+    let ids: Vec<i64> = group.replicas.keys().copied().collect();
+    let ids = b.create_vector(&ids);
+    let addresses: Vec<_> = group
+        .replicas
+        .values()
+        .map(|r| b.create_string(&r.address))
+        .collect();
+    let addresses = b.create_vector(&addresses);
+    let alive: Vec<i64> = alive.iter().copied().collect();
+    let alive = b.create_vector(&alive);
+    wire::ControllerGroup::create(
+        b,
+        &wire::ControllerGroupArgs {
+            cluster_name: Some(cluster),
+            broker_name: Some(broker),
+            master_id: group.master,
+            master_address: Some(master_address),
+            master_ha_address: Some(master_ha),
+            epoch: group.epoch,
+            sync_state_set: Some(set),
+            replica_ids: Some(ids),
+            replica_addresses: Some(addresses),
+            alive: Some(alive),
+        },
+    )
+}
+
+fn decode_group(g: &wire::ControllerGroup<'_>) -> (Group, BTreeSet<i64>) {
+    let text = |s: Option<&str>| s.unwrap_or_default().to_owned();
+    let ids: Vec<i64> = g.replica_ids().iter().flat_map(|v| v.iter()).collect();
+    let addresses: Vec<String> = g
+        .replica_addresses()
+        .iter()
+        .flat_map(|v| v.iter())
+        .map(str::to_owned)
+        .collect();
+    let mut replicas: BTreeMap<i64, Replica> = ids
+        .into_iter()
+        .zip(addresses)
+        .map(|(id, address)| {
+            (
+                id,
+                Replica {
+                    address,
+                    ha_address: String::new(),
+                },
+            )
+        })
+        .collect();
+    if let Some(master) = replicas.get_mut(&g.master_id()) {
+        master.ha_address = text(g.master_ha_address());
+    }
+    (
+        Group {
+            cluster_name: text(g.cluster_name()),
+            broker_name: text(g.broker_name()),
+            master: g.master_id(),
+            epoch: g.epoch(),
+            sync_state_set: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+            replicas,
+        },
+        g.alive().iter().flat_map(|v| v.iter()).collect(),
+    )
+}
+
+/// Runs a controller on threads of its own (a 2-thread tokio runtime) until `shutdown` turns
+/// true. Returns once it listens, or with the reason it cannot start.
+pub fn spawn(
+    config: ControllerConfig,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    let handle = std::thread::Builder::new()
+        .name("shardmq-controller".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("shardmq-controller")
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match TcpListener::bind(&config.listen).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(io::Error::new(
+                            e.kind(),
+                            format!("cannot listen on {}: {e}", config.listen),
+                        )));
+                        return;
+                    }
+                };
+                let controller = match Controller::start(config.clone()).await {
+                    Ok(controller) => controller,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                info!(
+                    id = config.id,
+                    listen = %config.listen,
+                    peers = ?config.peers,
+                    data_dir = %config.data_dir.display(),
+                    "controller serving"
+                );
+                let _ = ready_tx.send(Ok(()));
+                controller.serve(listener, shutdown).await;
+            });
+        })?;
+    ready_rx
+        .recv()
+        .map_err(|_| io::Error::other("the controller thread ended before it started"))??;
+    Ok(handle)
+}

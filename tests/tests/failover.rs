@@ -1,0 +1,520 @@
+//! Automatic failover with real processes (docs/replication.md, "Automatic failover"): three
+//! name servers each running a controller (`--controller`, one Raft group), and three brokers
+//! of one group in `--broker-role auto`. The controller makes the first broker master; when
+//! the master is killed (or paused past the broker timeout) it elects a new one from the
+//! SyncStateSet, and the old master rejoins as a slave.
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first.
+
+mod reliability_support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reliability_support::{create_topic, pull_queue};
+use shardmq_schema::wire;
+use shardmq_tests::{wait_until, BrokerProcess, NamesrvProcess, TestClient};
+
+const TOPIC: &str = "Failover";
+const QUEUES: u32 = 4;
+/// Longest anything here may take to settle.
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A broker group as one controller reports it.
+#[derive(Debug, Clone, Default)]
+struct GroupStatus {
+    leader: u64,
+    master_id: i64,
+    master_address: String,
+    epoch: u64,
+    in_sync: Vec<i64>,
+}
+
+/// Three controllers (in name servers) and three brokers in `auto` role.
+struct HaGroup {
+    controllers: Vec<Option<NamesrvProcess>>,
+    controller_addresses: Vec<String>,
+    namesrv_list: String,
+    brokers: Vec<BrokerProcess>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl HaGroup {
+    fn start() -> HaGroup {
+        let controller_addresses: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let peers: Vec<String> = controller_addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
+        let peers = peers.join(",");
+        let mut dirs = Vec::new();
+        let mut controllers = Vec::new();
+        for (i, address) in controller_addresses.iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let id = (i + 1).to_string();
+            controllers.push(Some(NamesrvProcess::start_with_args(&[
+                "--broker-timeout-ms",
+                "2000",
+                "--scan-interval-ms",
+                "100",
+                "--controller",
+                "--controller-listen",
+                address,
+                "--controller-peers",
+                &peers,
+                "--controller-id",
+                &id,
+                "--controller-data-dir",
+                dir.path().to_str().unwrap(),
+                "--controller-broker-timeout-ms",
+                "2000",
+            ])));
+            dirs.push(dir);
+        }
+        let namesrv_list = controllers
+            .iter()
+            .map(|c| c.as_ref().unwrap().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let controller_list = controller_addresses.join(",");
+        let mut brokers = Vec::new();
+        for id in 1..=3 {
+            let dir = tempfile::tempdir().unwrap();
+            let ha = format!("127.0.0.1:{}", free_port());
+            let id = id.to_string();
+            brokers.push(BrokerProcess::start(
+                dir.path(),
+                &[
+                    "--namesrv",
+                    &namesrv_list,
+                    "--broker-role",
+                    "auto",
+                    "--broker-id",
+                    &id,
+                    "--controller",
+                    &controller_list,
+                    "--controller-heartbeat-ms",
+                    "300",
+                    "--ha-listen",
+                    &ha,
+                    "--register-interval-ms",
+                    "500",
+                    "--sync-flush-timeout-ms",
+                    "3000",
+                ],
+            ));
+            dirs.push(dir);
+        }
+        let group = HaGroup {
+            controllers,
+            controller_addresses,
+            namesrv_list,
+            brokers,
+            _dirs: dirs,
+        };
+        wait_until(SETTLE, "a master and all three brokers in sync", || {
+            let status = group.status()?;
+            (status.master_id > 0 && status.in_sync.len() == 3).then_some(())
+        });
+        group
+    }
+
+    /// The group as the first controller that answers reports it.
+    fn status(&self) -> Option<GroupStatus> {
+        for (i, address) in self.controller_addresses.iter().enumerate() {
+            if self.controllers[i].is_none() {
+                continue;
+            }
+            let Ok(mut client) = TestClient::connect(address.parse().unwrap()) else {
+                continue;
+            };
+            if client.handshake().is_err() {
+                continue;
+            }
+            let Ok(answer) = client.request(|b| {
+                let body =
+                    wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+                (wire::Body::ControllerStatusRequest, body.as_union_value())
+            }) else {
+                continue;
+            };
+            let Some(r) = answer.frame().body_as_controller_status_response() else {
+                continue;
+            };
+            let group = r.groups().and_then(|g| g.iter().next());
+            return Some(match group {
+                Some(g) => GroupStatus {
+                    leader: r.leader_id(),
+                    master_id: g.master_id(),
+                    master_address: g.master_address().unwrap_or_default().to_owned(),
+                    epoch: g.epoch(),
+                    in_sync: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+                },
+                None => GroupStatus {
+                    leader: r.leader_id(),
+                    ..GroupStatus::default()
+                },
+            });
+        }
+        None
+    }
+
+    fn broker(&mut self, id: i64) -> &mut BrokerProcess {
+        &mut self.brokers[(id - 1) as usize]
+    }
+
+    fn master_client(&self) -> TestClient {
+        let status = self.status().expect("a controller answers");
+        let mut client = TestClient::connect(status.master_address.parse().unwrap()).unwrap();
+        client.handshake().unwrap();
+        client
+    }
+}
+
+/// Producers through the client library, sending until stopped; records each SEND_OK body and
+/// when the last one came.
+/// Acknowledged bodies and when each was acknowledged.
+type Acknowledged = Arc<Mutex<Vec<(Vec<u8>, Instant)>>>;
+
+struct Load {
+    acknowledged: Acknowledged,
+    stop: Arc<AtomicBool>,
+    runtime: tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(namesrv: &str, producers: usize) -> Load {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let acknowledged = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..producers)
+            .map(|p| {
+                let (namesrv, acknowledged, stop) =
+                    (namesrv.to_owned(), acknowledged.clone(), stop.clone());
+                runtime.spawn(async move {
+                    let producer = shardmq_client::Producer::builder()
+                        .namesrv(&namesrv)
+                        .send_timeout(Duration::from_secs(4))
+                        .build()
+                        .await
+                        .expect("a producer");
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = format!("p{p}-{i}").into_bytes();
+                        i += 1;
+                        match producer
+                            .send(shardmq_client::Message::new(TOPIC, body.clone()))
+                            .await
+                        {
+                            Ok(r) if r.status == shardmq_client::SendStatus::SendOk => {
+                                acknowledged.lock().unwrap().push((body, Instant::now()));
+                            }
+                            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                        }
+                    }
+                    producer.shutdown().await;
+                })
+            })
+            .collect();
+        Load {
+            acknowledged,
+            stop,
+            runtime,
+            tasks,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.acknowledged.lock().unwrap().len()
+    }
+
+    /// When the first send after `since` was acknowledged.
+    fn first_ack_after(&self, since: Instant) -> Option<Instant> {
+        self.acknowledged
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| *at)
+            .find(|at| *at > since)
+    }
+
+    fn finish(self) -> Vec<Vec<u8>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let tasks = self.tasks;
+        self.runtime.block_on(async {
+            for task in tasks {
+                let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+            }
+        });
+        let acknowledged = self.acknowledged.lock().unwrap();
+        acknowledged.iter().map(|(b, _)| b.clone()).collect()
+    }
+}
+
+/// Every body stored in the topic on the broker `client` talks to.
+fn stored(client: &mut TestClient) -> HashSet<Vec<u8>> {
+    let mut bodies = HashSet::new();
+    for queue in 0..QUEUES as i32 {
+        bodies.extend(
+            pull_queue(client, TOPIC, queue)
+                .0
+                .into_iter()
+                .map(|r| r.body),
+        );
+    }
+    bodies
+}
+
+fn assert_all_stored(acknowledged: &[Vec<u8>], bodies: &HashSet<Vec<u8>>, where_: &str) {
+    let missing: Vec<String> = acknowledged
+        .iter()
+        .filter(|b| !bodies.contains(*b))
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages missing on {where_}: {:?}",
+        missing.len(),
+        acknowledged.len(),
+        &missing[..missing.len().min(10)]
+    );
+}
+
+#[test]
+fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_is_lost() {
+    let mut group = HaGroup::start();
+    create_topic(&mut group.master_client(), TOPIC, QUEUES);
+    let before = group.status().unwrap();
+    let load = Load::start(&group.namesrv_list, 2);
+    wait_until(SETTLE, "300 acknowledged sends", || {
+        (load.count() >= 300).then_some(())
+    });
+    group.broker(before.master_id).kill9();
+    // Dead from here on: the next acknowledgement comes from another master.
+    let killed_at = Instant::now();
+    let at_kill = load.count();
+    wait_until(SETTLE, "writes to resume on a new master", || {
+        (load.count() > at_kill + 50).then_some(())
+    });
+    let after = group.status().unwrap();
+    let took = load.first_ack_after(killed_at).unwrap() - killed_at;
+    let acknowledged = load.finish();
+    assert_ne!(after.master_id, before.master_id);
+    assert!(before.in_sync.contains(&after.master_id));
+    assert_eq!(after.epoch, before.epoch + 1);
+    eprintln!(
+        "failover: master {} killed; master {} (epoch {}) acknowledged the next send {} ms later",
+        before.master_id,
+        after.master_id,
+        after.epoch,
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "writes resumed only after {took:?}"
+    );
+    assert_all_stored(
+        &acknowledged,
+        &stored(&mut group.master_client()),
+        "the new master",
+    );
+
+    // The old master returns as a slave of the new one and catches up.
+    group.broker(before.master_id).restart();
+    wait_until(SETTLE, "the old master back in the SyncStateSet", || {
+        let status = group.status()?;
+        (status.master_id == after.master_id && status.in_sync.contains(&before.master_id))
+            .then_some(())
+    });
+    let mut returned = group.broker(before.master_id).client();
+    assert_all_stored(
+        &acknowledged,
+        &stored(&mut returned),
+        "the old master, now a slave",
+    );
+}
+
+/// `role` from a broker's `broker status`, if it answers.
+fn role_of(address: std::net::SocketAddr) -> Option<String> {
+    let mut client = TestClient::connect(address).ok()?;
+    client.handshake().ok()?;
+    let answer = client
+        .request(|b| {
+            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
+            (wire::Body::BrokerStatusRequest, body.as_union_value())
+        })
+        .ok()?;
+    answer
+        .frame()
+        .body_as_broker_status_response()
+        .and_then(|r| r.role())
+        .map(str::to_owned)
+}
+
+fn signal(process: &shardmq_tests::ServerProcess, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(process.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+#[test]
+fn a_paused_master_is_fenced_and_rejoins_as_a_slave() {
+    let mut group = HaGroup::start();
+    create_topic(&mut group.master_client(), TOPIC, QUEUES);
+    let before = group.status().unwrap();
+    let old_address = group.broker(before.master_id).addr();
+    let load = Load::start(&group.namesrv_list, 2);
+    wait_until(SETTLE, "200 acknowledged sends", || {
+        (load.count() >= 200).then_some(())
+    });
+    signal(group.broker(before.master_id), "STOP");
+    wait_until(SETTLE, "a new master while the old one is paused", || {
+        let status = group.status()?;
+        (status.master_id != before.master_id && status.epoch > before.epoch).then_some(())
+    });
+    let paused_at = load.count();
+    wait_until(SETTLE, "writes on the new master", || {
+        (load.count() > paused_at + 50).then_some(())
+    });
+    signal(group.broker(before.master_id), "CONT");
+    // The old master wakes up believing it is master: whatever it is sent now is not
+    // acknowledged (its in-sync slaves follow the new master), and it soon learns its place.
+    let fenced_until = Instant::now() + Duration::from_secs(4);
+    let mut refused = 0;
+    let mut answers = Vec::new();
+    while Instant::now() < fenced_until {
+        if let Ok(mut client) = TestClient::connect(old_address) {
+            if client.handshake().is_ok() {
+                let _ = client.set_read_timeout(Duration::from_secs(6));
+                let body = shardmq_tests::TestMessage::new(format!("fenced-{refused}"));
+                if let Ok(answer) = client.request(|b| {
+                    shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&body))
+                }) {
+                    let status = shardmq_tests::status_of(&answer).0;
+                    assert_ne!(
+                        status,
+                        wire::Status::OK,
+                        "the deposed master acknowledged a send"
+                    );
+                    answers.push(status);
+                }
+            }
+        }
+        refused += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("the deposed master answered: {answers:?}");
+    assert!(
+        !answers.is_empty(),
+        "the deposed master answered nothing: the check proved nothing"
+    );
+    wait_until(SETTLE, "the old master to rejoin as a slave", || {
+        (role_of(old_address)? == "slave").then_some(())
+    });
+    wait_until(SETTLE, "the old master back in the SyncStateSet", || {
+        group
+            .status()?
+            .in_sync
+            .contains(&before.master_id)
+            .then_some(())
+    });
+    let acknowledged = load.finish();
+    assert_all_stored(
+        &acknowledged,
+        &stored(&mut group.master_client()),
+        "the new master",
+    );
+    let mut old = TestClient::connect(old_address).unwrap();
+    old.handshake().unwrap();
+    wait_until(
+        SETTLE,
+        "the old master to hold every acknowledged message",
+        || {
+            let bodies = stored(&mut old);
+            acknowledged
+                .iter()
+                .all(|b| bodies.contains(b))
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn losing_the_controller_leader_mid_failover_delays_it_and_losing_the_majority_stops_only_elections(
+) {
+    let mut group = HaGroup::start();
+    create_topic(&mut group.master_client(), TOPIC, QUEUES);
+    let before = group.status().unwrap();
+    let load = Load::start(&group.namesrv_list, 2);
+    wait_until(SETTLE, "200 acknowledged sends", || {
+        (load.count() >= 200).then_some(())
+    });
+    // The master and the controller leader die together.
+    let leader = before.leader as usize;
+    assert!(leader >= 1);
+    group.broker(before.master_id).kill9();
+    let mut dead = group.controllers[leader - 1].take().unwrap();
+    assert!(dead
+        .signal_and_wait("KILL", shardmq_tests::STOP_TIMEOUT)
+        .is_some());
+    let killed_at = Instant::now();
+    wait_until(
+        SETTLE,
+        "a new controller leader to elect a new master",
+        || {
+            let status = group.status()?;
+            (status.leader != before.leader && status.master_id != before.master_id).then_some(())
+        },
+    );
+    let at_election = load.count();
+    wait_until(SETTLE, "writes on the new master", || {
+        (load.count() > at_election + 50).then_some(())
+    });
+    let took = load.first_ack_after(killed_at).unwrap() - killed_at;
+    eprintln!(
+        "failover with the controller leader killed too: writes resumed after {} ms",
+        took.as_millis()
+    );
+    let after = group.status().unwrap();
+
+    // A second controller dies: no majority is left, no election can happen, and the master
+    // keeps serving with the replicas it has.
+    let second = (0..3)
+        .find(|i| group.controllers[*i].is_some() && *i + 1 != after.leader as usize)
+        .unwrap_or_else(|| (0..3).find(|i| group.controllers[*i].is_some()).unwrap());
+    let mut dead_too = group.controllers[second].take().unwrap();
+    assert!(dead_too
+        .signal_and_wait("KILL", shardmq_tests::STOP_TIMEOUT)
+        .is_some());
+    let at_minority = load.count();
+    wait_until(
+        SETTLE,
+        "writes to go on without a controller majority",
+        || (load.count() > at_minority + 200).then_some(()),
+    );
+    let acknowledged = load.finish();
+    let mut master = TestClient::connect(after.master_address.parse().unwrap()).unwrap();
+    master.handshake().unwrap();
+    assert_all_stored(&acknowledged, &stored(&mut master), "the master");
+}
