@@ -378,6 +378,7 @@ impl Drop for ServerProcess {
 #[derive(Debug)]
 pub struct NamesrvProcess {
     process: ServerProcess,
+    args: Vec<String>,
 }
 
 impl NamesrvProcess {
@@ -398,7 +399,19 @@ impl NamesrvProcess {
         all_args.extend_from_slice(args);
         Self {
             process: ServerProcess::start(Self::BINARY, &all_args),
+            args: args.iter().map(|&a| a.to_owned()).collect(),
         }
+    }
+
+    /// Starts the name server again with the same options (on a new free port; a running one
+    /// is killed first).
+    pub fn restart(&mut self) {
+        if self.process.is_running() {
+            let _ = self.process.signal_and_wait("KILL", STOP_TIMEOUT);
+        }
+        let mut all_args = vec!["--listen", "127.0.0.1:0"];
+        all_args.extend(self.args.iter().map(String::as_str));
+        self.process = ServerProcess::start(Self::BINARY, &all_args);
     }
 
     /// A connected client that has completed the handshake.

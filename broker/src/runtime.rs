@@ -269,19 +269,39 @@ pub fn run(
 /// bind without `SO_REUSEPORT` fails while anyone listens on the address, so it is tried first
 /// (and closed again before the shards bind).
 fn claim_listen_address(addr: SocketAddr) -> Result<SocketAddr, String> {
-    let probe = std::net::TcpListener::bind(addr).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!(
-                "cannot listen on {addr}: another process is listening there (another broker?); stop it or pick another --listen address"
-            )
-        } else {
-            format!("cannot listen on {addr}: {e}")
+    // A broker killed a moment ago can leave its listener open for a little while (its
+    // io_uring is torn down after the process is gone): give that time to go before refusing.
+    let deadline = std::time::Instant::now() + LISTENER_GONE_WAIT;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(probe) => {
+                return probe
+                    .local_addr()
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))
+            }
+            // The port is taken by a listener, or only by connections a previous broker left
+            // (they linger in FIN-WAIT and block a plain bind, not the shards' SO_REUSEPORT
+            // listeners). Only a listener accepts a connection.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let someone_listens =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok();
+                if !someone_listens {
+                    return Ok(addr);
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "cannot listen on {addr}: another process is listening there (another broker?); stop it or pick another --listen address"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("cannot listen on {addr}: {e}")),
         }
-    })?;
-    probe
-        .local_addr()
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+    }
 }
+
+/// How long a start waits for a listener on its address to go away before refusing it.
+const LISTENER_GONE_WAIT: Duration = Duration::from_secs(3);
 
 /// How long an executor may sleep at most; see [`park_guard`].
 const PARK_GUARD_TICK: Duration = Duration::from_millis(5);

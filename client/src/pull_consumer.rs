@@ -223,7 +223,16 @@ impl PullConsumer {
             suspend: options.wait.min(MAX_PULL_WAIT),
             commit_offset: None,
         };
-        let mut result = self.instance.pool.pull(&address, &args).await?;
+        let mut result = match self.instance.pool.pull(&address, &args).await {
+            Ok(result) => result,
+            Err(error) => {
+                if error.is_retriable() {
+                    // The broker may have moved or gone (failover): the next pull looks again.
+                    let _ = self.instance.namesrv.fetch_route(&queue.topic).await;
+                }
+                return Err(error);
+            }
+        };
         self.instance
             .follow_pull_suggestion(queue, result.suggest_which_broker_id);
         result

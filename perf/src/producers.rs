@@ -33,8 +33,11 @@ use crate::tracker::SequenceSet;
 pub const MAX_PRODUCERS: u32 = 1_024;
 /// Most messages one run sends (the delivery bitmaps cost one bit each).
 pub const MAX_MESSAGES: u64 = 1_000_000_000;
-/// Failed calls in a row after which a producer gives up (the broker is gone).
-const MAX_CONSECUTIVE_FAILURES: u32 = 100;
+/// How long a producer keeps trying while every call fails before it gives up (the broker is
+/// gone); a failover takes seconds.
+const GIVE_UP_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+/// Pause after a failed call, so that a producer does not spin on a broker that is down.
+const FAILED_CALL_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 /// Failed sends logged per producer; the rest are only counted.
 const MAX_LOGGED_FAILURES: u64 = 5;
 /// The producer group benchmark producers send as.
@@ -249,7 +252,7 @@ impl Worker {
             Stop::Messages(_) => None,
         };
         let mut sequence = 0u64;
-        let mut consecutive_failures = 0u32;
+        let mut failing_since: Option<std::time::Instant> = None;
         for call in 0u64.. {
             let messages_in_call = match self.quota {
                 Some(quota) if sequence >= quota => break,
@@ -289,7 +292,7 @@ impl Worker {
             result.calls += 1;
             match sent {
                 Ok(results) => {
-                    consecutive_failures = 0;
+                    failing_since = None;
                     result.acknowledged.insert_range(sequence, messages_in_call);
                     result.messages += messages_in_call;
                     result.flush_timeouts += results
@@ -302,18 +305,20 @@ impl Worker {
                 }
                 Err(error) => {
                     result.failed += messages_in_call;
-                    consecutive_failures += 1;
+                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                     if result.failed <= MAX_LOGGED_FAILURES * u64::from(plan.batch) {
                         warn!(producer = self.index, %error, "send failed");
                     }
-                    if consecutive_failures >= MAX_CONSECUTIVE_FAILURES {
+                    if since.elapsed() >= GIVE_UP_AFTER {
                         return Err(error).with_context(|| {
                             format!(
-                                "producer {} gave up after {MAX_CONSECUTIVE_FAILURES} failed sends in a row",
-                                self.index
+                                "producer {} gave up after every send failed for {} s",
+                                self.index,
+                                GIVE_UP_AFTER.as_secs()
                             )
                         });
                     }
+                    tokio::time::sleep(FAILED_CALL_PAUSE).await;
                 }
             }
             sequence += messages_in_call;

@@ -2235,6 +2235,58 @@ fn a_second_broker_on_a_taken_address_refuses_to_start() {
 }
 
 #[test]
+fn a_broker_killed_with_open_connections_starts_again_on_the_same_address() {
+    // Connections the killed broker had accepted linger (FIN-WAIT) on its port for a while;
+    // they block a plain bind but are no listener: the broker must start there again.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let dir = temp_dir();
+    let start = |dir: &std::path::Path| {
+        Command::new(shardmq_tests::binary_path(BrokerProcess::BINARY))
+            .args(["--listen", address.as_str(), "--data-dir"])
+            .arg(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the broker")
+    };
+    let wait_listening = |child: &mut std::process::Child| {
+        let mut line = String::new();
+        let stdout = child.stdout.as_mut().expect("stdout");
+        io::BufRead::read_line(&mut io::BufReader::new(stdout), &mut line).expect("read");
+        if !line.contains("listening on") {
+            let mut stderr = String::new();
+            let _ = io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut stderr);
+            panic!("the broker said {line:?}; its log: {stderr}");
+        }
+    };
+    let mut first = start(dir.path());
+    wait_listening(&mut first);
+    // Clients stay connected (and never close) while the broker dies.
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let mut client = shardmq_tests::TestClient::connect(address.parse().unwrap()).unwrap();
+            client.handshake().unwrap();
+            client
+        })
+        .collect();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut second = start(dir.path());
+    wait_listening(&mut second);
+    let mut client = shardmq_tests::TestClient::connect(address.parse().unwrap()).unwrap();
+    client.handshake().unwrap();
+    create_topic(&mut client, "Again", 1);
+    drop(held);
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+#[test]
 fn repeated_heartbeats_keep_a_client_alive_without_reaching_storage_each_time() {
     const GROUP: &str = "Steady";
     const TOPIC: &str = "SteadyTopic";

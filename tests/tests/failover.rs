@@ -336,6 +336,25 @@ fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_
         &stored(&mut group.master_client()),
         "the new master",
     );
+    // `shardmq controller status` says the same, from any member.
+    let cli = shardmq_tests::run_cli(
+        &group.namesrv_list,
+        &[
+            "--json",
+            "controller",
+            "status",
+            "--controller",
+            &group.controller_addresses.join(","),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+    assert_eq!(json["groups"][0]["master_id"], after.master_id);
+    assert_eq!(json["groups"][0]["epoch"], after.epoch);
 
     // The old master returns as a slave of the new one and catches up.
     group.broker(before.master_id).restart();
@@ -517,4 +536,208 @@ fn losing_the_controller_leader_mid_failover_delays_it_and_losing_the_majority_s
     let mut master = TestClient::connect(after.master_address.parse().unwrap()).unwrap();
     master.handshake().unwrap();
     assert_all_stored(&acknowledged, &stored(&mut master), "the master");
+
+    // The dead controllers come back on their directories and recover the group from their
+    // Raft logs and the others.
+    let _revived: Vec<NamesrvProcess> = [dead, dead_too]
+        .into_iter()
+        .map(|mut process| {
+            process.restart();
+            process
+        })
+        .collect();
+    for address in &group.controller_addresses {
+        wait_until(SETTLE, "every controller to report the new master", || {
+            let status = controller_group(address)?;
+            (status.master_id == after.master_id && status.epoch == after.epoch).then_some(())
+        });
+    }
+}
+
+/// The first group one controller reports.
+fn controller_group(address: &str) -> Option<GroupStatus> {
+    let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
+    client.handshake().ok()?;
+    let answer = client
+        .request(|b| {
+            let body =
+                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+            (wire::Body::ControllerStatusRequest, body.as_union_value())
+        })
+        .ok()?;
+    let r = answer.frame().body_as_controller_status_response()?;
+    let g = r.groups()?.iter().next()?;
+    Some(GroupStatus {
+        leader: r.leader_id(),
+        master_id: g.master_id(),
+        master_address: g.master_address().unwrap_or_default().to_owned(),
+        epoch: g.epoch(),
+        in_sync: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+    })
+}
+
+fn status_request(client: &mut TestClient) -> Option<shardmq_schema::VerifiedFrame> {
+    client
+        .request(|b| {
+            let body =
+                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+            (wire::Body::ControllerStatusRequest, body.as_union_value())
+        })
+        .ok()
+}
+
+#[test]
+fn controllers_refuse_bad_settings_and_bad_requests() {
+    // Settings that cannot work are refused at start.
+    let port = free_port();
+    for (args, expected) in [
+        (
+            vec![
+                "--controller",
+                "--controller-listen",
+                "127.0.0.1:1",
+                "--controller-peers",
+                "1=127.0.0.1:2",
+            ],
+            "is 127.0.0.1:1",
+        ),
+        (
+            vec![
+                "--controller",
+                "--controller-id",
+                "4",
+                "--controller-peers",
+                "1=127.0.0.1:9878",
+            ],
+            "not among",
+        ),
+        (
+            vec!["--controller", "--controller-peers", "1=nowhere"],
+            "address",
+        ),
+    ] {
+        let output = std::process::Command::new(shardmq_tests::binary_path("shardmq-namesrv"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} started");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // One controller alone is a group of one: it leads itself.
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let _single = NamesrvProcess::start_with_args(&[
+        "--controller",
+        "--controller-listen",
+        &address,
+        "--controller-peers",
+        &format!("1={address}"),
+        "--controller-data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    wait_until(SETTLE, "the single controller to lead", || {
+        let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
+        client.handshake().ok()?;
+        let answer = status_request(&mut client)?;
+        (answer
+            .frame()
+            .body_as_controller_status_response()?
+            .leader_id()
+            == 1)
+            .then_some(())
+    });
+    let mut client = TestClient::connect(address.parse().unwrap()).unwrap();
+    client.handshake().unwrap();
+    // A heartbeat without names, or with id 0, is refused.
+    for (broker, id) in [("", 1), ("broker-a", 0)] {
+        let answer = client
+            .request(|b| {
+                let (cluster, broker) = (b.create_string("c"), b.create_string(broker));
+                let body = wire::ControllerHeartbeatRequest::create(
+                    b,
+                    &wire::ControllerHeartbeatRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: id,
+                        ..Default::default()
+                    },
+                );
+                (
+                    wire::Body::ControllerHeartbeatRequest,
+                    body.as_union_value(),
+                )
+            })
+            .unwrap();
+        assert_eq!(
+            shardmq_tests::status_of(&answer).0,
+            wire::Status::INVALID_ARGUMENT
+        );
+    }
+    // Requests a controller does not serve, and a Raft RPC it cannot parse.
+    let answer = client
+        .request(|b| {
+            let body = wire::TopicListRequest::create(b, &wire::TopicListRequestArgs {});
+            (wire::Body::TopicListRequest, body.as_union_value())
+        })
+        .unwrap();
+    assert_eq!(
+        shardmq_tests::status_of(&answer).0,
+        wire::Status::INVALID_ARGUMENT
+    );
+    let answer = client
+        .request(|b| {
+            let rpc = b.create_string("append");
+            let payload = b.create_vector(b"{not json");
+            let body = wire::ControllerRaftRequest::create(
+                b,
+                &wire::ControllerRaftRequestArgs {
+                    rpc: Some(rpc),
+                    payload: Some(payload),
+                },
+            );
+            (wire::Body::ControllerRaftRequest, body.as_union_value())
+        })
+        .unwrap();
+    assert_eq!(
+        shardmq_tests::status_of(&answer).0,
+        wire::Status::INVALID_ARGUMENT
+    );
+    // Garbage closes the connection; the controller goes on serving.
+    let mut garbage = TestClient::connect(address.parse().unwrap()).unwrap();
+    let _ = garbage.send_bytes(&[0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]);
+    drop(garbage);
+    let mut again = TestClient::connect(address.parse().unwrap()).unwrap();
+    again.handshake().unwrap();
+    // A broker's first heartbeat makes it the group's master, epoch 1.
+    let answer = again
+        .request(|b| {
+            let (cluster, broker) = (b.create_string("c"), b.create_string("b"));
+            let address = b.create_string("127.0.0.1:1");
+            let ha = b.create_string("127.0.0.1:2");
+            let body = wire::ControllerHeartbeatRequest::create(
+                b,
+                &wire::ControllerHeartbeatRequestArgs {
+                    cluster_name: Some(cluster),
+                    broker_name: Some(broker),
+                    broker_id: 7,
+                    address: Some(address),
+                    ha_address: Some(ha),
+                    ..Default::default()
+                },
+            );
+            (
+                wire::Body::ControllerHeartbeatRequest,
+                body.as_union_value(),
+            )
+        })
+        .unwrap();
+    let group = answer
+        .frame()
+        .body_as_controller_heartbeat_response()
+        .and_then(|r| r.group())
+        .expect("a group");
+    assert_eq!((group.master_id(), group.epoch()), (7, 1));
+    assert_eq!(group.master_ha_address(), Some("127.0.0.1:2"));
 }

@@ -307,6 +307,14 @@ fn role_settings_that_cannot_work_are_refused_at_start() {
             "broker_id above 0",
         ),
         (vec!["--broker-id", "2"], "broker_id 0"),
+        (
+            vec!["--broker-role", "auto", "--broker-id", "1"],
+            "controller addresses",
+        ),
+        (
+            vec!["--broker-role", "auto", "--controller", "127.0.0.1:1"],
+            "above 0",
+        ),
         (vec!["--broker-role", "leader"], "not async-master"),
     ] {
         let mut all = vec!["--listen", "127.0.0.1:0", "--data-dir"];
