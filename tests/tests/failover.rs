@@ -678,7 +678,7 @@ fn controllers_refuse_bad_settings_and_bad_requests() {
     // Requests a controller does not serve, and a Raft RPC it cannot parse.
     let answer = client
         .request(|b| {
-            let body = wire::TopicListRequest::create(b, &wire::TopicListRequestArgs {});
+            let body = wire::TopicListRequest::create(b, &wire::TopicListRequestArgs::default());
             (wire::Body::TopicListRequest, body.as_union_value())
         })
         .unwrap();
