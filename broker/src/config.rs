@@ -115,6 +115,10 @@ pub struct BrokerConfig {
     /// A master in controller mode keeps a slave in the SyncStateSet while its lag stays under
     /// this many bytes (per storage shard); a slave joins the set once it has everything.
     pub in_sync_max_lag_bytes: u64,
+    /// A master in controller mode acknowledges a send `SEND_OK` only while its SyncStateSet
+    /// (itself included) has at least this many members; below, sends are stored and answered
+    /// SLAVE_NOT_AVAILABLE (RocketMQ's minInSyncReplicas).
+    pub min_in_sync_replicas: u32,
     /// Set by the broker itself in controller mode (not a setting): the epoch the controller
     /// gave this run, and this broker's own id (its `broker_id` setting; a master registers
     /// with the name servers as 0).
@@ -223,6 +227,7 @@ impl Default for BrokerConfig {
             controller: Vec::new(),
             controller_heartbeat_ms: 500,
             in_sync_max_lag_bytes: 4 << 20,
+            min_in_sync_replicas: 1,
             controller_epoch: 0,
             controller_self_id: 0,
         }

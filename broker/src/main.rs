@@ -147,6 +147,10 @@ struct ServeArgs {
     /// behind (per storage shard). [default: 4194304]
     #[arg(long)]
     in_sync_max_lag_bytes: Option<u64>,
+    /// Controller mode: a send is acknowledged SEND_OK only while the SyncStateSet (master
+    /// included) has at least this many members; below, SLAVE_NOT_AVAILABLE. [default: 1]
+    #[arg(long)]
+    min_in_sync_replicas: Option<u32>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -262,6 +266,7 @@ impl ServeArgs {
             controller,
             controller_heartbeat_ms,
             in_sync_max_lag_bytes,
+            min_in_sync_replicas,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,
@@ -320,6 +325,11 @@ fn init_logging(format: &str) {
     }
 }
 
+/// Set by a broker restarting itself: the address to listen on again.
+const RESTART_LISTEN_ENV: &str = "SHARDMQ_BROKER_RESTART_LISTEN";
+/// Set by a broker restarting itself once it has printed its `listening on` line.
+const ANNOUNCED_ENV: &str = "SHARDMQ_BROKER_ANNOUNCED";
+
 fn serve(args: ServeArgs) -> ExitCode {
     let config = match args.into_config().and_then(|c| c.validate().map(|_| c)) {
         Ok(config) => config,
@@ -330,50 +340,73 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     init_logging(&config.log_format);
     let mut config = config;
-    let mut is_first_run = true;
-    let announced = Arc::new(AtomicBool::new(false));
-    // Signals before a run starts (while waiting for the controller) end the broker too.
+    // A broker restarted by itself (below) runs on the address it had.
+    let restarted_on = std::env::var(RESTART_LISTEN_ENV).ok();
+    if let Some(address) = &restarted_on {
+        config.listen = address.clone();
+    }
+    let announced = Arc::new(AtomicBool::new(std::env::var_os(ANNOUNCED_ENV).is_some()));
+    // Signals before the run starts (while waiting for the controller) end the broker too.
     let interrupted = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(signal, interrupted.clone());
     }
-    let outcome = loop {
-        // Controller mode: the controller says what this run is (and a restart asks again).
-        let effective = if config.is_auto() {
-            match shardmq_broker::controller_client::resolve(&config, &interrupted) {
-                Ok(effective) => effective,
-                Err(_) if interrupted.load(std::sync::atomic::Ordering::Relaxed) => break Ok(()),
-                Err(e) => break Err(e),
+    // Controller mode: the controller says what this run is.
+    let effective = if config.is_auto() {
+        match shardmq_broker::controller_client::resolve(&config, &interrupted) {
+            Ok(effective) => effective,
+            Err(_) if interrupted.load(std::sync::atomic::Ordering::Relaxed) => {
+                return ExitCode::SUCCESS
             }
-        } else {
-            config.clone()
-        };
-        let stopping = Arc::new(AtomicBool::new(false));
-        let listening = Arc::new(std::sync::Mutex::new(None));
-        let seen = listening.clone();
-        let announced = announced.clone();
-        let outcome =
-            shardmq_broker::runtime::run(effective, stopping, !is_first_run, move |addr| {
-                *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
-                // Scripts and tests read this line to learn the address (port 0 picks one), once:
-                // a run that restarts before it serves has not said it.
-                if !announced.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    println!("shardmq-broker listening on {addr}");
-                }
-            });
-        // A shard asked for a restart (a slave cutting its log, a new role from the
-        // controller): start again on the same address.
-        if outcome.is_err()
-            || !shardmq_broker::runtime::take_restart_request()
-            || interrupted.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            break outcome;
+            Err(e) => {
+                eprintln!("shardmq-broker: {e}");
+                return ExitCode::from(1);
+            }
         }
-        if let Some(addr) = *listening.lock().unwrap_or_else(|e| e.into_inner()) {
-            config.listen = addr.to_string();
-        }
-        is_first_run = false;
+    } else {
+        config.clone()
     };
+    let stopping = Arc::new(AtomicBool::new(false));
+    let listening = Arc::new(std::sync::Mutex::new(None));
+    let seen = listening.clone();
+    let said = announced.clone();
+    let outcome =
+        shardmq_broker::runtime::run(effective, stopping, restarted_on.is_some(), move |addr| {
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
+            // Scripts and tests read this line to learn the address (port 0 picks one), once:
+            // a run that restarted before it served has not said it.
+            if !said.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                println!("shardmq-broker listening on {addr}");
+            }
+        });
+    // A shard asked for a restart (a slave cutting its log, a new role from the controller):
+    // the broker has stopped gracefully; it starts again as a fresh image of this program, in
+    // this process (same pid), on the same address. A fresh image, not a loop: the executors'
+    // io_uring instances let go of their sockets only when the process (or its image) goes,
+    // and sockets of the old run left open would swallow clients' requests.
+    if outcome.is_ok()
+        && shardmq_broker::runtime::take_restart_request()
+        && !interrupted.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        use std::os::unix::process::CommandExt;
+        let address = listening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|a| a.to_string())
+            .unwrap_or(config.listen);
+        let program = std::env::current_exe().unwrap_or_else(|_| "shardmq-broker".into());
+        let mut command = std::process::Command::new(program);
+        command
+            .args(std::env::args_os().skip(1))
+            .env(RESTART_LISTEN_ENV, address);
+        if announced.load(std::sync::atomic::Ordering::Relaxed) {
+            command.env(ANNOUNCED_ENV, "1");
+        }
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let error = command.exec();
+        eprintln!("shardmq-broker: cannot restart: {error}");
+        return ExitCode::from(1);
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -194,11 +194,24 @@ impl MasterSide {
     }
 
     /// Sync master: waits until a slave acknowledges every byte below `end`, up to `timeout`.
-    /// In controller mode, every member of the SyncStateSet (but the master) must; with none
-    /// but the master, the send completes at once.
-    pub async fn wait_replicated(&self, end: u64, timeout: Duration) -> AppendStatus {
+    /// In controller mode, every member of the SyncStateSet (but the master) must; with fewer
+    /// than `min_in_sync_replicas` members (the master counted) the send is answered
+    /// SLAVE_NOT_AVAILABLE at once, and with none but the master (and a minimum of 1) it
+    /// completes at once.
+    pub async fn wait_replicated(
+        &self,
+        end: u64,
+        timeout: Duration,
+        min_in_sync_replicas: u32,
+    ) -> AppendStatus {
         let required = sync_wait_set();
         if required.is_none() && self.best_acknowledged().is_none() {
+            return AppendStatus::SlaveNotAvailable;
+        }
+        if required
+            .as_ref()
+            .is_some_and(|set| set.len() + 1 < min_in_sync_replicas as usize)
+        {
             return AppendStatus::SlaveNotAvailable;
         }
         let is_done = || match &required {
@@ -612,6 +625,8 @@ pub struct Follower {
     pub store: MessageStore,
     pub epochs: Rc<RefCell<EpochLog>>,
     pub view: Rc<SlaveView>,
+    /// Called once replicated bytes are visible: wakes pulls parked on the queues that grew.
+    pub on_appended: Rc<dyn Fn()>,
 }
 
 /// The slave's replication loop for one storage shard: joins the master (cutting its own log
@@ -624,6 +639,7 @@ pub async fn follow(follower: Follower) {
         store,
         epochs,
         view,
+        on_appended,
     } = follower;
     let client_id = format!(
         "{}-slave-{}-{storage_shard}",
@@ -775,7 +791,8 @@ pub async fn follow(follower: Follower) {
                             warn!(storage_shard, error = %e, "cannot record the master's term");
                         }
                     }
-                    store.wait_visible_to_current_end().await
+                    store.wait_visible_to_current_end().await;
+                    on_appended();
                 }
                 Err(StoreError::Busy { .. }) => {
                     // The disk is behind: let it catch up, then ask again from the same end.

@@ -44,8 +44,9 @@ struct CoreRoles {
     network: Vec<NetworkEnds>,
 }
 
-/// Set when a shard asks the broker to stop and start again in the same process (a slave that
-/// must cut its CommitLog, which the store does as it opens).
+/// Set when a shard asks the broker to stop and start again (a slave that must cut its
+/// CommitLog, which the store does as it opens; a new role from the controller): `main`
+/// re-executes the program in this process once the run has stopped.
 static RESTART_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 /// Asks the broker to stop gracefully and start again (see [`take_restart_request`]).
@@ -241,7 +242,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if RESTART_REQUESTED.load(Ordering::Relaxed) && !stopping.load(Ordering::Relaxed) {
-            info!("restarting the broker in this process");
+            info!("restarting the broker (a fresh image of this program, same pid and address)");
             stopping.store(true, Ordering::Relaxed);
         }
         if stopping.load(Ordering::Relaxed) && !announced {

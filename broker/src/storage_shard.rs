@@ -46,6 +46,8 @@ struct StorageShard {
     offsets: RefCell<ConsumerOffsets>,
     /// topic → queue → bitmask of network shards waiting for an arrival.
     watches: RefCell<HashMap<String, HashMap<u32, u64>>>,
+    /// Watched queue → its end when the first pull parked (a slave wakes them by growth).
+    parked_at: RefCell<HashMap<(String, u32), u64>>,
     events: Vec<ConnectedSender<NetworkEvent>>,
     control: Option<Control>,
     stopping: RefCell<bool>,
@@ -185,6 +187,7 @@ pub async fn run(
         store,
         offsets: RefCell::new(offsets),
         watches: RefCell::new(HashMap::new()),
+        parked_at: RefCell::new(HashMap::new()),
         events: connected_events,
         control,
         stopping: RefCell::new(false),
@@ -231,6 +234,10 @@ pub async fn run(
             store: shard.store.clone(),
             epochs,
             view: shard.slave_view.clone(),
+            on_appended: {
+                let shard = shard.clone();
+                Rc::new(move || shard.notify_replicated())
+            },
         }))
         .detach()
     } else {
@@ -319,7 +326,9 @@ impl StorageShard {
     /// `sync_flush_timeout_ms`.
     async fn wait_replicated(&self, end: u64) -> crate::store::AppendStatus {
         let timeout = Duration::from_millis(self.config.sync_flush_timeout_ms);
-        self.master.wait_replicated(end, timeout).await
+        self.master
+            .wait_replicated(end, timeout, self.config.min_in_sync_replicas)
+            .await
     }
 
     /// `slave_read_enable` (RocketMQ's slaveReadEnable): where the consumer that got `records`
@@ -359,6 +368,9 @@ impl StorageShard {
             }
             mask
         };
+        self.parked_at
+            .borrow_mut()
+            .remove(&(topic.to_owned(), queue_id));
         let Some(mask) = mask else { return };
         for (network_shard, sender) in self.events.iter().enumerate() {
             if mask & (1 << network_shard) != 0 {
@@ -378,6 +390,35 @@ impl StorageShard {
             .or_default()
             .entry(queue_id)
             .or_default() |= 1 << network_shard;
+        drop(watches);
+        // Where the queue ended when the pull parked (a pull parks only at the end).
+        let max = self
+            .store
+            .queue_offsets(topic, queue_id)
+            .map_or(0, |(_, max)| max);
+        self.parked_at
+            .borrow_mut()
+            .entry((topic.to_owned(), queue_id))
+            .or_insert(max);
+    }
+
+    /// A slave appended replicated bytes: wakes the parked pulls of every watched queue that
+    /// grew past where its pulls parked.
+    fn notify_replicated(&self) {
+        let grown: Vec<(String, u32)> = self
+            .parked_at
+            .borrow()
+            .iter()
+            .filter(|((topic, queue_id), at)| {
+                self.store
+                    .queue_offsets(topic, *queue_id)
+                    .is_some_and(|(_, max)| max > **at)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (topic, queue_id) in grown {
+            self.notify_arrival(&topic, queue_id);
+        }
     }
 
     async fn handle(&self, request: StorageRequest) {

@@ -51,6 +51,11 @@ struct HaGroup {
 
 impl HaGroup {
     fn start() -> HaGroup {
+        HaGroup::start_with(&[])
+    }
+
+    /// Starts the group with `extra` options on every broker.
+    fn start_with(extra: &[&str]) -> HaGroup {
         let controller_addresses: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -95,27 +100,26 @@ impl HaGroup {
             let dir = tempfile::tempdir().unwrap();
             let ha = format!("127.0.0.1:{}", free_port());
             let id = id.to_string();
-            brokers.push(BrokerProcess::start(
-                dir.path(),
-                &[
-                    "--namesrv",
-                    &namesrv_list,
-                    "--broker-role",
-                    "auto",
-                    "--broker-id",
-                    &id,
-                    "--controller",
-                    &controller_list,
-                    "--controller-heartbeat-ms",
-                    "300",
-                    "--ha-listen",
-                    &ha,
-                    "--register-interval-ms",
-                    "500",
-                    "--sync-flush-timeout-ms",
-                    "3000",
-                ],
-            ));
+            let mut args = vec![
+                "--namesrv",
+                &namesrv_list,
+                "--broker-role",
+                "auto",
+                "--broker-id",
+                &id,
+                "--controller",
+                &controller_list,
+                "--controller-heartbeat-ms",
+                "300",
+                "--ha-listen",
+                &ha,
+                "--register-interval-ms",
+                "500",
+                "--sync-flush-timeout-ms",
+                "3000",
+            ];
+            args.extend_from_slice(extra);
+            brokers.push(BrokerProcess::start(dir.path(), &args));
             dirs.push(dir);
         }
         let group = HaGroup {
@@ -303,6 +307,35 @@ fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_
     let mut group = HaGroup::start();
     create_topic(&mut group.master_client(), TOPIC, QUEUES);
     let before = group.status().unwrap();
+    // A push consumer group reads across the failover, without a restart.
+    let consumer_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen: Arc<Mutex<HashSet<Vec<u8>>>> = Arc::default();
+    let consumer = {
+        let sink = seen.clone();
+        consumer_runtime
+            .block_on(
+                shardmq_client::PushConsumer::builder()
+                    .namesrv(&group.namesrv_list)
+                    .group("Survivor")
+                    .subscribe(TOPIC, "*")
+                    .consume_from(shardmq_client::ConsumeFrom::FirstOffset)
+                    .listen_concurrently(move |messages| {
+                        let sink = sink.clone();
+                        async move {
+                            sink.lock()
+                                .unwrap()
+                                .extend(messages.iter().map(|m| m.body.to_vec()));
+                            shardmq_client::ConsumeResult::Success
+                        }
+                    })
+                    .start(),
+            )
+            .expect("a push consumer")
+    };
     let load = Load::start(&group.namesrv_list, 2);
     wait_until(SETTLE, "300 acknowledged sends", || {
         (load.count() >= 300).then_some(())
@@ -336,6 +369,29 @@ fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_
         &stored(&mut group.master_client()),
         "the new master",
     );
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let missing: Vec<String> = {
+            let seen = seen.lock().unwrap();
+            acknowledged
+                .iter()
+                .filter(|b| !seen.contains(*b))
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .collect()
+        };
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the consumer lacks {} of {} acknowledged messages, e.g. {:?}",
+            missing.len(),
+            acknowledged.len(),
+            &missing[..missing.len().min(5)]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    consumer_runtime.block_on(consumer.shutdown());
     // `shardmq controller status` says the same, from any member.
     let cli = shardmq_tests::run_cli(
         &group.namesrv_list,
@@ -740,4 +796,42 @@ fn controllers_refuse_bad_settings_and_bad_requests() {
         .expect("a group");
     assert_eq!((group.master_id(), group.epoch()), (7, 1));
     assert_eq!(group.master_ha_address(), Some("127.0.0.1:2"));
+}
+
+#[test]
+fn below_min_in_sync_replicas_a_master_stores_but_does_not_acknowledge() {
+    let mut group = HaGroup::start_with(&["--min-in-sync-replicas", "2"]);
+    let mut master = group.master_client();
+    create_topic(&mut master, TOPIC, 1);
+    let send = |client: &mut TestClient, body: &str| {
+        let message = shardmq_tests::TestMessage::new(body.to_owned());
+        let answer = client
+            .request(|b| {
+                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
+            })
+            .unwrap();
+        shardmq_tests::status_of(&answer).0
+    };
+    assert_eq!(send(&mut master, "three in sync"), wire::Status::OK);
+    let status = group.status().unwrap();
+    let slaves: Vec<i64> = (1..=3).filter(|id| *id != status.master_id).collect();
+    for id in &slaves {
+        group.broker(*id).kill9();
+    }
+    // The master drops the dead slaves from its set; once it is alone, sends are refused.
+    let _ = master.set_read_timeout(Duration::from_secs(10));
+    wait_until(SETTLE, "sends to be answered SLAVE_NOT_AVAILABLE", || {
+        (send(&mut master, "alone") == wire::Status::SLAVE_NOT_AVAILABLE).then_some(())
+    });
+    let alone = group.status().unwrap();
+    assert_eq!(
+        alone.master_id, status.master_id,
+        "a live master is not replaced"
+    );
+    assert_eq!(alone.in_sync, vec![status.master_id]);
+    // One slave back in sync: two members again, sends acknowledged.
+    group.broker(slaves[0]).restart();
+    wait_until(SETTLE, "a send acknowledged again", || {
+        (send(&mut master, "two in sync") == wire::Status::OK).then_some(())
+    });
 }
