@@ -1224,3 +1224,37 @@ fn with_slave_read_enable_a_consumer_far_behind_reads_from_the_slave_and_returns
     assert_eq!(suggested, 0);
     master.stop();
 }
+
+#[test]
+fn a_pull_parked_on_a_slave_wakes_when_replicated_messages_arrive() {
+    let group = Group::new();
+    let master = group.master("async-master", &[]);
+    let slave = group.slave(&[]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    send_batch(&mut client, TOPIC, 0, &[TestMessage::new("first")]);
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to hold the first message", || {
+        (pull_queue(&mut on_slave, TOPIC, 0).0.len() == 1).then_some(())
+    });
+    // Parked at the queue's end on the slave for up to 20 s; the next message reaches the
+    // slave by replication, and the pull answers with it long before its hold ends.
+    let _ = on_slave.set_read_timeout(Duration::from_secs(30));
+    let parked = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let mut params = shardmq_tests::PullParams::new(TOPIC, 0, 1);
+        params.suspend_timeout_ms = 20_000;
+        let answer = on_slave
+            .request(|b| shardmq_tests::pull_request_body(b, &params))
+            .expect("a pull answer");
+        (status_of(&answer).0, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    send_batch(&mut client, TOPIC, 0, &[TestMessage::new("second")]);
+    let (status, took) = parked.join().unwrap();
+    assert_eq!(status, wire::Status::OK);
+    assert!(
+        took < Duration::from_secs(10),
+        "the parked pull answered only after {took:?} (its hold, not the arrival)"
+    );
+}
