@@ -449,14 +449,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let mut log = LogStore::open(dir.path()).unwrap();
-            let mut inner = log.lock();
-            for index in 1..=3 {
-                let entry = entry(index, register(index as i64));
-                serde_json::to_writer(&mut inner.file, &entry).unwrap();
-                inner.file.write_all(b"\n").unwrap();
-                inner.log.insert(index, entry);
+            {
+                let mut inner = log.lock();
+                for index in 1..=3 {
+                    let entry = entry(index, register(index as i64));
+                    serde_json::to_writer(&mut inner.file, &entry).unwrap();
+                    inner.file.write_all(b"\n").unwrap();
+                    inner.log.insert(index, entry);
+                }
             }
-            drop(inner);
             log.save_vote(&Vote::new(3, 2)).await.unwrap();
         }
         // A crash mid-append leaves half a line.
