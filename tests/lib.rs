@@ -1262,3 +1262,13 @@ pub fn http_get_body(addr: SocketAddr, path: &str) -> String {
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
 }
+
+/// A loopback port free right now (for a server that must be told its port in advance, such
+/// as an HA or controller address).
+#[must_use]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free loopback port")
+}

@@ -11,10 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use shardmq_schema::{
-    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
-};
+use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 
 use crate::config::BrokerConfig;
 
@@ -120,21 +117,10 @@ fn blocking_call(
     let mut encoder = FrameEncoder::new();
     let handshake = encoder
         .encode(|b| {
-            let client_id = b.create_string(&config.broker_name);
-            let body = wire::HandshakeRequest::create(
-                b,
-                &wire::HandshakeRequestArgs {
-                    protocol_version: PROTOCOL_VERSION,
-                    min_protocol_version: MIN_PROTOCOL_VERSION,
-                    client_id: Some(client_id),
-                    client_version: None,
-                },
-            );
-            build_frame(
+            shardmq_schema::build_handshake_request(
                 b,
                 &FrameHeader::request(1),
-                wire::Body::HandshakeRequest,
-                Some(body.as_union_value()),
+                &config.broker_name,
             )
         })
         .map_err(|e| e.to_string())?;

@@ -25,10 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
-use shardmq_schema::{
-    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
-};
+use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 use tracing::{error, info, warn};
 
 use crate::config::BrokerConfig;
@@ -414,24 +411,7 @@ impl MasterLink {
             next_request_id: 1,
         };
         let answer = link
-            .request(|b, header| {
-                let client_id = b.create_string(client_id);
-                let body = wire::HandshakeRequest::create(
-                    b,
-                    &wire::HandshakeRequestArgs {
-                        protocol_version: PROTOCOL_VERSION,
-                        min_protocol_version: MIN_PROTOCOL_VERSION,
-                        client_id: Some(client_id),
-                        client_version: None,
-                    },
-                );
-                build_frame(
-                    b,
-                    &header,
-                    wire::Body::HandshakeRequest,
-                    Some(body.as_union_value()),
-                )
-            })
+            .request(|b, header| shardmq_schema::build_handshake_request(b, &header, client_id))
             .await?;
         if answer.frame().status() != wire::Status::OK {
             return Err(io::Error::other(format!(

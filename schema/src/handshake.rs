@@ -27,6 +27,31 @@ pub fn negotiate_protocol_version(peer_max_version: u32, peer_min_version: u32) 
     (highest_common >= lowest_common && highest_common != 0).then_some(highest_common)
 }
 
+/// A `HandshakeRequest` frame from `client_id` offering this build's versions: what a
+/// server-to-server link (replication, registration, the controller) sends first.
+pub fn build_handshake_request<'b>(
+    builder: &mut flatbuffers::FlatBufferBuilder<'b>,
+    header: &crate::FrameHeader<'_>,
+    client_id: &str,
+) -> flatbuffers::WIPOffset<crate::wire::Frame<'b>> {
+    let client_id = builder.create_string(client_id);
+    let body = crate::wire::HandshakeRequest::create(
+        builder,
+        &crate::wire::HandshakeRequestArgs {
+            protocol_version: PROTOCOL_VERSION,
+            min_protocol_version: MIN_PROTOCOL_VERSION,
+            client_id: Some(client_id),
+            client_version: None,
+        },
+    );
+    crate::build_frame(
+        builder,
+        header,
+        crate::wire::Body::HandshakeRequest,
+        Some(body.as_union_value()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,7 +46,9 @@ pub use frame::{
     VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_FILE_IDENTIFIER, FRAME_LENGTH_PREFIX_BYTES,
     MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
-pub use handshake::{negotiate_protocol_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+pub use handshake::{
+    build_handshake_request, negotiate_protocol_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
 
 /// Topic permission bits carried in `TopicConfig.perm` and `QueueData.perm`, as RocketMQ
 /// defines them.

@@ -22,13 +22,7 @@ const QUEUES: u32 = 4;
 /// Longest anything here may take to settle.
 const SETTLE: Duration = Duration::from_secs(30);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use shardmq_tests::free_port;
 
 /// A broker group as one controller reports it.
 #[derive(Debug, Clone, Default)]
@@ -148,11 +142,7 @@ impl HaGroup {
             if client.handshake().is_err() {
                 continue;
             }
-            let Ok(answer) = client.request(|b| {
-                let body =
-                    wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
-                (wire::Body::ControllerStatusRequest, body.as_union_value())
-            }) else {
+            let Some(answer) = status_request(&mut client) else {
                 continue;
             };
             let Some(r) = answer.frame().body_as_controller_status_response() else {
@@ -614,13 +604,7 @@ fn losing_the_controller_leader_mid_failover_delays_it_and_losing_the_majority_s
 fn controller_group(address: &str) -> Option<GroupStatus> {
     let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
     client.handshake().ok()?;
-    let answer = client
-        .request(|b| {
-            let body =
-                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
-            (wire::Body::ControllerStatusRequest, body.as_union_value())
-        })
-        .ok()?;
+    let answer = status_request(&mut client)?;
     let r = answer.frame().body_as_controller_status_response()?;
     let g = r.groups()?.iter().next()?;
     Some(GroupStatus {

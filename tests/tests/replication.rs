@@ -23,13 +23,7 @@ const QUEUES: u32 = 4;
 /// Longest the slave may take to catch up here (loopback, a few hundred KiB).
 const CATCH_UP: Duration = Duration::from_secs(20);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use shardmq_tests::free_port;
 
 /// A name server and the directories and HA address of a master/slave pair.
 struct Group {

@@ -6,10 +6,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use shardmq_schema::{
-    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
-};
+use shardmq_schema::{wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -48,22 +45,7 @@ impl Link {
             };
             let answer = link
                 .request(Box::new(|b, header| {
-                    let client_id = b.create_string("shardmq-controller");
-                    let body = wire::HandshakeRequest::create(
-                        b,
-                        &wire::HandshakeRequestArgs {
-                            protocol_version: PROTOCOL_VERSION,
-                            min_protocol_version: MIN_PROTOCOL_VERSION,
-                            client_id: Some(client_id),
-                            client_version: None,
-                        },
-                    );
-                    build_frame(
-                        b,
-                        &header,
-                        wire::Body::HandshakeRequest,
-                        Some(body.as_union_value()),
-                    )
+                    shardmq_schema::build_handshake_request(b, &header, "shardmq-controller")
                 }))
                 .await?;
             if answer.frame().status() != wire::Status::OK {
