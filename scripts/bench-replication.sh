@@ -6,7 +6,10 @@
 #     and send latency p50/p99 from `shardmq-perf produce`;
 #   - for async-master, the replication lag while the 4 x 32 load runs at its maximum rate:
 #     the master's `shardmq_replication_lag_bytes` and `_lag_ms` (storage shard 0) sampled
-#     every 100 ms, reported as p50/p99/max.
+#     every 100 ms, reported as p50/p99/max;
+#   - for each, the CPU of the master's and the slave's executor threads during the 4 x 32 run
+#     (core 0 hosts the storage shard, core 1 the network shard): which shard does the
+#     replication work.
 # Usage: scripts/bench-replication.sh [--seconds S] [--dir PARENT]
 #   --seconds S   length of each produce run (default 8)
 #   --dir PARENT  where the temporary data directories go (default $TMPDIR, else /work, else
@@ -59,12 +62,15 @@ start_group() {
     --ha-listen "127.0.0.1:$ha_port" --broker-role "$master_role" --data-dir "$dir/master" \
     --metrics-listen "$metrics" --auto-create-topics >"$dir/master.log" 2>&1 &
   pids+=($!)
+  master_pid=$!
+  slave_pid=
   wait_for "$dir/master.log" serving
   if [ "$role" != none ]; then
     "$bin/shardmq-broker" --namesrv "$namesrv" --listen "127.0.0.1:$slave_port" \
       --broker-role slave --broker-id 1 --ha-master "127.0.0.1:$ha_port" \
       --data-dir "$dir/slave" >"$dir/slave.log" 2>&1 &
     pids+=($!)
+    slave_pid=$!
     wait_for "$dir/slave.log" "replicating from the master"
   fi
 }
@@ -73,6 +79,25 @@ produce() {
   "$bin/shardmq-perf" produce --namesrv "$namesrv" --topic Repl --quiet --json "$@" | tail -n 1
 }
 field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); v=d.get(sys.argv[2]); print(round(v) if isinstance(v,float) else v)" "$1" "$2"; }
+
+# CPU seconds (user + system) of each executor thread (shardmq-core-N) of process $1.
+thread_cpu() {
+  local tick
+  tick="$(getconf CLK_TCK)"
+  for task in /proc/"$1"/task/*; do
+    local stat name rest
+    stat="$(cat "$task/stat" 2>/dev/null)" || continue
+    name="${stat#*(}"; name="${name%%)*}"
+    rest="${stat##*) }"
+    # shellcheck disable=SC2086
+    set -- $rest
+    echo "$name ${12} ${13}"
+  done | awk -v tick="$tick" '/shardmq-core/ {cpu[$1] += ($2 + $3) / tick} END {for (n in cpu) printf "%s %.3f\n", n, cpu[n]}' | sort
+}
+# "core-0 X%, core-1 Y%" between two thread_cpu samples over $3 seconds.
+cpu_delta() {
+  join <(echo "$1") <(echo "$2") | awk -v s="$3" '{sub("shardmq-", "", $1); sub(/-$/, "", $1); printf "%s%s %.0f%%", sep, $1, 100 * ($3 - $2) / s; sep=", "}'
+}
 
 # Samples the master's lag metrics every 100 ms into $1 until killed.
 sample_lag() {
@@ -86,6 +111,7 @@ sample_lag() {
 }
 
 rows=()
+cpu_lines=()
 lag_line=""
 for role in none async-master sync-master; do
   start_group "$role"
@@ -95,7 +121,17 @@ for role in none async-master sync-master; do
   lag_file="$work/$role/lag.txt"
   sample_lag "$lag_file" &
   sampler=$!
+  master_before="$(thread_cpu "$master_pid")"
+  slave_before=""
+  [ -n "$slave_pid" ] && slave_before="$(thread_cpu "$slave_pid")"
+  started=$(date +%s.%N)
   four="$(produce --producers 4 --batch 32 --duration "$seconds")"
+  took="$(python3 -c "import sys; print(float(sys.argv[1]) - float(sys.argv[2]))" "$(date +%s.%N)" "$started")"
+  cpu_line="master $(cpu_delta "$master_before" "$(thread_cpu "$master_pid")" "$took")"
+  if [ -n "$slave_pid" ]; then
+    cpu_line="$cpu_line; slave $(cpu_delta "$slave_before" "$(thread_cpu "$slave_pid")" "$took")"
+  fi
+  cpu_lines+=("- $role: $cpu_line")
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   label="$role + slave"
@@ -129,3 +165,6 @@ echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "$lag_line"
+echo
+echo "Executor threads' CPU during the 4x32 run (core-0: storage shard, core-1: network shard):"
+printf '%s\n' "${cpu_lines[@]}"
