@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
-use shardmq_schema::{
-    build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame, PROTOCOL_VERSION,
-};
+use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 use tracing::{debug, info, warn};
 
 use crate::network::NetworkShard;
@@ -155,21 +153,10 @@ async fn call(address: &str, request: Bytes) -> Result<VerifiedFrame, String> {
             .map_err(|e| format!("connect: {e}"))?;
         let handshake = FrameEncoder::new()
             .encode(|b| {
-                let client_id = b.create_string("shardmq-broker");
-                let body = wire::HandshakeRequest::create(
-                    b,
-                    &wire::HandshakeRequestArgs {
-                        protocol_version: PROTOCOL_VERSION,
-                        min_protocol_version: PROTOCOL_VERSION,
-                        client_id: Some(client_id),
-                        client_version: None,
-                    },
-                );
-                build_frame(
+                shardmq_schema::build_handshake_request(
                     b,
                     &FrameHeader::request(1),
-                    wire::Body::HandshakeRequest,
-                    Some(body.as_union_value()),
+                    "shardmq-broker",
                 )
             })
             .map_err(|e| e.to_string())?;
