@@ -51,28 +51,15 @@ broker_pid=$!
 pids+=($broker_pid)
 for _ in $(seq 1 100); do grep -q "serving" "$work/broker.log" && break; sleep 0.1; done
 
-# CPU seconds of each broker thread name (one executor per core: shardmq-core-N), summed.
-thread_cpu() {
-  local tick
-  tick="$(getconf CLK_TCK)"
-  for task in /proc/"$broker_pid"/task/*; do
-    # comm may hold spaces: take the fields after the closing parenthesis.
-    local stat name rest
-    stat="$(cat "$task/stat" 2>/dev/null)" || continue
-    name="${stat#*(}"; name="${name%%)*}"
-    rest="${stat##*) }"
-    # rest starts at field 3 (state); utime and stime are fields 14 and 15.
-    set -- $rest
-    echo "$name ${12} ${13}"
-  done | awk -v tick="$tick" '{cpu[$1] += ($2 + $3) / tick} END {for (n in cpu) printf "%s %.3f\n", n, cpu[n]}' | sort
-}
+# shellcheck source=lib/thread-cpu.sh
+source "$repo_root/scripts/lib/thread-cpu.sh"
 
 # CPU share of each thread name over $1 seconds.
 cpu_share() {
   local before after
-  before="$(thread_cpu)"
+  before="$(thread_cpu "$broker_pid")"
   sleep "$1"
-  after="$(thread_cpu)"
+  after="$(thread_cpu "$broker_pid")"
   join <(echo "$before") <(echo "$after") | awk -v s="$1" '{printf "  %-16s %5.1f%%\n", $1, 100 * ($3 - $2) / s}'
 }
 

@@ -80,23 +80,12 @@ produce() {
 }
 field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); v=d.get(sys.argv[2]); print(round(v) if isinstance(v,float) else v)" "$1" "$2"; }
 
-# CPU seconds (user + system) of each executor thread (shardmq-core-N) of process $1.
-thread_cpu() {
-  local tick
-  tick="$(getconf CLK_TCK)"
-  for task in /proc/"$1"/task/*; do
-    local stat name rest
-    stat="$(cat "$task/stat" 2>/dev/null)" || continue
-    name="${stat#*(}"; name="${name%%)*}"
-    rest="${stat##*) }"
-    # shellcheck disable=SC2086
-    set -- $rest
-    echo "$name ${12} ${13}"
-  done | awk -v tick="$tick" '/shardmq-core/ {cpu[$1] += ($2 + $3) / tick} END {for (n in cpu) printf "%s %.3f\n", n, cpu[n]}' | sort
-}
+# shellcheck source=lib/thread-cpu.sh
+source "$repo_root/scripts/lib/thread-cpu.sh"
+
 # "core-0 X%, core-1 Y%" between two thread_cpu samples over $3 seconds.
 cpu_delta() {
-  join <(echo "$1") <(echo "$2") | awk -v s="$3" '{sub("shardmq-", "", $1); sub(/-$/, "", $1); printf "%s%s %.0f%%", sep, $1, 100 * ($3 - $2) / s; sep=", "}'
+  join <(echo "$1" | grep shardmq-core) <(echo "$2" | grep shardmq-core) | awk -v s="$3" '{sub("shardmq-", "", $1); sub(/-$/, "", $1); printf "%s%s %.0f%%", sep, $1, 100 * ($3 - $2) / s; sep=", "}'
 }
 
 # Samples the master's lag metrics every 100 ms into $1 until killed.

@@ -1272,3 +1272,11 @@ pub fn free_port() -> u16 {
         .map(|address| address.port())
         .expect("a free loopback port")
 }
+
+/// A broker's answer to `BrokerStatusRequest` (`broker status`).
+pub fn broker_status(client: &mut TestClient) -> Result<VerifiedFrame, ClientError> {
+    client.request(|b| {
+        let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
+        (wire::Body::BrokerStatusRequest, body.as_union_value())
+    })
+}

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -58,13 +58,14 @@ static OWN_ADDRESS: Mutex<Option<SocketAddr>> = Mutex::new(None);
 
 /// Controller mode: the broker ids a sync master's sends wait for (its SyncStateSet, without
 /// itself, plus slaves it is adding); `None` outside controller mode (then any one slave).
-static SYNC_WAIT_SET: Mutex<Option<BTreeSet<i64>>> = Mutex::new(None);
+/// Shared, so that every waiting send reads it without copying the set.
+static SYNC_WAIT_SET: Mutex<Option<Arc<BTreeSet<i64>>>> = Mutex::new(None);
 
 pub fn set_sync_wait_set(set: Option<BTreeSet<i64>>) {
-    *SYNC_WAIT_SET.lock().unwrap_or_else(|e| e.into_inner()) = set;
+    *SYNC_WAIT_SET.lock().unwrap_or_else(|e| e.into_inner()) = set.map(Arc::new);
 }
 
-pub fn sync_wait_set() -> Option<BTreeSet<i64>> {
+pub fn sync_wait_set() -> Option<Arc<BTreeSet<i64>>> {
     SYNC_WAIT_SET
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -395,6 +396,20 @@ pub struct MasterLink {
     next_request_id: u64,
 }
 
+/// The frame of the master's answer to `what`, unless the master refused it (then an error with
+/// its status and message).
+fn require_ok<'a>(answer: &'a VerifiedFrame, what: &str) -> io::Result<wire::Frame<'a>> {
+    let frame = answer.frame();
+    if frame.status() != wire::Status::OK {
+        return Err(io::Error::other(format!(
+            "the master refused {what} ({:?}): {}",
+            frame.status(),
+            frame.message().unwrap_or_default()
+        )));
+    }
+    Ok(frame)
+}
+
 impl MasterLink {
     /// Connects and shakes hands.
     pub async fn connect(address: SocketAddr, client_id: &str) -> io::Result<MasterLink> {
@@ -413,12 +428,7 @@ impl MasterLink {
         let answer = link
             .request(|b, header| shardmq_schema::build_handshake_request(b, &header, client_id))
             .await?;
-        if answer.frame().status() != wire::Status::OK {
-            return Err(io::Error::other(format!(
-                "the master at {address} refused the handshake: {:?}",
-                answer.frame().status()
-            )));
-        }
+        require_ok(&answer, &format!("the handshake at {address}"))?;
         Ok(link)
     }
 
@@ -509,15 +519,7 @@ impl MasterLink {
                 )
             })
             .await?;
-        let frame = answer.frame();
-        if frame.status() != wire::Status::OK {
-            return Err(io::Error::other(format!(
-                "the master refused the join ({:?}): {}",
-                frame.status(),
-                frame.message().unwrap_or_default()
-            )));
-        }
-        let body = frame
+        let body = require_ok(&answer, "the join")?
             .body_as_replica_join_response()
             .ok_or_else(|| io::Error::other("a ReplicaJoinResponse without its body"))?;
         Ok(JoinAnswer {
@@ -568,15 +570,7 @@ impl MasterLink {
                 )
             })
             .await?;
-        let frame = answer.frame();
-        if frame.status() != wire::Status::OK {
-            return Err(io::Error::other(format!(
-                "the master answered {:?}: {}",
-                frame.status(),
-                frame.message().unwrap_or_default()
-            )));
-        }
-        let body = frame
+        let body = require_ok(&answer, "the pull")?
             .body_as_replica_pull_response()
             .ok_or_else(|| io::Error::other("a ReplicaPullResponse without its body"))?;
         if body.from() != from {
@@ -824,14 +818,7 @@ impl MasterLink {
                 )
             })
             .await?;
-        let frame = answer.frame();
-        if frame.status() != wire::Status::OK {
-            return Err(io::Error::other(format!(
-                "the master refused {name}: {}",
-                frame.message().unwrap_or_default()
-            )));
-        }
-        let body = frame
+        let body = require_ok(&answer, name)?
             .body_as_replica_file_response()
             .ok_or_else(|| io::Error::other("a ReplicaFileResponse without its body"))?;
         Ok(body.present().then(|| {

@@ -421,12 +421,7 @@ fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_
 fn role_of(address: std::net::SocketAddr) -> Option<String> {
     let mut client = TestClient::connect(address).ok()?;
     client.handshake().ok()?;
-    let answer = client
-        .request(|b| {
-            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
-            (wire::Body::BrokerStatusRequest, body.as_union_value())
-        })
-        .ok()?;
+    let answer = shardmq_tests::broker_status(&mut client).ok()?;
     answer
         .frame()
         .body_as_broker_status_response()

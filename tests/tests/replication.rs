@@ -97,12 +97,7 @@ struct ShardStatus {
 
 /// `(role, replica_lag_bytes, per shard)` from `broker status`.
 fn replication_status(client: &mut shardmq_tests::TestClient) -> (String, i64, Vec<ShardStatus>) {
-    let answer = client
-        .request(|b| {
-            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
-            (wire::Body::BrokerStatusRequest, body.as_union_value())
-        })
-        .expect("an answer to BrokerStatusRequest");
+    let answer = shardmq_tests::broker_status(client).expect("an answer to BrokerStatusRequest");
     let r = answer
         .frame()
         .body_as_broker_status_response()
@@ -1124,12 +1119,7 @@ fn brokers_register_with_two_name_servers_and_clients_keep_working_when_one_stop
 
 /// `messages_out` from `broker status`.
 fn messages_out(client: &mut shardmq_tests::TestClient) -> u64 {
-    let answer = client
-        .request(|b| {
-            let body = wire::BrokerStatusRequest::create(b, &wire::BrokerStatusRequestArgs {});
-            (wire::Body::BrokerStatusRequest, body.as_union_value())
-        })
-        .expect("an answer to BrokerStatusRequest");
+    let answer = shardmq_tests::broker_status(client).expect("an answer to BrokerStatusRequest");
     answer
         .frame()
         .body_as_broker_status_response()

@@ -327,37 +327,24 @@ impl NetworkShard {
         while !self.stopping.load(Ordering::Relaxed) {
             let mut in_sync = std::collections::BTreeSet::new();
             if is_master {
-                // A slave is in sync on every shard: known and alive, and within the lag bound
-                // if already in the set, or holding everything if it is joining.
                 let current = crate::replication::sync_wait_set().unwrap_or_default();
-                let mut candidates: Option<std::collections::BTreeSet<i64>> = None;
+                let mut views = Vec::with_capacity(self.storage_shards());
                 for storage in 0..self.storage_shards() {
-                    let Ok((end, slaves)) = self
+                    // A shard that cannot answer vouches for no slave (see in_sync_slaves).
+                    let Ok(view) = self
                         .ask(storage, |reply| StorageRequest::ReplicaSyncView { reply })
                         .await
                     else {
-                        candidates = Some(Default::default());
                         break;
                     };
-                    let here: std::collections::BTreeSet<i64> = slaves
-                        .into_iter()
-                        .filter(|(id, acknowledged, alive)| {
-                            *alive
-                                && if current.contains(id) {
-                                    end.saturating_sub(*acknowledged)
-                                        <= config.in_sync_max_lag_bytes
-                                } else {
-                                    *acknowledged >= end
-                                }
-                        })
-                        .map(|(id, _, _)| id)
-                        .collect();
-                    candidates = Some(match candidates {
-                        None => here,
-                        Some(so_far) => so_far.intersection(&here).copied().collect(),
-                    });
+                    views.push(view);
                 }
-                in_sync = candidates.unwrap_or_default();
+                in_sync = crate::controller_client::in_sync_slaves(
+                    &views,
+                    self.storage_shards(),
+                    &current,
+                    config.in_sync_max_lag_bytes,
+                );
                 // Joining slaves are waited for from now on, before the controller agrees:
                 // a send acknowledged meanwhile is then on them too.
                 let mut wait_for: std::collections::BTreeSet<i64> =
