@@ -619,6 +619,18 @@ pub async fn follow(follower: Follower) {
         "{}-slave-{}-{storage_shard}",
         config.broker_name, config.broker_id
     );
+    // The join names this broker's client address (the master shows it as its peer): network
+    // shard 0 learns it as it binds, moments after the storage shards start.
+    for _ in 0..500 {
+        if OWN_ADDRESS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            break;
+        }
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
     let mut was_connected = true;
     let mut waiting_for_master = false;
     loop {
