@@ -20,7 +20,9 @@ pub mod retry;
 pub mod runtime;
 pub mod schedule;
 pub mod storage_shard;
-pub mod store;
 pub mod timer;
 pub mod topics;
 pub mod transaction;
+
+/// The storage engine, a crate of its own (`broker/store`); named here as the broker's module.
+pub use shardmq_store as store;

@@ -1,12 +1,9 @@
-//! Names of topics and groups: RocketMQ's rules, and which topics are the system's own.
-//!
-//! Owns the validation every request path applies before a name reaches storage or a file
-//! path (a topic name becomes a directory name, so this is also what keeps `..` and `/` out).
+//! Names of topics and groups: RocketMQ's rules (from the codec, which the store shares), and
+//! which topics are the system's own (from the protocol, shared with the client).
 
-/// Longest topic name (RocketMQ's limit; also what a version-1 record can hold).
-pub const MAX_TOPIC_NAME_BYTES: usize = 127;
-/// Longest consumer or producer group name.
-pub const MAX_GROUP_NAME_BYTES: usize = 255;
+pub use shardmq_codec::names::{
+    check_group_name, check_topic_name, is_valid_name, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES,
+};
 
 /// The system topic names live with the protocol, shared with the client (`schedule.rs`,
 /// `timer.rs`, `retry.rs` and `transaction.rs` use them).
@@ -15,61 +12,12 @@ pub use shardmq_schema::system_topics::{
     TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC, TRANSACTION_TOPIC_PREFIX,
 };
 
-/// `^[%|a-zA-Z0-9_-]+$` and at most `max_bytes` long.
-pub fn is_valid_name(name: &str, max_bytes: usize) -> bool {
-    !name.is_empty()
-        && name.len() <= max_bytes
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-'))
-}
-
-/// Why a topic name is refused, or `Ok`.
-pub fn check_topic_name(topic: &str) -> Result<(), String> {
-    if topic.is_empty() {
-        return Err("topic name is empty".into());
-    }
-    if topic.len() > MAX_TOPIC_NAME_BYTES {
-        return Err(format!(
-            "topic name is {} bytes, over the limit of {MAX_TOPIC_NAME_BYTES}",
-            topic.len()
-        ));
-    }
-    if !is_valid_name(topic, MAX_TOPIC_NAME_BYTES) {
-        return Err(format!(
-            "topic name `{}` must match ^[%|a-zA-Z0-9_-]+$",
-            topic.escape_debug()
-        ));
-    }
-    Ok(())
-}
-
-pub fn check_group_name(group: &str) -> Result<(), String> {
-    if !is_valid_name(group, MAX_GROUP_NAME_BYTES) {
-        return Err(format!(
-            "group name `{}` must match ^[%|a-zA-Z0-9_-]+$ and be at most {MAX_GROUP_NAME_BYTES} bytes",
-            group.escape_debug()
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_follow_rocketmq_rules() {
-        assert!(check_topic_name("Orders_2024-eu").is_ok());
-        assert!(check_topic_name("%RETRY%group").is_ok());
-        assert!(check_topic_name("").is_err());
-        assert!(check_topic_name("a/b").is_err());
-        assert!(check_topic_name("..").is_err());
-        assert!(check_topic_name("sp ace").is_err());
-        assert!(check_topic_name(&"x".repeat(128)).is_err());
-        assert!(check_topic_name(&"x".repeat(127)).is_ok());
-        assert!(check_group_name(&"g".repeat(255)).is_ok());
-        assert!(check_group_name(&"g".repeat(256)).is_err());
+    fn system_topics_are_recognised() {
         assert!(is_system_topic("SCHEDULE_TOPIC_XXXX"));
         assert!(is_system_topic("%DLQ%g"));
         assert!(is_system_topic("RMQ_SYS_TRANS_HALF_TOPIC"));

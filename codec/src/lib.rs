@@ -11,6 +11,8 @@
 //! of records: the broker (encoding on network shards, patching and reading on storage shards,
 //! recovery and `verify`), the client (decoding pulled records) and the fuzz targets.
 
+pub mod names;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use bytes::{BufMut, BytesMut};

@@ -1,4 +1,4 @@
-//! Fuzzes the CommitLog scanner (`shardmq_broker::store::scan::scan_window`), which recovery
+//! Fuzzes the CommitLog scanner (`shardmq_store::scan::scan_window`), which recovery
 //! and `verify` run over every segment to find where the valid data ends
 //! (docs/storage-format.md §4.10).
 //!
@@ -13,7 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use shardmq_codec::decode_message;
-use shardmq_broker::store::scan::{scan_window, ScanStop};
+use shardmq_store::scan::{scan_window, ScanStop};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {

@@ -25,7 +25,7 @@ use bytes::BytesMut;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
-use shardmq_broker::store::{
+use shardmq_store::{
     AppendOutcome, AppendStatus, EncodedBatch, FlushMode, MessageStore, RecordInput, StoreConfig,
     StoreError,
 };

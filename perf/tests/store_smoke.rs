@@ -38,7 +38,7 @@ fn store_json(data_dir: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// Every appended message is in the data directory, and `verify` finds nothing wrong.
 fn check_stored(data_dir: &Path) {
-    let verified = shardmq_broker::store::verify::verify_data_dir(data_dir).expect("verify runs");
+    let verified = shardmq_store::verify::verify_data_dir(data_dir).expect("verify runs");
     assert!(verified.is_clean(), "{:?}", verified.problems);
     let records: u64 = verified.shards.iter().map(|shard| shard.records).sum();
     let entries: u64 = verified

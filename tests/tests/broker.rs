@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use shardmq_broker::store::record::decode_message;
+use shardmq_codec::decode_message;
 use shardmq_schema::{wire, VerifiedFrame};
 use shardmq_tests::{
     binary_path, commit_offset, committed_offset, pull_request_body, send_request_body,

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use shardmq_broker::store::record::decode_message;
+use shardmq_codec::decode_message;
 use shardmq_schema::{build_frame, wire, FrameHeader, VerifiedFrame, FRAME_LENGTH_PREFIX_BYTES};
 use shardmq_tests::{
     pull_request_body, send_request_body, split_records, status_of, upsert_topic_body,

@@ -584,8 +584,7 @@ async fn large_bodies_travel_compressed_and_arrive_as_sent() {
     let stored: Vec<(u32, usize)> = shardmq_tests::split_records(&records)
         .into_iter()
         .map(|record| {
-            let view =
-                shardmq_broker::store::record::decode_message(record).expect("a valid record");
+            let view = shardmq_codec::decode_message(record).expect("a valid record");
             (view.sys_flag() & 0x1, view.body().len())
         })
         .collect();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use shardmq_broker::store::record::decode_message;
+use shardmq_codec::decode_message;
 use shardmq_schema::{wire, VerifiedFrame};
 use shardmq_tests::{
     binary_path, pull_request_body, send_request_body, split_records, status_of, upsert_topic_body,

@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use shardmq_broker::store::record::decode_message;
-use shardmq_broker::store::{FlushMode, GetStatus, MessageStore, TagFilter};
+use shardmq_store::record::decode_message;
+use shardmq_store::{FlushMode, GetStatus, MessageStore, TagFilter};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -110,7 +110,7 @@ proptest! {
             }
             store.close().await.unwrap();
         });
-        let report = shardmq_broker::store::verify::verify_data_dir(dir.path()).unwrap();
+        let report = shardmq_store::verify::verify_data_dir(dir.path()).unwrap();
         prop_assert!(report.is_clean(), "{:?}", report.problems);
     }
 }

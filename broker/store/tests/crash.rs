@@ -6,9 +6,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use shardmq_broker::store::commitlog::list_segments;
-use shardmq_broker::store::verify::verify_data_dir;
-use shardmq_broker::store::{AppendStatus, FlushMode, MessageStore, StoreError, TagFilter};
+use shardmq_store::commitlog::list_segments;
+use shardmq_store::verify::verify_data_dir;
+use shardmq_store::{AppendStatus, FlushMode, MessageStore, StoreError, TagFilter};
 
 /// One acknowledged record of the base data set.
 #[derive(Debug, Clone)]

@@ -17,14 +17,18 @@ pub mod format;
 pub mod index;
 pub mod message_store;
 pub mod notify;
-pub mod record;
 pub mod scan;
 pub mod verify;
 pub mod write_ring;
 
-/// Runs `body` on a fresh glommio executor and waits for it (the store's unit tests).
-#[cfg(test)]
-pub(crate) fn run_local<F: std::future::Future<Output = ()> + 'static>(
+/// The stored record format, from the `shardmq-codec` crate (one codec for the broker, the
+/// client, `verify` and the fuzz targets), named here as the store's own module.
+pub use shardmq_codec as record;
+
+/// Runs `body` on a fresh glommio executor and waits for it (the store's unit tests, and the
+/// broker's through the `test-util` feature).
+#[cfg(any(test, feature = "test-util"))]
+pub fn run_local<F: std::future::Future<Output = ()> + 'static>(
     body: impl FnOnce() -> F + Send + 'static,
 ) {
     glommio::LocalExecutorBuilder::default()

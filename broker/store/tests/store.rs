@@ -5,11 +5,9 @@
 mod common;
 
 use common::*;
-use shardmq_broker::store::record::{decode_message, MESSAGE_MAGIC_CODE};
-use shardmq_broker::store::verify::verify_data_dir;
-use shardmq_broker::store::{
-    AppendStatus, FlushMode, GetStatus, MessageStore, StoreError, TagFilter,
-};
+use shardmq_store::record::{decode_message, MESSAGE_MAGIC_CODE};
+use shardmq_store::verify::verify_data_dir;
+use shardmq_store::{AppendStatus, FlushMode, GetStatus, MessageStore, StoreError, TagFilter};
 
 const TOPICS: [&str; 3] = ["orders", "payments", "%RETRY%group-a"];
 
@@ -618,7 +616,7 @@ fn an_async_append_is_in_the_file_when_it_returns_before_any_fdatasync() {
             let on_disk = std::fs::read(&segment).unwrap();
             let start = record.physical_offset as usize;
             let stored = &on_disk[start..start + record.size as usize];
-            let view = shardmq_broker::store::record::decode_message(stored).unwrap();
+            let view = shardmq_store::record::decode_message(stored).unwrap();
             assert_eq!(
                 view.body(),
                 &body_for("acked", 0, seq, 300 + seq as usize * 97)[..]

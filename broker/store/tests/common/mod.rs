@@ -6,8 +6,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 use glommio::{LocalExecutorBuilder, Placement};
-use shardmq_broker::store::record::decode_message;
-use shardmq_broker::store::{
+use shardmq_store::record::decode_message;
+use shardmq_store::{
     EncodedBatch, FlushMode, GetStatus, MessageStore, RecordInput, StoreConfig, TagFilter,
 };
 

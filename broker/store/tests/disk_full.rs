@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shardmq_broker::store::verify::verify_data_dir;
-use shardmq_broker::store::{AppendStatus, FlushMode, MessageStore, StoreError};
+use shardmq_store::verify::verify_data_dir;
+use shardmq_store::{AppendStatus, FlushMode, MessageStore, StoreError};
 
 /// A tmpfs mounted for the life of the value.
 struct SmallDisk {

@@ -9,8 +9,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use shardmq_broker::store::verify::verify_data_dir;
-use shardmq_broker::store::{FlushMode, MessageStore, StoreConfig, StoreError};
+use shardmq_store::verify::verify_data_dir;
+use shardmq_store::{FlushMode, MessageStore, StoreConfig, StoreError};
 
 const TOPICS: [&str; 3] = ["orders", "payments", "%RETRY%group-a"];
 
@@ -108,7 +108,7 @@ async fn assert_same(master: &MessageStore, replica: &MessageStore, what: &str) 
             .unwrap();
         assert_eq!(on_replica, on_master, "{what}: query {key}");
         assert_eq!(on_master.len(), 1, "{what}: {key} is found");
-        let physical = shardmq_broker::store::record::decode_message(&on_master[0])
+        let physical = shardmq_store::record::decode_message(&on_master[0])
             .unwrap()
             .physical_offset();
         assert_eq!(

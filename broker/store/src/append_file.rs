@@ -438,7 +438,7 @@ pub async fn prime_direct_io_probe(dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    use crate::store::run_local as run;
+    use crate::run_local as run;
 
     #[test]
     fn a_file_removed_while_its_first_flush_creates_it_is_gone_afterwards() {

@@ -786,7 +786,7 @@ mod tests {
 
     const SEGMENT_BYTES: u64 = 64 << 10;
 
-    use crate::store::run_local as run;
+    use crate::run_local as run;
 
     async fn open(dir: &Path) -> CommitLog {
         let (log, _) =

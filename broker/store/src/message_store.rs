@@ -1273,7 +1273,7 @@ impl Inner {
         }
         for topic in &batch.topics {
             // The topic becomes a directory name: only RocketMQ's name characters may pass.
-            if let Err(why) = crate::naming::check_topic_name(topic) {
+            if let Err(why) = crate::record::names::check_topic_name(topic) {
                 return Err(StoreError::InvalidRecord(RecordError::InvalidTopic(why)));
             }
         }
