@@ -1,0 +1,198 @@
+//! The message store of one storage shard: CommitLog + ConsumeQueues + index, joined.
+//!
+//! Owns: recovery at open (checkpoint → scan → cut → rebuild derived entries), the append path
+//! (assign queue and physical offsets, patch records, buffer, complete under the flush mode),
+//! the flush loop (group commit), dispatch of completed records into the ConsumeQueues and the
+//! index, the checkpoint/housekeeping loop (derived-file flushes, checkpoint, disk usage,
+//! retention), and the read paths (by queue offset, by time, by key, by id).
+//!
+//! Lives on one glommio executor (it is `!Send`); everything in it runs on that core, so there
+//! are no locks. It opens no sockets: network shards reach it through the broker's mesh.
+//!
+//! This file is the facade (`MessageStore`: open, close, progress); the parts are `impl` blocks
+//! in child modules that meet only through `types` and `state`: `append`, `read`, `flush`,
+//! `recovery`, `housekeeping`.
+
+mod append;
+mod flush;
+mod housekeeping;
+mod read;
+mod recovery;
+mod state;
+mod types;
+
+pub use housekeeping::{disk_space, disk_used_ratio};
+pub use recovery::{request_truncation, TRUNCATE_REQUEST_FILE};
+pub use types::{
+    AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, FlushObserver, GetResult,
+    GetStatus, RecoveryReport, StoreConfig, StoreError, MAX_QUERY_ANSWER_BYTES,
+};
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use glommio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::append_file::prime_direct_io_probe;
+use crate::checkpoint::Checkpoint;
+
+use self::flush::flush_loop;
+use self::housekeeping::housekeeping_loop;
+use self::recovery::{apply_requested_truncation, settle_segment_bytes};
+use self::state::Inner;
+use self::types::io_error;
+
+/// See the module documentation. Cloning shares the same store.
+#[derive(Clone)]
+pub struct MessageStore {
+    inner: Rc<Inner>,
+    tasks: Rc<RefCell<Vec<JoinHandle<()>>>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl MessageStore {
+    /// Opens (creating if needed) the store in `config.shard_dir`, recovering as described in
+    /// the module documentation, and starts its flush and housekeeping tasks.
+    pub async fn open(
+        mut config: StoreConfig,
+    ) -> Result<(MessageStore, RecoveryReport), StoreError> {
+        config.validate()?;
+        let dir = config.shard_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(io_error(dir.display().to_string()))?;
+        config.segment_bytes = settle_segment_bytes(&dir, config.segment_bytes)?;
+        config.validate()?;
+        prime_direct_io_probe(&dir)
+            .await
+            .map_err(io_error("direct I/O probe"))?;
+        let mut report = RecoveryReport {
+            truncated_for_replica: apply_requested_truncation(&dir, config.segment_bytes)
+                .map_err(io_error("requested truncation"))?,
+            ..RecoveryReport::default()
+        };
+        match Checkpoint::load(&dir).map_err(io_error("checkpoint"))? {
+            Ok(checkpoint) => report.checkpoint = checkpoint,
+            Err(problem) => {
+                warn!(%problem, "checkpoint unusable: scanning and rebuilding everything");
+                report.checkpoint_problem = Some(problem);
+            }
+        }
+        let keep_below = report
+            .checkpoint
+            .map(|c| c.derived_durable_offset)
+            .unwrap_or(0);
+        let inner = match Inner::recover(&config, keep_below, &mut report).await? {
+            Some(inner) => inner,
+            None => {
+                warn!("derived files are inconsistent with the CommitLog: rebuilding them from scratch");
+                for sub in ["consumequeue", "index"] {
+                    let path = dir.join(sub);
+                    if path.exists() {
+                        std::fs::remove_dir_all(&path)
+                            .map_err(io_error(path.display().to_string()))?;
+                    }
+                }
+                report.rebuilt_derived = true;
+                report.records_redispatched = 0;
+                let first_scan = report.commitlog.clone();
+                let inner = Inner::recover(&config, 0, &mut report)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(
+                            "CommitLog records disagree with their own queue offsets".into(),
+                        )
+                    })?;
+                if report.commitlog.truncated_at.is_none() {
+                    report.commitlog.truncated_at = first_scan.truncated_at;
+                    report.commitlog.discarded_bytes += first_scan.discarded_bytes;
+                }
+                inner
+            }
+        };
+        let inner = Rc::new(inner);
+        inner.refresh_disk_usage();
+        inner.apply_retention_to_derived().await?;
+        inner.checkpoint().await?;
+        let store = MessageStore {
+            inner: inner.clone(),
+            tasks: Rc::new(RefCell::new(Vec::new())),
+        };
+        inner
+            .commit_log
+            .preallocate_ahead(inner.config.preallocate_ahead_bytes);
+        // The flush loop and its writes run in the executor's default task queue, beside the
+        // appends. Appends are short tasks that wait right after copying their batch, so they do
+        // not hold the CPU until the preemption tick (what starved the previous engine's flush),
+        // and glommio reaps I/O completions whenever the queue drains. A task queue of its own
+        // was tried and dropped: glommio 0.9.0 (the latest release) can park an executor that
+        // has runnable task queues when its preemption flag is already set as it starts running
+        // them, and with two queues that hung a storage shard now and then in the test suite.
+        let flush_task = glommio::spawn_local(flush_loop(inner.clone())).detach();
+        let housekeeping_task = glommio::spawn_local(housekeeping_loop(inner)).detach();
+        store
+            .tasks
+            .borrow_mut()
+            .extend([flush_task, housekeeping_task]);
+        Ok((store, report))
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Where this store's bytes end under its flush mode: written (async) or synced (sync).
+    pub fn visible_offset(&self) -> u64 {
+        self.inner.visible_offset()
+    }
+
+    /// Completes when a message is next made visible on this shard (for long polling).
+    pub fn arrival(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.inner.arrivals.notified()
+    }
+
+    /// `(min, write, synced)` physical offsets of the CommitLog.
+    pub fn commitlog_offsets(&self) -> (u64, u64, u64) {
+        let log = &self.inner.commit_log;
+        (log.min_offset(), log.write_offset(), log.synced_offset())
+    }
+
+    /// The physical offset below which every byte has completed its O_DIRECT write.
+    pub fn commitlog_written_offset(&self) -> u64 {
+        self.inner.commit_log.written_offset()
+    }
+
+    /// Bytes of CommitLog segments on disk.
+    pub fn commitlog_disk_bytes(&self) -> u64 {
+        self.inner.commit_log.disk_bytes()
+    }
+
+    /// Sets what is told the duration of each CommitLog group commit.
+    pub fn set_flush_observer(&self, observer: FlushObserver) {
+        *self.inner.flush_observer.borrow_mut() = Some(observer);
+    }
+
+    /// Flushes everything, writes the checkpoint and stops the background tasks.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        if inner.is_closed.replace(true) {
+            return Ok(());
+        }
+        inner.writer_wake.notify_all();
+        inner.closing.notify_all();
+        // The flush loop writes and syncs everything appended before it stops.
+        let tasks: Vec<_> = self.tasks.borrow_mut().drain(..).collect();
+        for task in tasks {
+            task.await;
+        }
+        let end = inner.commit_log.write_offset();
+        inner.checkpoint().await?;
+        info!(end_offset = end, "store closed");
+        Ok(())
+    }
+}

@@ -1,0 +1,499 @@
+//! The read paths: by queue offset (pulls, with one CommitLog read serving many records), by
+//! time (offset reset), by key and by unique id (the index), by physical offset (offset message
+//! ids), and the CommitLog bytes served to a replica. Every size read from disk is bounded
+//! before it is used; a record read from disk is validated before it is served.
+
+use bytes::Bytes;
+use tracing::warn;
+
+use crate::consume_queue::ConsumeQueueEntry;
+use crate::filter::TagFilter;
+use crate::index::{index_hash, IndexKind};
+use crate::record::{
+    decode_message, peek_total_size, RecordView, MESSAGE_MAGIC_CODE, MIN_RECORD_BYTES,
+};
+
+use super::state::Inner;
+use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
+use super::MessageStore;
+
+/// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
+/// sliced out of one read); a read asks for what the pull still has room for, at least
+/// [`MIN_READ_SPAN_BYTES`]. A 1 MiB pull of one queue's backlog is one O_DIRECT read.
+const READ_SPAN_BYTES: u64 = 1 << 20;
+const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
+
+/// Largest number of candidates one key/id query examines.
+const MAX_INDEX_CANDIDATES: usize = 1024;
+
+impl MessageStore {
+    /// Reads messages of (topic, queue) from `offset`: at most `max_messages` and about
+    /// `max_bytes` (at least one message if any matches), skipping entries the filter rejects.
+    pub async fn get_messages(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u64,
+        filter: &TagFilter,
+    ) -> Result<GetResult, StoreError> {
+        let Some(queue) = self.inner.queue(topic, queue_id) else {
+            return Ok(GetResult {
+                status: GetStatus::NoMatchedQueue,
+                records: Vec::new(),
+                next_offset: 0,
+                min_offset: 0,
+                max_offset: 0,
+                suggest_broker_id: 0,
+            });
+        };
+        let (min_offset, max_offset) = (queue.min_offset(), queue.max_offset());
+        let mut result = GetResult {
+            status: GetStatus::NoNewMessage,
+            records: Vec::new(),
+            next_offset: offset,
+            min_offset,
+            max_offset,
+            suggest_broker_id: 0,
+        };
+        if offset < min_offset {
+            result.status = GetStatus::OffsetTooSmall;
+            result.next_offset = min_offset;
+            return Ok(result);
+        }
+        if offset > max_offset {
+            result.status = GetStatus::OffsetOverflow;
+            result.next_offset = max_offset;
+            return Ok(result);
+        }
+        if offset == max_offset {
+            return Ok(result);
+        }
+        let commitlog_min = self.inner.commit_log.min_offset();
+        // One CommitLog read serves every record of the batch that falls inside it: a queue's
+        // records sit close together, so a pull costs a read or two, not one per record.
+        let mut span: Option<(u64, Bytes)> = None;
+        let mut next = offset;
+        let mut bytes_total = 0u64;
+        let mut scanned = 0u64;
+        'scan: while next < max_offset && scanned < self.inner.config.max_scanned_entries_per_read {
+            let want = (self.inner.config.max_scanned_entries_per_read - scanned).min(1024);
+            let entries = queue
+                .read(next, want)
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?;
+            if entries.is_empty() {
+                break;
+            }
+            for entry in entries {
+                if result.records.len() >= max_messages as usize
+                    || (!result.records.is_empty()
+                        && bytes_total + u64::from(entry.size) > max_bytes)
+                {
+                    break 'scan;
+                }
+                scanned += 1;
+                let queue_offset = next;
+                next += 1;
+                let is_gone =
+                    entry == ConsumeQueueEntry::HOLE || entry.commitlog_offset < commitlog_min;
+                if is_gone || !filter.matches_hash(entry.tags_hash) {
+                    continue;
+                }
+                let start = entry.commitlog_offset;
+                let end = start + u64::from(entry.size);
+                let cached = span.as_ref().and_then(|(at, bytes)| {
+                    (start >= *at && end <= at + bytes.len() as u64)
+                        .then(|| bytes.slice((start - at) as usize..(end - at) as usize))
+                });
+                let first_read = match cached {
+                    Some(bytes) => Some(bytes),
+                    None => match self
+                        .inner
+                        .read_span(
+                            start,
+                            u64::from(entry.size),
+                            max_bytes.saturating_sub(bytes_total),
+                        )
+                        .await
+                    {
+                        Some(bytes) => {
+                            let record = bytes.slice(..(entry.size as usize).min(bytes.len()));
+                            span = Some((start, bytes));
+                            Some(record)
+                        }
+                        None => None,
+                    },
+                };
+                let record = self
+                    .inner
+                    .read_queue_record_from(topic, queue_id, queue_offset, &entry, first_read)
+                    .await?;
+                bytes_total += record.len() as u64;
+                result.records.push(record);
+            }
+        }
+        result.next_offset = next;
+        result.status = if result.records.is_empty() {
+            GetStatus::NoMatchedMessage
+        } else {
+            GetStatus::Found
+        };
+        Ok(result)
+    }
+
+    /// `(min, max)` queue offsets of (topic, queue), if the queue exists on this shard.
+    pub fn queue_offsets(&self, topic: &str, queue_id: u32) -> Option<(u64, u64)> {
+        self.inner
+            .queue(topic, queue_id)
+            .map(|q| (q.min_offset(), q.max_offset()))
+    }
+
+    /// Every (topic, queue) this shard has, with min and max offsets.
+    pub fn queues(&self) -> Vec<(String, u32, u64, u64)> {
+        let mut list: Vec<_> = self
+            .inner
+            .queues
+            .borrow()
+            .iter()
+            .flat_map(|(topic, queues)| {
+                queues
+                    .iter()
+                    .map(move |(id, q)| (topic.clone(), *id, q.min_offset(), q.max_offset()))
+            })
+            .collect();
+        list.sort();
+        list
+    }
+
+    /// The first queue offset whose message was stored at or after `timestamp_ms` (the max
+    /// offset if none), by binary search over the queue. For offset reset by time.
+    pub async fn offset_by_time(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let Some(queue) = self.inner.queue(topic, queue_id) else {
+            return Ok(0);
+        };
+        let (mut low, mut high) = (queue.min_offset(), queue.max_offset());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let entry = queue
+                .get(mid)
+                .await
+                .map_err(io_error(queue.dir().display().to_string()))?
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("{topic}/{queue_id}: entry {mid} missing"))
+                })?;
+            let record = self
+                .inner
+                .read_queue_record(topic, queue_id, mid, &entry)
+                .await?;
+            let view = RecordView::parse_unchecked(&record)?;
+            if view.store_timestamp_ms() < timestamp_ms {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        Ok(low)
+    }
+
+    /// Messages of `topic` with key `key` stored in `[begin_ms, end_ms]`, newest first.
+    pub async fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let hash = index_hash(IndexKind::Key, topic, key);
+        self.inner
+            .query_index(hash, begin_ms, end_ms, max_results, |view| {
+                view.topic() == topic && view.keys().any(|k| k == key)
+            })
+            .await
+    }
+
+    /// Messages whose client-generated unique id is `id`, stored in `[begin_ms, end_ms]`.
+    pub async fn query_by_unique_id(
+        &self,
+        id: &str,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let hash = index_hash(IndexKind::UniqueId, "", id);
+        self.inner
+            .query_index(hash, begin_ms, end_ms, max_results, |view| {
+                view.unique_key() == Some(id)
+            })
+            .await
+    }
+
+    /// CommitLog bytes for a replica, from `from` (where the replica's log ends): at most
+    /// `max_bytes`, only bytes complete under the flush mode (written; synced under sync
+    /// flush), never across a segment's end. Empty when the replica has everything. An offset
+    /// before the oldest retained byte or past the end is an error (the replica is too far
+    /// behind, or holds bytes this log does not).
+    pub async fn read_for_replica(&self, from: u64, max_bytes: u64) -> Result<Bytes, StoreError> {
+        let inner = &self.inner;
+        let log = &inner.commit_log;
+        let (min, visible) = (log.min_offset(), inner.visible_offset());
+        if from < min || from > log.write_offset() {
+            return Err(StoreError::ReplicaOutOfRange {
+                from,
+                min,
+                end: log.write_offset(),
+            });
+        }
+        let segment_end = from - from % log.segment_bytes() + log.segment_bytes();
+        let to = visible.min(segment_end).min(from.saturating_add(max_bytes));
+        if to <= from {
+            return Ok(Bytes::new());
+        }
+        log.read(from, to - from)
+            .await
+            .map_err(io_error(format!("CommitLog read for a replica at {from}")))
+    }
+
+    /// The validated record at a physical offset (query by offset id).
+    pub async fn read_record_at(&self, physical_offset: u64) -> Result<Bytes, StoreError> {
+        self.inner.read_record_at(physical_offset).await
+    }
+}
+
+impl Inner {
+    /// Bytes from `start`: what the pull has `room` for, between [`MIN_READ_SPAN_BYTES`] and
+    /// [`READ_SPAN_BYTES`] (at least `min_len`), within its segment and the visible data; `None`
+    /// when that cannot be had in one read (the caller reads the record alone).
+    async fn read_span(&self, start: u64, min_len: u64, room: u64) -> Option<Bytes> {
+        let limit = self
+            .commit_log
+            .segment_end(start)?
+            .min(self.commit_log.written_offset());
+        let mut len = room
+            .clamp(MIN_READ_SPAN_BYTES, READ_SPAN_BYTES)
+            .min(limit.saturating_sub(start));
+        if len < min_len {
+            return None;
+        }
+        // In the write ring, stop at the chunk's end so the span is a slice, not a copy.
+        if let Some(chunk_end) = self.commit_log.ring_chunk_end(start) {
+            len = len.min(chunk_end - start).max(min_len);
+        }
+        self.commit_log.read(start, len).await.ok()
+    }
+
+    /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
+    async fn read_queue_record(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        queue_offset: u64,
+        entry: &ConsumeQueueEntry,
+    ) -> Result<Bytes, StoreError> {
+        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None)
+            .await
+    }
+
+    /// Reads and validates the record `entry` names; `first_read` is its bytes when already
+    /// read (as the entry's size says).
+    async fn read_queue_record_from(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        queue_offset: u64,
+        entry: &ConsumeQueueEntry,
+        first_read: Option<Bytes>,
+    ) -> Result<Bytes, StoreError> {
+        let read = |size: u64| {
+            let commit_log = &self.commit_log;
+            async move {
+                commit_log
+                    .read(entry.commitlog_offset, size)
+                    .await
+                    .map_err(io_error(format!(
+                        "CommitLog read at {}",
+                        entry.commitlog_offset
+                    )))
+            }
+        };
+        let readable = self
+            .commit_log
+            .write_offset()
+            .saturating_sub(entry.commitlog_offset);
+        // Sizes from disk are bounded before they are read: a damaged entry's size, and the
+        // record's own, at most the largest record this store takes.
+        let cap = self.record_cap();
+        let mut bytes = match first_read {
+            Some(bytes) => bytes,
+            None => read(u64::from(entry.size).min(readable).min(cap)).await?,
+        };
+        // The CommitLog is the truth: when the entry's size disagrees with the record's own
+        // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
+        // a cut record or the next record's bytes.
+        let own_size = bytes
+            .get(..4)
+            .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
+        if let Some(own_size) = own_size.filter(|&n| n != bytes.len() as u64) {
+            if own_size > 0 && own_size <= readable.min(cap) {
+                warn!(
+                    topic,
+                    queue_id,
+                    queue_offset,
+                    entry_size = entry.size,
+                    record_size = own_size,
+                    "ConsumeQueue entry size disagrees with its record; serving the record by its own size (run `shardmq-broker verify`)"
+                );
+                bytes = read(own_size).await?;
+            }
+        }
+        let own_size = own_size.unwrap_or(0);
+        if own_size > cap {
+            return Err(StoreError::Corrupt(format!(
+                "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) says it is {own_size} bytes, over the largest this store reads ({cap}); if max_message_bytes was lowered since it was written, raise it again to read it, else run `shardmq-broker verify`",
+                entry.commitlog_offset
+            )));
+        }
+        // A record read from disk is fully validated (both CRCs): one damaged there is
+        // reported, never served. One still in the write ring was encoded and checked by this
+        // process moments ago; the client checks its CRC end to end (storage-format.md §4.5).
+        let from_ring = self.commit_log.is_in_ring(
+            entry.commitlog_offset,
+            entry.commitlog_offset + bytes.len() as u64,
+        );
+        let parsed = if from_ring {
+            RecordView::parse_unchecked(&bytes)
+        } else {
+            decode_message(&bytes)
+        };
+        let view = parsed.map_err(|e| {
+            StoreError::Corrupt(format!(
+                "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) is damaged: {e}; run `shardmq-broker verify`",
+                entry.commitlog_offset
+            ))
+        })?;
+        if view.queue_offset() != queue_offset
+            || view.queue_id() != queue_id
+            || view.topic() != topic
+        {
+            return Err(StoreError::Corrupt(format!(
+                "ConsumeQueue {topic}/{queue_id} entry {queue_offset} points at CommitLog offset {} which holds another record",
+                entry.commitlog_offset
+            )));
+        }
+        if view.total_size() as usize != bytes.len() {
+            return Err(StoreError::Corrupt(format!(
+                "ConsumeQueue {topic}/{queue_id} entry {queue_offset} covers {} bytes but the record at CommitLog offset {} is {} bytes",
+                bytes.len(),
+                entry.commitlog_offset,
+                view.total_size()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    async fn read_record_at(&self, physical_offset: u64) -> Result<Bytes, StoreError> {
+        let (min, end) = (self.commit_log.min_offset(), self.commit_log.write_offset());
+        if physical_offset < min || physical_offset + 8 > end {
+            return Err(StoreError::Corrupt(format!(
+                "physical offset {physical_offset} is outside the CommitLog [{min}, {end})"
+            )));
+        }
+        let context = || format!("CommitLog read at {physical_offset}");
+        let head = self
+            .commit_log
+            .read(physical_offset, 8)
+            .await
+            .map_err(io_error(context()))?;
+        // The offset comes from the caller (an offset message id): the size found there is
+        // checked before anything is read for it, so a query aimed inside a body reads 8 bytes,
+        // not whatever length those bytes claim.
+        let size = u64::from(peek_total_size(&head).unwrap_or(0));
+        let magic = head
+            .get(4..8)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if magic != Some(MESSAGE_MAGIC_CODE)
+            || size < MIN_RECORD_BYTES as u64
+            || physical_offset + size > end
+        {
+            return Err(StoreError::Corrupt(format!(
+                "no record starts at physical offset {physical_offset}"
+            )));
+        }
+        let limit = self.record_cap();
+        if size > limit {
+            return Err(StoreError::RecordTooLarge { size, limit });
+        }
+        let bytes = self
+            .commit_log
+            .read(physical_offset, size)
+            .await
+            .map_err(io_error(context()))?;
+        let view = decode_message(&bytes)?;
+        if view.physical_offset() != physical_offset {
+            return Err(StoreError::Corrupt(format!(
+                "no record starts at physical offset {physical_offset}"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    async fn query_index(
+        &self,
+        hash: u64,
+        begin_ms: i64,
+        end_ms: i64,
+        max_results: usize,
+        is_match: impl Fn(&RecordView<'_>) -> bool,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        // Candidates beyond the results allow for hash collisions and cut records, not more.
+        let max_candidates = max_results
+            .saturating_mul(2)
+            .clamp(16, MAX_INDEX_CANDIDATES);
+        let lookup = self
+            .index
+            .lookup(
+                hash,
+                begin_ms,
+                end_ms,
+                max_candidates,
+                self.config.max_index_scan_entries_per_query,
+            )
+            .await
+            .map_err(io_error("index"))?;
+        if lookup.is_partial {
+            warn!(
+                begin_ms,
+                end_ms,
+                scanned = self.config.max_index_scan_entries_per_query,
+                "index query stopped at its scan budget; older entries of the range were not searched (narrow the time range)"
+            );
+        }
+        let mut found = Vec::new();
+        let mut found_bytes = 0usize;
+        for offset in lookup.offsets {
+            if found.len() >= max_results || found_bytes >= MAX_QUERY_ANSWER_BYTES {
+                break;
+            }
+            // A candidate may point at a deleted or cut record: that is a miss, not an error.
+            let Ok(bytes) = self.read_record_at(offset).await else {
+                continue;
+            };
+            let is_hit = decode_message(&bytes).is_ok_and(|view| {
+                let ts = view.store_timestamp_ms();
+                ts >= begin_ms && ts <= end_ms && is_match(&view)
+            });
+            if is_hit {
+                found_bytes += bytes.len();
+                found.push(bytes);
+            }
+        }
+        Ok(found)
+    }
+}

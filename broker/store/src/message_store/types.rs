@@ -1,0 +1,322 @@
+//! The store's vocabulary: its configuration (`StoreConfig`, `FlushMode`), its errors
+//! (`StoreError`, each mapping to a wire status), what goes in (`EncodedBatch`) and what comes
+//! out (`AppendOutcome`, `GetResult`, `RecoveryReport`). This is what the broker's mesh and
+//! services see of the store; nothing here does I/O.
+
+use std::io;
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::append_file::DMA_ALIGNMENT_BYTES;
+use crate::checkpoint::Checkpoint;
+use crate::commitlog::RecoveryScan;
+use crate::index::{index_hash, IndexKind};
+use crate::record::{
+    encode_record, tags_hash, PendingRecord, RecordError, RecordInput, MIN_RECORD_BYTES,
+    PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_KEY,
+};
+
+/// When an append counts as complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushMode {
+    /// After the `fdatasync` that covers it.
+    Sync,
+    /// Once the O_DIRECT write that holds it has completed (the bytes are in the kernel: a
+    /// crash of the broker process cannot lose them); `fdatasync` follows at least every
+    /// `flush_interval_ms`, so a power loss can lose at most that window.
+    Async,
+}
+
+impl std::str::FromStr for FlushMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sync" => Ok(FlushMode::Sync),
+            "async" => Ok(FlushMode::Async),
+            other => Err(format!(
+                "flush mode must be `sync` or `async`, not `{other}`"
+            )),
+        }
+    }
+}
+
+/// Everything the store can be told; defaults follow RocketMQ (see the reference).
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// The shard directory (`<data>/shard-N`).
+    pub shard_dir: PathBuf,
+    pub flush_mode: FlushMode,
+    /// CommitLog segment size; a multiple of 4 KiB, at least 64 KiB.
+    pub segment_bytes: u64,
+    pub flush_interval_ms: u64,
+    pub sync_flush_timeout_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub consume_queue_entries_per_file: u64,
+    pub index_max_entries_per_file: u64,
+    /// Recent CommitLog bytes kept in memory for tailing readers.
+    pub hot_tail_bytes: u64,
+    /// CommitLog segment files are pre-allocated (`fallocate`) this far ahead of the data; 0
+    /// never (each write then extends the file). See `docs/performance.md` for what it costs
+    /// and saves on ext4.
+    pub preallocate_ahead_bytes: u64,
+    /// Appended bytes not yet written (completed O_DIRECT writes) above which appends get `Busy`.
+    pub max_unflushed_bytes: u64,
+    pub file_reserved_hours: u64,
+    pub retention_interval_ms: u64,
+    /// Disk use at which the oldest segments are deleted early.
+    pub disk_max_used_ratio: f64,
+    /// Disk use at which appends are refused.
+    pub disk_refuse_ratio: f64,
+    /// Most ConsumeQueue entries one read examines when a tag filter skips entries.
+    pub max_scanned_entries_per_read: u64,
+    /// The largest record appended or read (the broker derives it from `max_message_bytes`
+    /// with [`record::max_record_bytes`](shardmq_codec::max_record_bytes)). Every record size
+    /// read from disk (a ConsumeQueue entry, a record's own header) is checked against it before
+    /// anything is read for it; a larger stored record (written while `max_message_bytes` was
+    /// higher) is refused with an error naming the setting, never cut.
+    pub max_record_bytes: u64,
+    /// Most index entries one query by key or id looks at on this shard, newest first.
+    pub max_index_scan_entries_per_query: u64,
+}
+
+impl StoreConfig {
+    pub fn new(shard_dir: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            shard_dir: shard_dir.into(),
+            flush_mode: FlushMode::Async,
+            segment_bytes: 1 << 30,
+            flush_interval_ms: 500,
+            sync_flush_timeout_ms: 5_000,
+            checkpoint_interval_ms: 1_000,
+            consume_queue_entries_per_file: 300_000,
+            index_max_entries_per_file: 2_000_000,
+            hot_tail_bytes: 64 << 20,
+            preallocate_ahead_bytes: 64 << 20,
+            max_unflushed_bytes: 256 << 20,
+            file_reserved_hours: 72,
+            retention_interval_ms: 10_000,
+            disk_max_used_ratio: 0.75,
+            disk_refuse_ratio: 0.95,
+            max_scanned_entries_per_read: 16_000,
+            max_record_bytes: shardmq_codec::max_record_bytes(4 << 20) as u64,
+            max_index_scan_entries_per_query: 4_000_000,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let fail = |why: String| Err(StoreError::Config(why));
+        if !self.segment_bytes.is_multiple_of(DMA_ALIGNMENT_BYTES) || self.segment_bytes < 64 << 10
+        {
+            return fail(format!(
+                "segment_bytes is {}, must be a multiple of 4096 and at least 65536",
+                self.segment_bytes
+            ));
+        }
+        if self.consume_queue_entries_per_file == 0 || self.index_max_entries_per_file == 0 {
+            return fail("entries per file must be positive".into());
+        }
+        if self.max_record_bytes < MIN_RECORD_BYTES as u64 {
+            return fail(format!(
+                "max_record_bytes is {}, under the smallest record ({MIN_RECORD_BYTES})",
+                self.max_record_bytes
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.disk_max_used_ratio)
+            || !(0.0..=1.0).contains(&self.disk_refuse_ratio)
+        {
+            return fail("disk ratios must be between 0 and 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Errors a caller can act on; each maps to a wire status.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("I/O error on {context}: {source}")]
+    Io { context: String, source: io::Error },
+    #[error("disk is full: {used_percent:.1}% used, at or over the refuse threshold {limit_percent:.1}%")]
+    DiskFull {
+        used_percent: f64,
+        limit_percent: f64,
+    },
+    #[error("CommitLog flush is failing ({0}); appends are refused until it recovers")]
+    FlushFailing(String),
+    #[error("storage shard is busy: {unflushed_bytes} bytes wait for the disk, over max_unflushed_bytes ({limit})")]
+    Busy { unflushed_bytes: u64, limit: u64 },
+    #[error("record is {size} bytes, over the largest this store takes ({limit}: max_message_bytes plus the largest header, topic and properties, within a segment)")]
+    RecordTooLarge { size: u64, limit: u64 },
+    #[error("invalid record in batch: {0}")]
+    InvalidRecord(#[from] RecordError),
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    #[error("store is closed")]
+    Closed,
+    #[error("replicated bytes start at {got}, but this CommitLog ends at {expected}")]
+    ReplicaGap { expected: u64, got: u64 },
+    #[error("replication from {from} is outside this CommitLog, which holds [{min}, {end})")]
+    ReplicaOutOfRange { from: u64, min: u64, end: u64 },
+}
+
+pub(super) fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+/// Records encoded by a network shard, on their way to a storage shard, with everything the
+/// storage shard needs to store them: their lengths, queues, tags hashes and index hashes. The
+/// storage shard does not parse or re-validate the records (see `docs/storage-format.md`,
+/// "Write path").
+#[derive(Debug, Default)]
+pub struct EncodedBatch {
+    pub bytes: BytesMut,
+    pub records: Vec<PendingRecord>,
+    /// The distinct topics of the records (nearly always one); `PendingRecord::topic` indexes it.
+    pub topics: Vec<String>,
+    /// Index hashes of every record in order (`PendingRecord::index_hash_count` each).
+    pub index_hashes: Vec<u64>,
+}
+
+/// The value of the first property named `key`, as a record's readers find it.
+fn first_property<'a>(properties: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
+    properties.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+}
+
+impl EncodedBatch {
+    pub fn new() -> EncodedBatch {
+        EncodedBatch::default()
+    }
+
+    pub fn push(&mut self, input: &RecordInput<'_>) -> Result<(), RecordError> {
+        let len = encode_record(&mut self.bytes, input)?;
+        let topic = match self.topics.iter().position(|t| t == input.topic) {
+            Some(index) => index,
+            None => {
+                self.topics.push(input.topic.to_owned());
+                self.topics.len() - 1
+            }
+        };
+        let hashes_before = self.index_hashes.len();
+        let keys = first_property(input.properties, PROPERTY_KEYS).unwrap_or("");
+        for key in keys.split(' ').filter(|k| !k.is_empty()) {
+            self.index_hashes
+                .push(index_hash(IndexKind::Key, input.topic, key));
+        }
+        if let Some(id) = first_property(input.properties, PROPERTY_UNIQUE_KEY) {
+            self.index_hashes
+                .push(index_hash(IndexKind::UniqueId, "", id));
+        }
+        let index_hash_count = self.index_hashes.len() - hashes_before;
+        if index_hash_count > usize::from(u16::MAX) || self.topics.len() > usize::from(u16::MAX) {
+            return Err(RecordError::PropertiesTooLong(index_hash_count));
+        }
+        self.records.push(PendingRecord {
+            len,
+            queue_id: input.queue_id,
+            tags_hash: first_property(input.properties, PROPERTY_TAGS)
+                .map(tags_hash)
+                .unwrap_or(0),
+            topic: topic as u16,
+            index_hash_count: index_hash_count as u16,
+        });
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// (topic, queue) of the first record (a producer's send targets one queue).
+    pub fn first_queue(&self) -> Option<(&str, u32)> {
+        let first = self.records.first()?;
+        Some((self.topics.get(usize::from(first.topic))?, first.queue_id))
+    }
+}
+
+/// Where one appended record went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendedRecord {
+    pub physical_offset: u64,
+    pub size: u32,
+    pub queue_id: u32,
+    pub queue_offset: u64,
+    pub store_timestamp_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendStatus {
+    Ok,
+    /// Sync flush did not confirm within `sync_flush_timeout_ms`; the records are appended and
+    /// become visible once flushed.
+    FlushDiskTimeout,
+    /// Stored here (sync master), but the slave did not acknowledge it within
+    /// `sync_flush_timeout_ms`.
+    FlushSlaveTimeout,
+    /// Stored here (sync master), but no slave is replicating.
+    SlaveNotAvailable,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendOutcome {
+    pub status: AppendStatus,
+    pub records: Vec<AppendedRecord>,
+}
+
+/// RocketMQ's `GetMessageStatus`, less the states we cannot reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetStatus {
+    Found,
+    /// Entries were examined but none passed the filter; `next_offset` skips them.
+    NoMatchedMessage,
+    /// `offset` equals the queue's max offset: nothing new yet.
+    NoNewMessage,
+    OffsetTooSmall,
+    /// `offset` is past the max offset.
+    OffsetOverflow,
+    /// The queue has never had a message on this shard.
+    NoMatchedQueue,
+}
+
+#[derive(Debug, Clone)]
+pub struct GetResult {
+    pub status: GetStatus,
+    /// Stored record bytes, exactly as in the CommitLog.
+    pub records: Vec<Bytes>,
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+    /// Which broker of the group the consumer should pull this queue from next (0: the
+    /// master); set by the storage shard under `slave_read_enable`, 0 from the store.
+    pub suggest_broker_id: i64,
+}
+
+/// What recovery found and repaired, for the startup log and for tests.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    /// The offset the log was cut at because replication asked for it
+    /// ([`request_truncation`]), if it was.
+    pub truncated_for_replica: Option<u64>,
+    pub checkpoint: Option<Checkpoint>,
+    pub checkpoint_problem: Option<String>,
+    pub commitlog: RecoveryScan,
+    pub consume_queue_entries_dropped: u64,
+    /// A damaged ConsumeQueue or index file found on open (then every derived file is rebuilt).
+    pub consume_queue_damage: Option<String>,
+    pub records_redispatched: u64,
+    /// Derived files were inconsistent and rebuilt from the whole CommitLog.
+    pub rebuilt_derived: bool,
+}
+
+/// A query stops reading records once its results hold this many bytes (at least one record);
+/// the network shard caps the answer it merges from all storage shards the same way.
+pub const MAX_QUERY_ANSWER_BYTES: usize = 8 << 20;
+
+/// Receives the duration of each CommitLog group commit.
+pub type FlushObserver = Box<dyn Fn(std::time::Duration)>;
