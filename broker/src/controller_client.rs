@@ -222,7 +222,7 @@ pub fn resolve(
                     effective.controller_epoch = group.epoch;
                     let mut wait_for = group.sync_state_set.clone();
                     wait_for.remove(&own_id);
-                    crate::replication::set_sync_wait_set(Some(wait_for));
+                    crate::role::set_sync_wait_set(Some(wait_for));
                     tracing::info!(epoch = group.epoch, in_sync = ?group.sync_state_set, "the controller makes this broker the master");
                     return Ok(effective);
                 }
@@ -232,7 +232,7 @@ pub fn resolve(
                     effective.ha_master = group.master_ha_address.clone();
                     effective.controller_self_id = own_id;
                     effective.controller_epoch = group.epoch;
-                    crate::replication::set_sync_wait_set(None);
+                    crate::role::set_sync_wait_set(None);
                     tracing::info!(epoch = group.epoch, master = group.master_id, master_ha = %group.master_ha_address, "the controller makes this broker a slave");
                     return Ok(effective);
                 }

@@ -385,7 +385,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     // io_uring instances let go of their sockets only when the process (or its image) goes,
     // and sockets of the old run left open would swallow clients' requests.
     if outcome.is_ok()
-        && shardmq_broker::runtime::take_restart_request()
+        && shardmq_broker::role::take_restart_request()
         && !interrupted.load(std::sync::atomic::Ordering::Relaxed)
     {
         use std::os::unix::process::CommandExt;

@@ -10,13 +10,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_channel::oneshot;
 
 use crate::groups::{ConnectionKey, ConsumerMembership};
 use crate::store::{AppendOutcome, EncodedBatch, GetResult, StoreError, TagFilter};
 use crate::topics::{TopicConfig, TopicTable, UpsertError};
 
-pub type Reply<T> = oneshot::Sender<T>;
+pub use shardmq_base::Reply;
 
 /// A read of one queue.
 #[derive(Debug, Clone)]
@@ -174,7 +173,7 @@ pub enum StorageRequest {
     },
     /// On-demand figures for a metrics scrape.
     MetricsSnapshot {
-        reply: Reply<crate::metrics::StorageSnapshot>,
+        reply: Reply<StorageSnapshot>,
     },
     /// Every (topic, queue id) this shard's store holds a ConsumeQueue for.
     StoredQueues {
@@ -198,4 +197,17 @@ pub enum NetworkEvent {
     /// Ask a producer on one of this shard's connections about a half message (from storage
     /// shard 0; `transaction.rs`).
     TransactionCheck(crate::transaction::CheckBack),
+}
+
+/// What a storage shard reports for a scrape.
+#[derive(Debug, Default, Clone)]
+pub struct StorageSnapshot {
+    /// (group, topic, messages behind) summed over the shard's queues.
+    pub consumer_lag: Vec<(String, String, u64)>,
+    pub commitlog_bytes: u64,
+    /// Storage shard 0 only: (group, live members, subscribed topics) of every consumer group
+    /// with live members.
+    pub live_groups: Vec<(String, usize, Vec<String>)>,
+    /// This shard's replication as its broker sees it (master or slave side).
+    pub replication: crate::replication::ShardReplication,
 }

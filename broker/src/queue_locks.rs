@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use crate::mesh::Reply;
+use shardmq_base::Reply;
 
 /// Locked queues the broker keeps at once, over every group; further locks are refused (the
 /// queue is answered as not locked) until some expire or are released.

@@ -64,7 +64,7 @@ async fn register_all(shard: &NetworkShard) {
                     if shard.config.role() == crate::config::BrokerRole::Slave
                         && shard.config.ha_master.is_empty()
                     {
-                        crate::replication::learn_master(ha);
+                        crate::role::learn_master(ha);
                     }
                 }
             }

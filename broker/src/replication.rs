@@ -15,11 +15,10 @@
 //! in `network::handlers`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +28,8 @@ use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader,
 use tracing::{error, info, warn};
 
 use crate::config::BrokerConfig;
+pub use crate::layout::COPIED_FILES;
+use crate::role::{master_address, own_address, sync_wait_set};
 use crate::store::epochs::{Epoch, EpochLog};
 use crate::store::notify::LocalNotify;
 use crate::store::{AppendStatus, MessageStore, StoreError};
@@ -50,49 +51,6 @@ pub const SLAVE_SILENCE: Duration = Duration::from_secs(3);
 const MARK_EVERY: Duration = Duration::from_millis(5);
 /// Most append-time marks kept (at one per `MARK_EVERY`, 20 s of history; older ones merge).
 const MAX_MARKS: usize = 4096;
-
-/// The master's HA address a slave learned from a name server (when `ha_master` is not set),
-/// and this broker's own client address: shared by the network and storage executors.
-static LEARNED_MASTER: Mutex<Option<SocketAddr>> = Mutex::new(None);
-static OWN_ADDRESS: Mutex<Option<SocketAddr>> = Mutex::new(None);
-
-/// Controller mode: the broker ids a sync master's sends wait for (its SyncStateSet, without
-/// itself, plus slaves it is adding); `None` outside controller mode (then any one slave).
-/// Shared, so that every waiting send reads it without copying the set.
-static SYNC_WAIT_SET: Mutex<Option<Arc<BTreeSet<i64>>>> = Mutex::new(None);
-
-pub fn set_sync_wait_set(set: Option<BTreeSet<i64>>) {
-    *SYNC_WAIT_SET.lock().unwrap_or_else(|e| e.into_inner()) = set.map(Arc::new);
-}
-
-pub fn sync_wait_set() -> Option<Arc<BTreeSet<i64>>> {
-    SYNC_WAIT_SET
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-}
-
-/// Records the master HA address a name server named (slave registration).
-pub fn learn_master(address: SocketAddr) {
-    let mut learned = LEARNED_MASTER.lock().unwrap_or_else(|e| e.into_inner());
-    if *learned != Some(address) {
-        info!(%address, "the name server names the master's HA address");
-        *learned = Some(address);
-    }
-}
-
-/// Records the address this broker's clients connect to (for the master's status).
-pub fn set_own_address(address: SocketAddr) {
-    *OWN_ADDRESS.lock().unwrap_or_else(|e| e.into_inner()) = Some(address);
-}
-
-/// Where a slave replicates from: `ha_master`, else what a name server named.
-pub fn master_address(config: &BrokerConfig) -> Option<SocketAddr> {
-    if !config.ha_master.is_empty() {
-        return config.ha_master.parse().ok();
-    }
-    *LEARNED_MASTER.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// One storage shard's replication, as its broker sees it (status and metrics).
 #[derive(Debug, Clone, Default)]
@@ -482,11 +440,7 @@ impl MasterLink {
         end: u64,
         epochs: &EpochLog,
     ) -> io::Result<JoinAnswer> {
-        let own = OWN_ADDRESS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let own = own_address().map(|a| a.to_string()).unwrap_or_default();
         let answer = self
             .request(|b, header| {
                 let cluster = b.create_string(&config.cluster_name);
@@ -622,11 +576,7 @@ pub async fn follow(follower: Follower) {
     // The join names this broker's client address (the master shows it as its peer): network
     // shard 0 learns it as it binds, moments after the storage shards start.
     for _ in 0..500 {
-        if OWN_ADDRESS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        if own_address().is_some() {
             break;
         }
         glommio::timer::sleep(Duration::from_millis(10)).await;
@@ -684,7 +634,7 @@ pub async fn follow(follower: Follower) {
                 "this slave holds CommitLog bytes its master does not: cutting them and restarting"
             );
             match crate::store::request_truncation(&dir, joined.consistent_end) {
-                Ok(()) => crate::runtime::request_restart(),
+                Ok(()) => crate::role::request_restart(),
                 Err(e) => {
                     error!(storage_shard, error = %e, "cannot ask for the cut; replication stops")
                 }
@@ -795,14 +745,6 @@ pub async fn follow(follower: Follower) {
         glommio::timer::sleep(RECONNECT_PAUSE).await;
     }
 }
-
-/// The per-shard state files a slave copies from its master every
-/// `replica_metadata_interval_ms` (10 s, RocketMQ's period, as for consumer offsets):
-/// delay-level and timer delivery progress (schedule.rs, timer.rs).
-pub const COPIED_FILES: [&str; 2] = [
-    crate::schedule::DELAY_PROGRESS_FILE,
-    crate::timer::TIMER_PROGRESS_FILE,
-];
 
 impl MasterLink {
     /// One of the master's state files of `storage_shard` (`None`: it has none) and the

@@ -44,23 +44,8 @@ struct CoreRoles {
     network: Vec<NetworkEnds>,
 }
 
-/// Set when a shard asks the broker to stop and start again (a slave that must cut its
-/// CommitLog, which the store does as it opens; a new role from the controller): `main`
-/// re-executes the program in this process once the run has stopped.
-static RESTART_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-/// Asks the broker to stop gracefully and start again (see [`take_restart_request`]).
-pub fn request_restart() {
-    RESTART_REQUESTED.store(true, Ordering::Relaxed);
-}
-
-/// Whether a restart was asked for since the last call (clears the request).
-pub fn take_restart_request() -> bool {
-    RESTART_REQUESTED.swap(false, Ordering::Relaxed)
-}
-
 /// Runs the broker until SIGINT/SIGTERM (or until `stopping` is set), then stops gracefully.
-/// `is_restart`: the same process ran the broker before (see [`request_restart`]).
+/// `is_restart`: the same process ran the broker before (see `role::request_restart`).
 /// `on_listening` receives the address clients connect to, once the broker serves.
 pub fn run(
     config: BrokerConfig,
@@ -241,7 +226,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if RESTART_REQUESTED.load(Ordering::Relaxed) && !stopping.load(Ordering::Relaxed) {
+        if crate::role::is_restart_requested() && !stopping.load(Ordering::Relaxed) {
             info!("restarting the broker (a fresh image of this program, same pid and address)");
             stopping.store(true, Ordering::Relaxed);
         }
@@ -306,38 +291,6 @@ const LISTENER_GONE_WAIT: Duration = Duration::from_secs(3);
 
 /// How long an executor may sleep at most; see [`park_guard`].
 const PARK_GUARD_TICK: Duration = Duration::from_millis(5);
-
-/// Accepts connections on `listener` until `stopping` is set, giving each to `serve`. The
-/// stop flag is checked every `poll`.
-///
-/// One accept stays in flight across those checks. glommio submits `accept` to io_uring; a
-/// dropped accept future cancels the operation, and when the kernel had completed it just
-/// before, the accepted socket is discarded: the client's connection is established (by the
-/// kernel) and never served, so its first request times out. Racing a fresh accept against a
-/// timer on every turn (as this code once did) lost a connection that way now and then.
-pub async fn accept_until_stopped(
-    listener: &glommio::net::TcpListener,
-    stopping: &std::sync::atomic::AtomicBool,
-    poll: Duration,
-    mut serve: impl FnMut(glommio::Result<glommio::net::TcpStream, ()>) -> Option<Duration>,
-) {
-    let mut pending = Box::pin(listener.accept());
-    loop {
-        if stopping.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let accepted = futures_lite::future::or(async { Some((&mut pending).await) }, async {
-            glommio::timer::sleep(poll).await;
-            None
-        })
-        .await;
-        let Some(accepted) = accepted else { continue };
-        pending = Box::pin(listener.accept());
-        if let Some(pause) = serve(accepted) {
-            glommio::timer::sleep(pause).await;
-        }
-    }
-}
 
 /// Keeps a timer pending on the executor at all times, so that it never parks without a
 /// deadline.

@@ -32,6 +32,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+pub use crate::config::delay_levels::{
+    parse_delay_levels, parse_duration_ms, DEFAULT_DELAY_LEVELS, MAX_DELAY_LEVELS,
+    MAX_LEVEL_DELAY_MS,
+};
 use crate::config::BrokerConfig;
 use crate::meta::storage_shard_of;
 use crate::naming::{SCHEDULE_TOPIC, TIMER_TOPIC};
@@ -43,84 +47,12 @@ use crate::store::record::{
 };
 use crate::store::{EncodedBatch, GetStatus, MessageStore, TagFilter};
 
-/// RocketMQ's `messageDelayLevel`.
-pub const DEFAULT_DELAY_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
-/// Most delay levels a broker may define.
-pub const MAX_DELAY_LEVELS: usize = 64;
-/// Longest delay a level may have (a level is a retry step, not a calendar).
-pub const MAX_LEVEL_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
-/// Delivery progress of the delay levels of one storage shard.
-pub const DELAY_PROGRESS_FILE: &str = "delay-progress";
+pub use crate::layout::DELAY_PROGRESS_FILE;
 /// Messages read from a schedule queue at once.
 const READ_BATCH_MESSAGES: u32 = 32;
 const READ_BATCH_BYTES: u64 = 1 << 20;
 /// Wait after a failed read or delivery before trying the same message again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
-
-/// Parses `1s 5s 10m 2h` (units `ms`, `s`, `m`, `h`, `d`) into milliseconds per level.
-pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, String> {
-    let levels: Vec<u64> = text
-        .split_whitespace()
-        .map(parse_duration_ms)
-        .collect::<Result<_, _>>()?;
-    if levels.is_empty() || levels.len() > MAX_DELAY_LEVELS {
-        return Err(format!(
-            "delay_levels has {} levels; it needs 1..={MAX_DELAY_LEVELS}",
-            levels.len()
-        ));
-    }
-    if let Some(too_long) = levels.iter().find(|&&ms| ms > MAX_LEVEL_DELAY_MS) {
-        return Err(format!(
-            "delay level of {too_long} ms is over the longest a level may wait ({MAX_LEVEL_DELAY_MS} ms)"
-        ));
-    }
-    Ok(levels)
-}
-
-/// `250ms`, `5s`, `10m`, `2h`, `1d` → milliseconds.
-pub fn parse_duration_ms(token: &str) -> Result<u64, String> {
-    let digits_end = token
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(token.len());
-    let (number, unit) = token.split_at(digits_end);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("delay `{token}` must be a number and a unit (ms, s, m, h, d)"))?;
-    let unit_ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => {
-            return Err(format!(
-                "delay `{token}` has unit `{unit}`; use ms, s, m, h or d"
-            ))
-        }
-    };
-    number
-        .checked_mul(unit_ms)
-        .filter(|&ms| ms > 0)
-        .ok_or_else(|| format!("delay `{token}` must be positive and under 2^64 ms"))
-}
-
-/// Validates the configuration keys this module and `timer.rs` read.
-pub fn check_schedule_config(config: &BrokerConfig) -> Result<(), String> {
-    parse_delay_levels(&config.delay_levels)?;
-    if config.timer_max_delay_ms == 0 || config.timer_max_delay_ms > 365 * 86_400_000 {
-        return Err(format!(
-            "timer_max_delay_ms ({}) must be 1 ms ..= 365 days",
-            config.timer_max_delay_ms
-        ));
-    }
-    if config.timer_max_pending == 0 {
-        return Err("timer_max_pending must be positive".into());
-    }
-    if config.schedule_persist_interval_ms == 0 {
-        return Err("schedule_persist_interval_ms must be positive".into());
-    }
-    Ok(())
-}
 
 /// The queue of `system_topic` for `slot` (a delay level minus one, or 0 for the timer) that
 /// lives on storage shard `target_shard`: `slot × shards + j`, `j` chosen by the queue mapping.
@@ -672,23 +604,6 @@ pub fn log_levels(config: &BrokerConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_levels_are_rocketmqs() {
-        let levels = parse_delay_levels(DEFAULT_DELAY_LEVELS).unwrap();
-        assert_eq!(levels.len(), 18);
-        assert_eq!(levels[0], 1_000);
-        assert_eq!(levels[2], 10_000);
-        assert_eq!(levels[17], 7_200_000);
-        assert_eq!(
-            parse_delay_levels("200ms 1d").unwrap(),
-            vec![200, 86_400_000]
-        );
-        assert!(parse_delay_levels("").unwrap_err().contains("1..="));
-        assert!(parse_delay_levels("5x").unwrap_err().contains("unit"));
-        assert!(parse_delay_levels("0s").is_err());
-        assert!(parse_delay_levels("30d").unwrap_err().contains("longest"));
-    }
 
     #[test]
     fn colocated_queues_land_on_the_target_shard() {

@@ -156,8 +156,10 @@ pub async fn run(
         let mut topics = TopicTable::load(&config.data_dir)?;
         let storage_shards = config.storage_cores.len();
         crate::transaction::ensure_topics(&mut topics, storage_shards);
-        let transactions =
-            crate::transaction::Transactions::new(storage_shards, config.transaction_settings());
+        let transactions = crate::transaction::Transactions::new(
+            storage_shards,
+            crate::transaction::CheckSettings::from_config(&config),
+        );
         let summary = transactions
             .recover(&store)
             .await
@@ -832,7 +834,7 @@ impl StorageShard {
     }
 
     /// Consumer lag per (group, topic) over this shard's queues, and the CommitLog's size.
-    fn metrics_snapshot(&self) -> crate::metrics::StorageSnapshot {
+    fn metrics_snapshot(&self) -> crate::mesh::StorageSnapshot {
         let mut lag: std::collections::BTreeMap<(String, String), u64> = Default::default();
         for (group, topic, queue_id, committed) in self.offsets.borrow().rows() {
             let max = self
@@ -846,7 +848,7 @@ impl StorageShard {
             .as_ref()
             .map(|control| control.clients.borrow().group_summaries())
             .unwrap_or_default();
-        crate::metrics::StorageSnapshot {
+        crate::mesh::StorageSnapshot {
             consumer_lag: lag.into_iter().map(|((g, t), n)| (g, t, n)).collect(),
             commitlog_bytes: self.store.commitlog_disk_bytes(),
             live_groups,

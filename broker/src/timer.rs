@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::config::BrokerConfig;
+pub use crate::layout::TIMER_PROGRESS_FILE;
 use crate::naming::TIMER_TOPIC;
 use crate::schedule::{
     colocated_queue_id, deliver, encode_progress, load_progress, now_ms, persist_when_durable,
@@ -40,8 +41,6 @@ use crate::store::atomic_file::write_atomically_async;
 use crate::store::notify::LocalNotify;
 use crate::store::record::{RecordView, PROPERTY_TIMER_DELIVER_MS};
 use crate::store::{GetStatus, MessageStore, TagFilter};
-
-pub const TIMER_PROGRESS_FILE: &str = "timer-progress";
 const READ_BATCH_MESSAGES: u32 = 64;
 const READ_BATCH_BYTES: u64 = 1 << 20;
 const RETRY_PAUSE: Duration = Duration::from_millis(500);

@@ -36,8 +36,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
+use crate::config::BrokerConfig;
 use crate::groups::{ClientRegistry, ConnectionKey};
-use crate::mesh::Reply;
 use crate::meta::storage_shard_of;
 use crate::naming::{TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC};
 use crate::store::record::{
@@ -49,6 +49,7 @@ use crate::store::{
     TagFilter,
 };
 use crate::topics::TopicTable;
+use shardmq_base::Reply;
 
 /// Marks a message as transactional (RocketMQ's `TRAN_MSG`).
 pub const PROPERTY_TRANSACTION: &str = "TRAN_MSG";
@@ -413,6 +414,16 @@ pub struct CheckSettings {
     pub timeout_ms: i64,
     /// Checks before the half message is discarded.
     pub check_max: u32,
+}
+
+impl CheckSettings {
+    /// The check-back settings a broker configuration asks for.
+    pub fn from_config(config: &BrokerConfig) -> CheckSettings {
+        CheckSettings {
+            timeout_ms: config.transaction_timeout_ms.min(i64::MAX as u64) as i64,
+            check_max: config.transaction_check_max,
+        }
+    }
 }
 
 /// What recovery found, for the startup log.

@@ -10,10 +10,26 @@ use shardmq_schema::wire;
 
 use super::handlers::{encode_ok, Answer};
 use super::NetworkShard;
-use crate::metrics::{self, StorageSnapshot};
+use crate::mesh::{StorageRequest, StorageSnapshot};
+use crate::metrics;
+use crate::store::message_store::disk_space;
+
+/// Every storage shard's snapshot (a shard that cannot answer is left out).
+pub async fn storage_snapshots(shard: &NetworkShard) -> Vec<StorageSnapshot> {
+    let mut snapshots = Vec::new();
+    for storage in 0..shard.storage_shards() {
+        if let Ok(snapshot) = shard
+            .ask(storage, |reply| StorageRequest::MetricsSnapshot { reply })
+            .await
+        {
+            snapshots.push(snapshot);
+        }
+    }
+    snapshots
+}
 
 pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
-    let snapshots = metrics::storage_snapshots(shard).await;
+    let snapshots = storage_snapshots(shard).await;
     let commitlog_bytes: u64 = snapshots.iter().map(|s| s.commitlog_bytes).sum();
     let replica_lag_bytes = snapshots
         .iter()
@@ -24,7 +40,7 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
         })
         .flatten()
         .map_or(-1, |lag| lag as i64);
-    let (disk_total, disk_free) = metrics::disk_space(&shard.config.data_dir).unwrap_or((0, 0));
+    let (disk_total, disk_free) = disk_space(&shard.config.data_dir).unwrap_or((0, 0));
     let m = metrics::broker();
     let totals = &m.totals;
     let config = &shard.config;
@@ -112,7 +128,7 @@ fn merge_groups(snapshots: Vec<StorageSnapshot>) -> BTreeMap<String, Group> {
 }
 
 pub async fn group_list(shard: &NetworkShard, id: u64) -> Answer {
-    let groups = merge_groups(metrics::storage_snapshots(shard).await);
+    let groups = merge_groups(storage_snapshots(shard).await);
     encode_ok(shard, id, |b| {
         let summaries: Vec<_> = groups
             .iter()

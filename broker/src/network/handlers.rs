@@ -5,7 +5,7 @@
 //! cores only assign offsets and write. Every error answer names the thing and the limit.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -21,6 +21,7 @@ use super::connection::Connection;
 use super::{AskError, NetworkShard, Outbound};
 use crate::groups::ConsumerMembership;
 use crate::mesh::{PullQuery, StorageRequest};
+pub use crate::msgid::{offset_message_id, parse_offset_message_id};
 use crate::naming::{
     check_group_name, check_topic_name, is_system_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX,
 };
@@ -36,7 +37,7 @@ const RESERVED_PROPERTIES: [&str; 13] = [
     "__CRC32#",
     "DELAY",
     "WAIT",
-    // Delay, timer and retry bookkeeping (schedule.rs, timer.rs, retry.rs).
+    // Delay, timer and retry bookkeeping (schedule.rs, timer.rs, network/send_back.rs).
     "REAL_TOPIC",
     "REAL_QID",
     "TIMER_DELIVER_MS",
@@ -461,7 +462,7 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
         return handle_query_by_id(shard, id, r).await;
     }
     if let Some(r) = request.body_as_consumer_send_back_request() {
-        let outcome = crate::retry::send_back(shard, r)
+        let outcome = super::send_back::send_back(shard, r)
             .await
             .map_err(|e| refuse(e.status, e.message))?;
         return encode_ok(shard, id, |b| {
@@ -1504,43 +1505,6 @@ fn group_queue(
     Ok((group.to_owned(), topic, queue_id))
 }
 
-/// RocketMQ's offset message id: store host address and port, then the physical offset, as
-/// 32 upper-case hex characters for IPv4. With several storage shards, physical offsets repeat
-/// across shards, so the shard index is kept in the offset's top byte.
-pub fn offset_message_id(
-    store_host: SocketAddr,
-    storage_shard: usize,
-    physical_offset: u64,
-) -> String {
-    let mut bytes = Vec::with_capacity(28);
-    match store_host.ip() {
-        IpAddr::V4(ip) => bytes.extend_from_slice(&ip.octets()),
-        IpAddr::V6(ip) => bytes.extend_from_slice(&ip.octets()),
-    }
-    bytes.extend_from_slice(&u32::from(store_host.port()).to_be_bytes());
-    bytes.extend_from_slice(&(((storage_shard as u64) << 56) | physical_offset).to_be_bytes());
-    shardmq_schema::hex::upper_hex(&bytes)
-}
-
-/// Inverse of [`offset_message_id`] for IPv4 ids: (host, storage shard, physical offset).
-pub fn parse_offset_message_id(id: &str) -> Option<(SocketAddr, usize, u64)> {
-    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let bytes: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&id[i * 2..i * 2 + 2], 16))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    let ip = std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]);
-    let port = u32::from_be_bytes(bytes[4..8].try_into().ok()?) as u16;
-    let raw = u64::from_be_bytes(bytes[8..16].try_into().ok()?);
-    Some((
-        SocketAddr::new(IpAddr::V4(ip), port),
-        (raw >> 56) as usize,
-        raw & ((1 << 56) - 1),
-    ))
-}
-
 pub(super) fn frame_error(error: FrameError) -> Refusal {
     refuse(
         wire::Status::SYSTEM_ERROR,
@@ -1606,19 +1570,4 @@ pub fn encode_consumer_ids_changed(
             Some(body.as_union_value()),
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn offset_message_id_round_trips_with_shard() {
-        let host: SocketAddr = "10.1.2.3:10911".parse().unwrap();
-        let id = offset_message_id(host, 1, 123_456);
-        assert_eq!(id.len(), 32);
-        assert_eq!(&id[..8], "0A010203");
-        assert_eq!(parse_offset_message_id(&id), Some((host, 1, 123_456)));
-        assert_eq!(parse_offset_message_id("xyz"), None);
-    }
 }

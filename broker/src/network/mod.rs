@@ -7,6 +7,7 @@
 //! requests without a round trip. Module map: `connection` (framing, pipelining, writing),
 //! `handlers` (one function per request kind), `parking` (long-poll waiters).
 
+pub mod accept;
 pub mod admin;
 pub mod budget;
 pub mod client_calls;
@@ -14,6 +15,7 @@ pub mod connection;
 pub mod handlers;
 pub mod parking;
 pub mod queue_locks;
+pub mod send_back;
 pub mod transaction;
 
 use std::cell::{Cell, RefCell};
@@ -246,7 +248,7 @@ impl NetworkShard {
         let mut link: Option<crate::replication::MasterLink> = None;
         let mut master = None;
         while !self.stopping.load(Ordering::Relaxed) {
-            let named = crate::replication::master_address(&self.config);
+            let named = crate::role::master_address(&self.config);
             if named != master {
                 (master, link) = (named, None);
             }
@@ -327,7 +329,7 @@ impl NetworkShard {
         while !self.stopping.load(Ordering::Relaxed) {
             let mut in_sync = std::collections::BTreeSet::new();
             if is_master {
-                let current = crate::replication::sync_wait_set().unwrap_or_default();
+                let current = crate::role::sync_wait_set().unwrap_or_default();
                 let mut views = Vec::with_capacity(self.storage_shards());
                 for storage in 0..self.storage_shards() {
                     // A shard that cannot answer vouches for no slave (see in_sync_slaves).
@@ -350,7 +352,7 @@ impl NetworkShard {
                 let mut wait_for: std::collections::BTreeSet<i64> =
                     current.union(&in_sync).copied().collect();
                 wait_for.remove(&self_id);
-                crate::replication::set_sync_wait_set(Some(wait_for));
+                crate::role::set_sync_wait_set(Some(wait_for));
             }
             let beat = Beat {
                 address: self.store_host.get().to_string(),
@@ -430,13 +432,13 @@ impl NetworkShard {
                             our_epoch = config.controller_epoch,
                             "the controller changed this group's master: restarting in the new role"
                         );
-                        crate::runtime::request_restart();
+                        crate::role::request_restart();
                         return;
                     }
                     if is_master {
                         let mut wait_for = group.sync_state_set.clone();
                         wait_for.remove(&self_id);
-                        crate::replication::set_sync_wait_set(Some(wait_for));
+                        crate::role::set_sync_wait_set(Some(wait_for));
                     }
                 }
             }
@@ -764,7 +766,7 @@ pub async fn run(
     }
     shard.store_host.set(actual);
     if id == 0 {
-        crate::replication::set_own_address(actual);
+        crate::role::set_own_address(actual);
     }
     on_listening(actual);
 
@@ -795,9 +797,9 @@ pub async fn run(
     let registration = (id == 0 && !config.namesrv.is_empty())
         .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
     let metrics_server = match config.metrics_listen_addr()? {
-        Some(addr) if id == 0 => {
-            Some(glommio::spawn_local(crate::metrics::serve(shard.clone(), addr)).detach())
-        }
+        Some(addr) if id == 0 => Some(
+            glommio::spawn_local(crate::control::metrics_http::serve(shard.clone(), addr)).detach(),
+        ),
         _ => None,
     };
 
@@ -842,7 +844,7 @@ pub async fn run(
 
 async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {
     let stopping = shard.stopping.clone();
-    crate::runtime::accept_until_stopped(
+    crate::network::accept::accept_until_stopped(
         listener,
         &stopping,
         Duration::from_millis(100),

@@ -1,40 +1,22 @@
-//! The broker's Prometheus metrics: what is counted, and the `/metrics` endpoint that serves
-//! them in the Prometheus text format (`--metrics-listen ADDR`).
+//! The broker's Prometheus metrics registry: what is counted, and its rendering in the
+//! Prometheus text format. The `/metrics` endpoint that serves it is `control::metrics_http`.
 //!
 //! Counters and histograms are updated where things happen (network shards for requests,
 //! storage shards for flushes) through one process-wide [`BrokerMetrics`]; its metrics are
 //! atomics, so an update costs a few uncontended atomic adds and no message passing. Values that
-//! are cheap to compute only on demand (consumer lag, disk usage) are gathered when a scrape
-//! arrives, by asking the storage shards over the mesh like any other request. The endpoint runs
-//! as a task on network shard 0: one scrape at a time, a request of at most 8 KiB, a 5 s read
-//! deadline, so a slow or hostile scraper cannot starve the shard. Every metric is described in
-//! `docs/operations.md`.
+//! are cheap to compute only on demand (consumer lag, disk usage) are set by the endpoint when a
+//! scrape arrives. Every metric is described in `docs/operations.md`.
 
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::{TcpListener, TcpStream};
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tracing::{debug, info, warn};
-
-use crate::mesh::StorageRequest;
-use crate::network::NetworkShard;
-
-/// Largest scrape request read; anything longer is answered 431 and closed.
-const MAX_REQUEST_BYTES: usize = 8 << 10;
-
-/// Time a scraper has to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabels {
@@ -358,209 +340,6 @@ impl BrokerMetrics {
 pub fn broker() -> &'static BrokerMetrics {
     static METRICS: OnceLock<BrokerMetrics> = OnceLock::new();
     METRICS.get_or_init(BrokerMetrics::new)
-}
-
-/// What a storage shard reports for a scrape.
-#[derive(Debug, Default, Clone)]
-pub struct StorageSnapshot {
-    /// (group, topic, messages behind) summed over the shard's queues.
-    pub consumer_lag: Vec<(String, String, u64)>,
-    pub commitlog_bytes: u64,
-    /// Storage shard 0 only: (group, live members, subscribed topics) of every consumer group
-    /// with live members.
-    pub live_groups: Vec<(String, usize, Vec<String>)>,
-    /// This shard's replication as its broker sees it (master or slave side).
-    pub replication: crate::replication::ShardReplication,
-}
-
-/// Serves `/metrics` on `addr` from network shard `shard` until the broker stops.
-pub async fn serve(shard: Rc<NetworkShard>, addr: SocketAddr) {
-    let listener = match TcpListener::bind(addr) {
-        Ok(listener) => listener,
-        Err(e) => {
-            warn!(%addr, error = %e, "cannot serve metrics");
-            return;
-        }
-    };
-    let actual = listener.local_addr().unwrap_or(addr);
-    info!(addr = %actual, "metrics served at http://{actual}/metrics");
-    let stopping = shard.stopping.clone();
-    crate::runtime::accept_until_stopped(
-        &listener,
-        &stopping,
-        Duration::from_millis(200),
-        |accepted| match accepted {
-            Ok(stream) => {
-                let shard = shard.clone();
-                glommio::spawn_local(async move {
-                    if let Err(e) = answer_scrape(&shard, stream).await {
-                        debug!(error = %e, "metrics scrape failed");
-                    }
-                })
-                .detach();
-                None
-            }
-            Err(e) => {
-                warn!(error = %e, "metrics accept failed");
-                Some(Duration::from_millis(50))
-            }
-        },
-    )
-    .await;
-}
-
-async fn answer_scrape(shard: &NetworkShard, mut stream: TcpStream) -> std::io::Result<()> {
-    let mut request = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let is_complete = futures_lite::future::or(
-        async {
-            loop {
-                let n = stream.read(&mut chunk).await?;
-                if n == 0 {
-                    return Ok::<bool, std::io::Error>(false);
-                }
-                request.extend_from_slice(&chunk[..n]);
-                if request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    return Ok(true);
-                }
-                if request.len() > MAX_REQUEST_BYTES {
-                    return Ok(false);
-                }
-            }
-        },
-        async {
-            glommio::timer::sleep(REQUEST_TIMEOUT).await;
-            Ok(false)
-        },
-    )
-    .await?;
-    if !is_complete {
-        return respond(
-            &mut stream,
-            "400 Bad Request",
-            "text/plain",
-            "bad request\n",
-        )
-        .await;
-    }
-    let line = request
-        .split(|&b| b == b'\r')
-        .next()
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method != "GET" {
-        return respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n",
-        )
-        .await;
-    }
-    if path != "/metrics" && !path.starts_with("/metrics?") {
-        return respond(
-            &mut stream,
-            "404 Not Found",
-            "text/plain",
-            "metrics are at /metrics\n",
-        )
-        .await;
-    }
-    gather(shard).await;
-    let metrics = broker();
-    metrics.scrapes.inc();
-    let body = metrics.render();
-    respond(
-        &mut stream,
-        "200 OK",
-        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        &body,
-    )
-    .await
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let mut head = String::new();
-    let _ = write!(
-        head,
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.close().await
-}
-
-/// Every storage shard's snapshot (a shard that cannot answer is left out).
-pub async fn storage_snapshots(shard: &NetworkShard) -> Vec<StorageSnapshot> {
-    let mut snapshots = Vec::new();
-    for storage in 0..shard.storage_shards() {
-        if let Ok(snapshot) = shard
-            .ask(storage, |reply| StorageRequest::MetricsSnapshot { reply })
-            .await
-        {
-            snapshots.push(snapshot);
-        }
-    }
-    snapshots
-}
-
-/// Refreshes the on-demand gauges: consumer lag and CommitLog size from every storage shard,
-/// disk space from the file system.
-async fn gather(shard: &NetworkShard) {
-    let metrics = broker();
-    metrics.consumer_lag.clear();
-    for (storage, snapshot) in storage_snapshots(shard).await.into_iter().enumerate() {
-        for (group, topic, lag) in snapshot.consumer_lag {
-            metrics
-                .consumer_lag
-                .get_or_create(&LagLabels { group, topic })
-                .inc_by(lag);
-        }
-        metrics
-            .commitlog_bytes
-            .get_or_create(&ShardLabels {
-                shard: storage.to_string(),
-            })
-            .set(snapshot.commitlog_bytes);
-        let labels = ShardLabels {
-            shard: storage.to_string(),
-        };
-        let replication = &snapshot.replication;
-        let known = |value: Option<u64>| value.map_or(-1, |v| v as i64);
-        metrics
-            .replication_lag_bytes
-            .get_or_create(&labels)
-            .set(known(replication.lag_bytes));
-        metrics
-            .replication_lag_ms
-            .get_or_create(&labels)
-            .set(known(replication.lag_ms));
-        metrics
-            .replication_connected
-            .get_or_create(&labels)
-            .set(i64::from(replication.connected));
-        metrics
-            .replication_epoch
-            .get_or_create(&labels)
-            .set(replication.epoch);
-    }
-    if let Ok((total, free)) = disk_space(&shard.config.data_dir) {
-        metrics.disk_total_bytes.set(total);
-        metrics.disk_free_bytes.set(free);
-    }
-}
-
-/// (total, available) bytes of the file system holding `path`.
-pub fn disk_space(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    crate::store::message_store::disk_space(path)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ pub use shardmq_codec::names::{
 };
 
 /// The system topic names live with the protocol, shared with the client (`schedule.rs`,
-/// `timer.rs`, `retry.rs` and `transaction.rs` use them).
+/// `timer.rs`, `network/send_back.rs` and `transaction.rs` use them).
 pub use shardmq_schema::system_topics::{
     is_system_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX, SCHEDULE_TOPIC, TIMER_TOPIC,
     TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC, TRANSACTION_TOPIC_PREFIX,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub const OFFSETS_FILE: &str = "offsets";
+pub use crate::layout::OFFSETS_FILE;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 struct OffsetRow {

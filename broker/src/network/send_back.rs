@@ -12,13 +12,13 @@
 
 use shardmq_schema::wire;
 
+use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
+use crate::msgid::offset_message_id;
 use crate::naming::{
     check_group_name, check_topic_name, DLQ_TOPIC_PREFIX, MAX_TOPIC_NAME_BYTES, RETRY_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
 };
-use crate::network::handlers::offset_message_id;
-use crate::network::{AskError, NetworkShard};
 use crate::schedule::{colocated_queue_id, parse_delay_levels};
 use crate::store::record::{
     RecordInput, RecordView, PROPERTY_CRC32, PROPERTY_DELAY, PROPERTY_MAX_RECONSUME_TIMES,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::naming::{is_system_topic, DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
 
-pub const TOPICS_FILE: &str = "topics";
+pub use crate::layout::TOPICS_FILE;
 pub const PERM_READ: u32 = 4;
 pub const PERM_WRITE: u32 = 2;
 pub const PERM_INHERIT: u32 = 1;

@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 use crate::store::{FlushMode, StoreConfig};
 
+pub mod delay_levels;
+
 /// Everything a broker can be told. Field names are the TOML keys.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -208,7 +210,7 @@ impl Default for BrokerConfig {
             register_interval_ms: 30_000,
             client_timeout_ms: 120_000,
             offsets_persist_interval_ms: 5_000,
-            delay_levels: crate::schedule::DEFAULT_DELAY_LEVELS.into(),
+            delay_levels: delay_levels::DEFAULT_DELAY_LEVELS.into(),
             timer_max_delay_ms: 3 * 24 * 3600 * 1000,
             timer_max_pending: 1_000_000,
             schedule_persist_interval_ms: 1_000,
@@ -295,12 +297,22 @@ impl BrokerConfig {
         })
     }
 
-    /// The transaction check-back settings.
-    pub fn transaction_settings(&self) -> crate::transaction::CheckSettings {
-        crate::transaction::CheckSettings {
-            timeout_ms: self.transaction_timeout_ms.min(i64::MAX as u64) as i64,
-            check_max: self.transaction_check_max,
+    /// Validates the keys the schedule and timer services read.
+    fn check_schedule(&self) -> Result<(), String> {
+        delay_levels::parse_delay_levels(&self.delay_levels)?;
+        if self.timer_max_delay_ms == 0 || self.timer_max_delay_ms > 365 * 86_400_000 {
+            return Err(format!(
+                "timer_max_delay_ms ({}) must be 1 ms ..= 365 days",
+                self.timer_max_delay_ms
+            ));
         }
+        if self.timer_max_pending == 0 {
+            return Err("timer_max_pending must be positive".into());
+        }
+        if self.schedule_persist_interval_ms == 0 {
+            return Err("schedule_persist_interval_ms must be positive".into());
+        }
+        Ok(())
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
@@ -421,7 +433,7 @@ impl BrokerConfig {
                 "transaction_check_interval_ms and queue_lock_expiry_ms must be positive".into(),
             );
         }
-        crate::schedule::check_schedule_config(self)?;
+        self.check_schedule()?;
         if self.default_topic_queues == 0 || self.default_topic_queues > 1024 {
             return Err("default_topic_queues must be 1..=1024".into());
         }

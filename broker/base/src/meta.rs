@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::atomic_file::write_atomically;
 
-pub const META_FILE: &str = "meta";
+pub use crate::layout::META_FILE;
 pub const META_FORMAT_VERSION: u32 = 1;
 /// The one mapping function this version knows; recorded by name so a future one can coexist.
 pub const QUEUE_MAPPING: &str = "fnv1a32(topic) + queue_id mod storage_shards";
