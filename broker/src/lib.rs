@@ -8,19 +8,17 @@ pub mod control;
 pub mod controller_client;
 pub mod mesh;
 pub mod network;
-pub mod queue_locks;
 pub mod registration;
-pub mod replication;
 pub mod runtime;
-pub mod schedule;
 pub mod storage_shard;
-pub mod timer;
-pub mod transaction;
 
 /// The ground floor (`broker/base`), named here as the broker's own modules.
 pub use shardmq_base::{
     config, groups, layout, meta, metrics, msgid, naming, offsets, role, topics,
 };
+
+/// The services (`broker/services`), named here as the broker's own modules.
+pub use shardmq_services::{queue_locks, replication, schedule, timer, transaction};
 
 /// The storage engine, a crate of its own (`broker/store`); named here as the broker's module.
 pub use shardmq_store as store;

@@ -1,0 +1,249 @@
+//! The slave's side of replication: one loop per storage shard, on that shard's executor, that
+//! joins the master (cutting its own log where it parts from the master's, by a restart), pulls
+//! CommitLog bytes from the master's HA address and appends them through the store, reconnecting
+//! after any failure; and the view of the master it keeps for status and metrics.
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use crate::config::BrokerConfig;
+use crate::layout::COPIED_FILES;
+use crate::role::{master_address, own_address};
+use crate::store::epochs::EpochLog;
+use crate::store::{MessageStore, StoreError};
+
+use super::link::MasterLink;
+use super::{ShardReplication, SLAVE_SILENCE};
+
+/// Pause before reconnecting to a master that could not be reached or answered with an error.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// A slave storage shard's view of its master, kept by [`follow`].
+#[derive(Default)]
+pub struct SlaveView {
+    master: RefCell<Option<SocketAddr>>,
+    epoch: Cell<u64>,
+    master_end: Cell<Option<u64>>,
+    lag_ms: Cell<Option<u64>>,
+    seen: Cell<Option<Instant>>,
+}
+
+impl SlaveView {
+    pub fn status(&self, log_end: u64) -> ShardReplication {
+        ShardReplication {
+            peer: self
+                .master
+                .borrow()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            epoch: self.epoch.get(),
+            lag_bytes: self.master_end.get().map(|end| end.saturating_sub(log_end)),
+            lag_ms: self.lag_ms.get(),
+            connected: self.seen.get().is_some_and(|t| t.elapsed() < SLAVE_SILENCE),
+        }
+    }
+}
+
+/// What a slave storage shard's replication loop works with.
+pub struct Follower {
+    pub storage_shard: usize,
+    pub config: Rc<BrokerConfig>,
+    pub store: MessageStore,
+    pub epochs: Rc<RefCell<EpochLog>>,
+    pub view: Rc<SlaveView>,
+    /// Called once replicated bytes are visible: wakes pulls parked on the queues that grew.
+    pub on_appended: Rc<dyn Fn()>,
+}
+
+/// The slave's replication loop for one storage shard: joins the master (cutting its own log
+/// where it parts from the master's, by a restart), pulls from the master's HA address and
+/// appends, reconnecting after any failure, until cancelled.
+pub async fn follow(follower: Follower) {
+    let Follower {
+        storage_shard,
+        config,
+        store,
+        epochs,
+        view,
+        on_appended,
+    } = follower;
+    let client_id = format!(
+        "{}-slave-{}-{storage_shard}",
+        config.broker_name, config.broker_id
+    );
+    // The join names this broker's client address (the master shows it as its peer): network
+    // shard 0 learns it as it binds, moments after the storage shards start.
+    for _ in 0..500 {
+        if own_address().is_some() {
+            break;
+        }
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+    let mut was_connected = true;
+    let mut waiting_for_master = false;
+    loop {
+        let Some(master) = master_address(&config) else {
+            if !waiting_for_master {
+                info!(
+                    storage_shard,
+                    "waiting for a name server to name the master"
+                );
+                waiting_for_master = true;
+            }
+            glommio::timer::sleep(RECONNECT_PAUSE).await;
+            continue;
+        };
+        *view.master.borrow_mut() = Some(master);
+        let mut link = match MasterLink::connect(master, &client_id).await {
+            Ok(link) => link,
+            Err(error) => {
+                if was_connected {
+                    warn!(storage_shard, %master, %error, "cannot reach the master; retrying every second");
+                    was_connected = false;
+                }
+                glommio::timer::sleep(RECONNECT_PAUSE).await;
+                continue;
+            }
+        };
+        let end = store.commitlog_offsets().1;
+        let joined = {
+            let ours = epochs.borrow().clone();
+            link.join(&config, storage_shard, end, &ours).await
+        };
+        let joined = match joined {
+            Ok(joined) => joined,
+            Err(error) => {
+                warn!(storage_shard, %master, %error, "the master refused this slave; retrying every second");
+                was_connected = false;
+                glommio::timer::sleep(RECONNECT_PAUSE).await;
+                continue;
+            }
+        };
+        if joined.consistent_end < end {
+            // This log holds bytes the master never had (it lost its tail, or another broker
+            // was master): cut them. The store does it as it opens, so the broker restarts.
+            let dir = store.config().shard_dir.clone();
+            error!(
+                storage_shard,
+                %master,
+                our_end = end,
+                consistent_end = joined.consistent_end,
+                master_end = joined.master_end,
+                "this slave holds CommitLog bytes its master does not: cutting them and restarting"
+            );
+            match crate::store::request_truncation(&dir, joined.consistent_end) {
+                Ok(()) => crate::role::request_restart(),
+                Err(e) => {
+                    error!(storage_shard, error = %e, "cannot ask for the cut; replication stops")
+                }
+            }
+            return;
+        }
+        info!(storage_shard, %master, epoch = joined.epoch, from = end, master_end = joined.master_end, "replicating from the master");
+        was_connected = true;
+        let master_epochs = {
+            let mut log = EpochLog::default();
+            for e in &joined.epochs {
+                let _ = log.push(*e);
+            }
+            log
+        };
+        view.epoch.set(joined.epoch);
+        // The master's state files, each kept once this log reaches where the master's was
+        // when it read the file (so the deliveries it counts as done are here).
+        let copy_interval = Duration::from_millis(config.replica_metadata_interval_ms.max(100));
+        let mut last_files_copy = Instant::now() - copy_interval;
+        let mut pending_files: Vec<(&'static str, Vec<u8>, u64)> = Vec::new();
+        loop {
+            if last_files_copy.elapsed() >= copy_interval {
+                last_files_copy = Instant::now();
+                for name in COPIED_FILES {
+                    match link.file(storage_shard, name).await {
+                        Ok(Some((data, end))) => {
+                            pending_files.retain(|(n, _, _)| *n != name);
+                            pending_files.push((name, data, end));
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            warn!(storage_shard, %master, %error, "cannot copy the master's {name}")
+                        }
+                    }
+                }
+            }
+            let visible = store.visible_offset();
+            for (name, data, _) in pending_files.iter().filter(|(_, _, end)| *end <= visible) {
+                let path = store.config().shard_dir.join(name);
+                if let Err(e) =
+                    crate::store::atomic_file::write_atomically_async(path, data.clone()).await
+                {
+                    warn!(storage_shard, error = %e, "cannot write the copy of the master's {name}");
+                }
+            }
+            pending_files.retain(|(_, _, end)| *end > visible);
+            let from = store.commitlog_offsets().1;
+            let acknowledged = store.visible_offset();
+            let pull = link.pull(
+                storage_shard,
+                from,
+                acknowledged,
+                config.broker_id,
+                joined.epoch,
+            );
+            let chunk = match pull.await {
+                Ok(chunk) if chunk.epoch == joined.epoch => chunk,
+                Ok(chunk) => {
+                    info!(storage_shard, %master, epoch = chunk.epoch, "the master began a new term; joining again");
+                    break;
+                }
+                Err(error) => {
+                    // What the master held past this log when last heard from: under
+                    // async-master, acknowledged messages in it exist only on the master.
+                    let lag_bytes = view.master_end.get().map(|end| end.saturating_sub(from));
+                    warn!(storage_shard, %master, %error, ?lag_bytes, "replication from the master stopped; reconnecting");
+                    break;
+                }
+            };
+            view.seen.set(Some(Instant::now()));
+            view.master_end.set(Some(chunk.master_end));
+            view.lag_ms.set(Some(chunk.lag_ms));
+            if chunk.bytes.is_empty() {
+                continue;
+            }
+            match store.append_replicated(from, &chunk.bytes).await {
+                // Acknowledged with the next pull once written (synced under sync flush): a
+                // sync master's sends wait for that.
+                Ok(_) => {
+                    let to = from + chunk.bytes.len() as u64;
+                    let changed = epochs.borrow_mut().record_crossed(&master_epochs, from, to);
+                    if changed {
+                        let dir = store.config().shard_dir.clone();
+                        let log = epochs.borrow().clone();
+                        let saved = glommio::executor()
+                            .spawn_blocking(move || log.save(&dir))
+                            .await;
+                        if let Err(e) = saved {
+                            warn!(storage_shard, error = %e, "cannot record the master's term");
+                        }
+                    }
+                    store.wait_visible_to_current_end().await;
+                    on_appended();
+                }
+                Err(StoreError::Busy { .. }) => {
+                    // The disk is behind: let it catch up, then ask again from the same end.
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+                Err(error) => {
+                    warn!(storage_shard, %master, %error, "replicated bytes refused");
+                    glommio::timer::sleep(RECONNECT_PAUSE).await;
+                    break;
+                }
+            }
+        }
+        view.seen.set(None);
+        glommio::timer::sleep(RECONNECT_PAUSE).await;
+    }
+}

@@ -1,0 +1,351 @@
+//! One connection from a slave to its master, speaking the ordinary frame protocol: handshake,
+//! join, replica pulls, and the copies of topics, consumer offsets and per-shard state files
+//! that the slave's control tasks make. Every answer the master refuses becomes an error naming
+//! what was refused.
+
+use std::io;
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
+
+use crate::config::BrokerConfig;
+use crate::role::own_address;
+use crate::store::epochs::{Epoch, EpochLog};
+
+use super::{JoinAnswer, ReplicaChunk, REPLICA_PULL_BYTES, REPLICA_SUSPEND_MS};
+
+/// One connection to the master, speaking the ordinary frame protocol.
+pub struct MasterLink {
+    address: SocketAddr,
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    encoder: FrameEncoder,
+    buffer: BytesMut,
+    next_request_id: u64,
+}
+
+/// The frame of the master's answer to `what`, unless the master refused it (then an error with
+/// its status and message).
+fn require_ok<'a>(answer: &'a VerifiedFrame, what: &str) -> io::Result<wire::Frame<'a>> {
+    let frame = answer.frame();
+    if frame.status() != wire::Status::OK {
+        return Err(io::Error::other(format!(
+            "the master refused {what} ({:?}): {}",
+            frame.status(),
+            frame.message().unwrap_or_default()
+        )));
+    }
+    Ok(frame)
+}
+
+impl MasterLink {
+    /// Connects and shakes hands.
+    pub async fn connect(address: SocketAddr, client_id: &str) -> io::Result<MasterLink> {
+        let stream = TcpStream::connect(address).await.map_err(io::Error::from)?;
+        let _ = stream.set_nodelay(true);
+        let mut link = MasterLink {
+            address,
+            stream,
+            decoder: FrameDecoder::with_max_frame_bytes(
+                2 * shardmq_schema::DEFAULT_MAX_FRAME_BYTES,
+            ),
+            encoder: FrameEncoder::new(),
+            buffer: BytesMut::with_capacity(64 << 10),
+            next_request_id: 1,
+        };
+        let answer = link
+            .request(|b, header| shardmq_schema::build_handshake_request(b, &header, client_id))
+            .await?;
+        require_ok(&answer, &format!("the handshake at {address}"))?;
+        Ok(link)
+    }
+
+    /// Sends one request and reads its answer (the link has one request in flight at a time).
+    pub async fn request(
+        &mut self,
+        build: impl FnOnce(
+            &mut flatbuffers::FlatBufferBuilder<'static>,
+            FrameHeader<'static>,
+        ) -> flatbuffers::WIPOffset<wire::Frame<'static>>,
+    ) -> io::Result<VerifiedFrame> {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        let frame = self
+            .encoder
+            .encode(|b| build(b, FrameHeader::request(id)))
+            .map_err(io::Error::other)?;
+        self.stream.write_all(&frame).await?;
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .decode(&mut self.buffer)
+                .map_err(io::Error::other)?
+            {
+                if frame.frame().request_id() == id {
+                    return Ok(frame);
+                }
+                continue;
+            }
+            // Into the room the decoder reserved for a frame under way (up to 4 MiB at once).
+            let start = self.buffer.len();
+            let room = (self.buffer.capacity() - start).clamp(64 << 10, 4 << 20);
+            self.buffer.resize(start + room, 0);
+            let read = self.stream.read(&mut self.buffer[start..]).await?;
+            self.buffer.truncate(start + read);
+            if read == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the master at {} closed the connection", self.address),
+                ));
+            }
+        }
+    }
+
+    /// Joins the master for one storage shard: says who this slave is and what its log holds,
+    /// and learns the master's terms and where their shared bytes end.
+    pub(super) async fn join(
+        &mut self,
+        config: &BrokerConfig,
+        storage_shard: usize,
+        end: u64,
+        epochs: &EpochLog,
+    ) -> io::Result<JoinAnswer> {
+        let own = own_address().map(|a| a.to_string()).unwrap_or_default();
+        let answer = self
+            .request(|b, header| {
+                let cluster = b.create_string(&config.cluster_name);
+                let broker = b.create_string(&config.broker_name);
+                let address = b.create_string(&own);
+                let entries: Vec<wire::EpochEntry> = epochs
+                    .entries()
+                    .iter()
+                    .map(|e| wire::EpochEntry::new(e.epoch, e.start))
+                    .collect();
+                let entries = b.create_vector(&entries);
+                let body = wire::ReplicaJoinRequest::create(
+                    b,
+                    &wire::ReplicaJoinRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: config.broker_id,
+                        storage_shards: config.storage_cores.len() as u32,
+                        storage_shard: storage_shard as u32,
+                        end,
+                        epochs: Some(entries),
+                        slave_address: Some(address),
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaJoinRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let body = require_ok(&answer, "the join")?
+            .body_as_replica_join_response()
+            .ok_or_else(|| io::Error::other("a ReplicaJoinResponse without its body"))?;
+        Ok(JoinAnswer {
+            epoch: body.epoch(),
+            epochs: body
+                .epochs()
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|e| Epoch {
+                    epoch: e.epoch(),
+                    start: e.start(),
+                })
+                .collect(),
+            master_end: body.master_end(),
+            consistent_end: body.consistent_end(),
+        })
+    }
+
+    /// The CommitLog bytes of `storage_shard` from `from`, in master term `epoch`.
+    pub(super) async fn pull(
+        &mut self,
+        storage_shard: usize,
+        from: u64,
+        acknowledged: u64,
+        broker_id: i64,
+        epoch: u64,
+    ) -> io::Result<ReplicaChunk> {
+        let answer = self
+            .request(|b, header| {
+                let body = wire::ReplicaPullRequest::create(
+                    b,
+                    &wire::ReplicaPullRequestArgs {
+                        storage_shard: storage_shard as u32,
+                        from,
+                        max_bytes: REPLICA_PULL_BYTES,
+                        suspend_timeout_ms: REPLICA_SUSPEND_MS,
+                        broker_id,
+                        slave_address: None,
+                        acknowledged,
+                        epoch,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaPullRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let body = require_ok(&answer, "the pull")?
+            .body_as_replica_pull_response()
+            .ok_or_else(|| io::Error::other("a ReplicaPullResponse without its body"))?;
+        if body.from() != from {
+            return Err(io::Error::other(format!(
+                "the master answered for {} when asked for {from}",
+                body.from()
+            )));
+        }
+        let bytes = body
+            .data()
+            .and_then(|data| answer.share(data.bytes()))
+            .unwrap_or_default();
+        Ok(ReplicaChunk {
+            bytes,
+            master_end: body.master_end(),
+            epoch: body.epoch(),
+            lag_ms: body.lag_ms(),
+        })
+    }
+}
+
+impl MasterLink {
+    /// One of the master's state files of `storage_shard` (`None`: it has none) and the
+    /// master's CommitLog end when it read it.
+    pub(super) async fn file(
+        &mut self,
+        storage_shard: usize,
+        name: &str,
+    ) -> io::Result<Option<(Vec<u8>, u64)>> {
+        let answer = self
+            .request(|b, header| {
+                let name = b.create_string(name);
+                let body = wire::ReplicaFileRequest::create(
+                    b,
+                    &wire::ReplicaFileRequestArgs {
+                        storage_shard: storage_shard as u32,
+                        name: Some(name),
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaFileRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let body = require_ok(&answer, name)?
+            .body_as_replica_file_response()
+            .ok_or_else(|| io::Error::other("a ReplicaFileResponse without its body"))?;
+        Ok(body.present().then(|| {
+            (
+                body.data().map(|d| d.bytes().to_vec()).unwrap_or_default(),
+                body.master_end(),
+            )
+        }))
+    }
+
+    /// The master's topic configs, user and system topics.
+    pub async fn topics(&mut self) -> io::Result<Vec<crate::topics::TopicConfig>> {
+        let answer = self
+            .request(|b, header| {
+                let body = wire::BrokerTopicsRequest::create(
+                    b,
+                    &wire::BrokerTopicsRequestArgs {
+                        include_system: true,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::BrokerTopicsRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let topics = answer
+            .frame()
+            .body_as_broker_topics_response()
+            .and_then(|r| r.topics())
+            .ok_or_else(|| io::Error::other("a BrokerTopicsResponse without topics"))?;
+        Ok(topics
+            .iter()
+            .map(|t| crate::topics::TopicConfig::from_wire(&t))
+            .collect())
+    }
+
+    /// The master's consumer groups and the topics each has offsets for or subscribes to.
+    pub async fn groups(&mut self) -> io::Result<Vec<(String, Vec<String>)>> {
+        let answer = self
+            .request(|b, header| {
+                let body = wire::GroupListRequest::create(b, &wire::GroupListRequestArgs {});
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::GroupListRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let groups = answer
+            .frame()
+            .body_as_group_list_response()
+            .and_then(|r| r.groups())
+            .ok_or_else(|| io::Error::other("a GroupListResponse without groups"))?;
+        Ok(groups
+            .iter()
+            .map(|g| {
+                let topics = g
+                    .topics()
+                    .iter()
+                    .flat_map(|t| t.iter())
+                    .map(str::to_owned)
+                    .collect();
+                (g.group().unwrap_or_default().to_owned(), topics)
+            })
+            .collect())
+    }
+
+    /// The master's committed offset of `group` for one queue, if it has one.
+    pub async fn committed_offset(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+    ) -> io::Result<Option<u64>> {
+        let answer = self
+            .request(|b, header| {
+                let (group, topic) = (b.create_string(group), b.create_string(topic));
+                let body = wire::QueryConsumerOffsetRequest::create(
+                    b,
+                    &wire::QueryConsumerOffsetRequestArgs {
+                        consumer_group: Some(group),
+                        topic: Some(topic),
+                        queue_id: queue_id as i32,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::QueryConsumerOffsetRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        Ok(answer
+            .frame()
+            .body_as_offset_response()
+            .and_then(|r| u64::try_from(r.offset()).ok()))
+    }
+}

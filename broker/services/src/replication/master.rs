@@ -1,0 +1,254 @@
+//! The master's side of replication, per storage shard: its terms (epochs), its slaves'
+//! acknowledgements (what a sync master's sends wait for), the view the controller's in-sync
+//! computation reads, the answer to a slave's join (where their logs agree), and marks of when
+//! the log reached which offset (for the lag in ms). Runs on the storage shard's executor.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::role::sync_wait_set;
+use crate::store::epochs::EpochLog;
+use crate::store::notify::LocalNotify;
+use crate::store::{AppendStatus, MessageStore};
+
+use super::{JoinAnswer, ShardReplication, SyncView, SLAVE_SILENCE};
+
+/// Granularity of the append-time marks behind the lag in ms.
+const MARK_EVERY: Duration = Duration::from_millis(5);
+/// Most append-time marks kept (at one per `MARK_EVERY`, 20 s of history; older ones merge).
+const MAX_MARKS: usize = 4096;
+
+struct SlaveState {
+    acknowledged: u64,
+    seen: Instant,
+    peer: String,
+}
+
+/// A master storage shard's replication state: its terms, its slaves' acknowledgements, and
+/// marks of when its log reached which offset (for the lag in ms).
+pub struct MasterSide {
+    pub epochs: Rc<RefCell<EpochLog>>,
+    slaves: RefCell<BTreeMap<i64, SlaveState>>,
+    progress: LocalNotify,
+    marks: RefCell<VecDeque<(u64, Instant)>>,
+}
+
+impl MasterSide {
+    pub fn new(epochs: Rc<RefCell<EpochLog>>) -> MasterSide {
+        MasterSide {
+            epochs,
+            slaves: RefCell::new(BTreeMap::new()),
+            progress: LocalNotify::default(),
+            marks: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epochs.borrow().last().epoch
+    }
+
+    /// The highest acknowledgement of a slave heard from within [`SLAVE_SILENCE`].
+    fn best_acknowledged(&self) -> Option<u64> {
+        self.slaves
+            .borrow()
+            .values()
+            .filter(|s| s.seen.elapsed() < SLAVE_SILENCE)
+            .map(|s| s.acknowledged)
+            .max()
+    }
+
+    /// The lowest broker id of a live slave that holds every byte below `position`.
+    pub fn reader_holding(&self, position: u64) -> Option<i64> {
+        self.slaves
+            .borrow()
+            .iter()
+            .find(|(_, s)| s.seen.elapsed() < SLAVE_SILENCE && s.acknowledged >= position)
+            .map(|(id, _)| *id)
+    }
+
+    /// A slave asked for bytes, acknowledging `acknowledged` (ignored past `log_end`: a slave
+    /// holding bytes this master does not is not counted).
+    pub fn on_pull(&self, broker_id: i64, peer: &str, acknowledged: u64, log_end: u64) {
+        let mut slaves = self.slaves.borrow_mut();
+        let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
+            acknowledged: 0,
+            seen: Instant::now(),
+            peer: String::new(),
+        });
+        state.seen = Instant::now();
+        if !peer.is_empty() && state.peer != peer {
+            state.peer = peer.to_owned();
+        }
+        if acknowledged <= log_end && acknowledged > state.acknowledged {
+            state.acknowledged = acknowledged;
+            drop(slaves);
+            let keep_from = self.best_acknowledged().unwrap_or(0);
+            let mut marks = self.marks.borrow_mut();
+            while marks.front().is_some_and(|&(end, _)| end <= keep_from) {
+                marks.pop_front();
+            }
+            drop(marks);
+            self.progress.notify_all();
+        }
+    }
+
+    /// A slave (re)joined: its acknowledgement restarts from what it holds.
+    pub fn on_join(&self, broker_id: i64, peer: &str, end: u64) {
+        let mut slaves = self.slaves.borrow_mut();
+        let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
+            acknowledged: 0,
+            seen: Instant::now(),
+            peer: String::new(),
+        });
+        state.seen = Instant::now();
+        state.peer = peer.to_owned();
+        state.acknowledged = end;
+    }
+
+    /// Sync master: waits until a slave acknowledges every byte below `end`, up to `timeout`.
+    /// In controller mode, every member of the SyncStateSet (but the master) must; with fewer
+    /// than `min_in_sync_replicas` members (the master counted) the send is answered
+    /// SLAVE_NOT_AVAILABLE at once, and with none but the master (and a minimum of 1) it
+    /// completes at once.
+    pub async fn wait_replicated(
+        &self,
+        end: u64,
+        timeout: Duration,
+        min_in_sync_replicas: u32,
+    ) -> AppendStatus {
+        let required = sync_wait_set();
+        if required.is_none() && self.best_acknowledged().is_none() {
+            return AppendStatus::SlaveNotAvailable;
+        }
+        if required
+            .as_ref()
+            .is_some_and(|set| set.len() + 1 < min_in_sync_replicas as usize)
+        {
+            return AppendStatus::SlaveNotAvailable;
+        }
+        let is_done = || match &required {
+            None => self.best_acknowledged().unwrap_or(0) >= end,
+            Some(_) => {
+                // Read again: the controller loop changes the set as slaves join and leave.
+                let required = sync_wait_set().unwrap_or_default();
+                let slaves = self.slaves.borrow();
+                required.iter().all(|id| {
+                    slaves
+                        .get(id)
+                        .is_some_and(|s| s.acknowledged >= end && s.seen.elapsed() < SLAVE_SILENCE)
+                })
+            }
+        };
+        let wait = async {
+            while !is_done() {
+                futures_lite::future::or(
+                    self.progress.notified(),
+                    glommio::timer::sleep(Duration::from_millis(50)),
+                )
+                .await;
+            }
+        };
+        let acknowledged = futures_lite::future::or(
+            async {
+                wait.await;
+                true
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+                false
+            },
+        )
+        .await;
+        if acknowledged {
+            AppendStatus::Ok
+        } else {
+            AppendStatus::FlushSlaveTimeout
+        }
+    }
+
+    /// Controller mode: each slave's acknowledgement on this shard and whether it asked within
+    /// [`SLAVE_SILENCE`], with this log's end.
+    pub fn sync_view(&self, log_end: u64) -> SyncView {
+        let slaves = self.slaves.borrow();
+        (
+            log_end,
+            slaves
+                .iter()
+                .map(|(id, s)| (*id, s.acknowledged, s.seen.elapsed() < SLAVE_SILENCE))
+                .collect(),
+        )
+    }
+
+    /// Notes that the log reached `end` now (one mark per [`MARK_EVERY`]).
+    pub fn mark(&self, end: u64) {
+        let now = Instant::now();
+        let mut marks = self.marks.borrow_mut();
+        let is_full = marks.len() >= MAX_MARKS;
+        match marks.back_mut() {
+            Some((last_end, _)) if *last_end >= end => {}
+            Some((last_end, at)) if is_full || now.duration_since(*at) < MARK_EVERY => {
+                *last_end = end;
+            }
+            _ => marks.push_back((end, now)),
+        }
+    }
+
+    /// Keeps the marks current while the shard serves: one wake-up per arrival, at most one
+    /// per [`MARK_EVERY`].
+    pub async fn mark_loop(self: Rc<Self>, store: MessageStore) {
+        loop {
+            let arrival = store.arrival();
+            self.mark(store.commitlog_offsets().1);
+            arrival.await;
+            glommio::timer::sleep(MARK_EVERY).await;
+        }
+    }
+
+    /// Age in ms of the oldest byte at or past `offset` (0 when `offset` is the log's end).
+    pub fn age_ms(&self, offset: u64, log_end: u64) -> u64 {
+        if offset >= log_end {
+            return 0;
+        }
+        self.marks
+            .borrow()
+            .iter()
+            .find(|&&(end, _)| end > offset)
+            .map_or(0, |(_, at)| at.elapsed().as_millis() as u64)
+    }
+
+    /// This shard's replication as the master sees it: its best slave's lag.
+    pub fn status(&self, log_end: u64) -> ShardReplication {
+        let slaves = self.slaves.borrow();
+        let best = slaves
+            .values()
+            .filter(|s| s.seen.elapsed() < SLAVE_SILENCE)
+            .max_by_key(|s| s.acknowledged)
+            .or_else(|| slaves.values().max_by_key(|s| s.seen));
+        match best {
+            Some(slave) => ShardReplication {
+                peer: slave.peer.clone(),
+                epoch: self.epoch(),
+                lag_bytes: Some(log_end.saturating_sub(slave.acknowledged)),
+                lag_ms: Some(self.age_ms(slave.acknowledged, log_end)),
+                connected: slave.seen.elapsed() < SLAVE_SILENCE,
+            },
+            None => ShardReplication {
+                epoch: self.epoch(),
+                ..ShardReplication::default()
+            },
+        }
+    }
+
+    /// Answers a slave's join: where the bytes it shares with this master end.
+    pub fn join(&self, slave: &EpochLog, slave_end: u64, log_end: u64) -> JoinAnswer {
+        let epochs = self.epochs.borrow();
+        JoinAnswer {
+            epoch: epochs.last().epoch,
+            epochs: epochs.entries().to_vec(),
+            master_end: log_end,
+            consistent_end: epochs.consistent_end(log_end, slave, slave_end),
+        }
+    }
+}
