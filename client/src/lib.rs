@@ -44,6 +44,7 @@ mod broker_admin;
 mod compression;
 mod connection;
 mod error;
+mod host;
 mod instance;
 mod message;
 mod namesrv;
