@@ -63,6 +63,7 @@ pub use admin::{
     Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
+pub use api::{PullResult, PullStatus};
 pub use broker_admin::{
     BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
     ReplicationShardStatus, ResetTarget,
@@ -84,8 +85,7 @@ pub use producer::{
     DEFAULT_PRODUCER_GROUP, DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
 };
 pub use pull_consumer::{
-    PullConsumer, PullConsumerBuilder, PullOptions, PullResult, PullStatus, DEFAULT_PULL_BATCH,
-    MAX_PULL_WAIT,
+    PullConsumer, PullConsumerBuilder, PullOptions, DEFAULT_PULL_BATCH, MAX_PULL_WAIT,
 };
 pub use push::{
     allocate_averagely, ConsumeFrom, ConsumeResult, FlowLimits, ListenerFuture, MessageModel,

@@ -20,7 +20,8 @@ mod send;
 mod topics;
 
 pub(crate) use clients::HeartbeatGroup;
-pub(crate) use pull::{PullArgs, UndecodedPull};
+pub(crate) use pull::{Pending, PullArgs, UndecodedPull};
+pub use pull::{PullResult, PullStatus};
 pub(crate) use send::{encode_message, send_answer, SendAnswer};
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};

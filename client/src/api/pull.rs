@@ -1,9 +1,11 @@
 //! Pull requests: a queue's messages from an offset, long-polled at the broker, with the
 //! answer's records decoded at once or later.
 //!
-//! Owns: what a pull asks for ([`PullArgs`]) and the answer before its records are decoded
-//! ([`UndecodedPull`]). Never: where to pull from or what to do with the messages (the pull
-//! and push consumers).
+//! Owns: what a pull asks for ([`PullArgs`]), its answer ([`PullResult`], [`PullStatus`]: the
+//! pull consumer hands them to the application, the push consumer reads them), and the answer
+//! before its records are decoded ([`UndecodedPull`], with the [`Pending`] it will add to a push
+//! consumer's cache). Never: where to pull from or what to do with the messages (the pull and
+//! push consumers).
 
 use std::time::Duration;
 
@@ -12,12 +14,66 @@ use shardmq_schema::wire;
 
 use super::missing_body;
 use crate::error::{Error, Result};
+use crate::message::MessageExt;
 use crate::pool::ConnectionPool;
-use crate::pull_consumer::{PullResult, PullStatus};
 use crate::record::decode_records;
 
 /// Time a pull may take beyond its long-poll hold before the client gives up on it.
 pub(crate) const PULL_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
+
+/// How a pull ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PullStatus {
+    /// Messages are in [`PullResult::messages`].
+    Found,
+    /// Nothing at or after the offset (within the wait).
+    NoNewMessage,
+    /// Messages arrived, but none matched the tag expression in this pull's budget; pull
+    /// again at once from `next_begin_offset`.
+    NoMatchedMessage,
+    /// The offset is outside `[min_offset, max_offset]`; resume from `next_begin_offset`.
+    OffsetIllegal,
+}
+
+impl PullStatus {
+    /// RocketMQ's name of the status.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullStatus::Found => "FOUND",
+            PullStatus::NoNewMessage => "NO_NEW_MSG",
+            PullStatus::NoMatchedMessage => "NO_MATCHED_MSG",
+            PullStatus::OffsetIllegal => "OFFSET_ILLEGAL",
+        }
+    }
+}
+
+/// The answer to a pull.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PullResult {
+    pub status: PullStatus,
+    /// Where to pull from next.
+    pub next_begin_offset: i64,
+    /// Smallest offset still stored in the queue.
+    pub min_offset: i64,
+    /// One past the largest visible offset.
+    pub max_offset: i64,
+    /// The messages found (after the exact tag match), in queue order.
+    pub messages: Vec<MessageExt>,
+    /// The broker id the answering broker suggests pulling this queue from next (0: the
+    /// master; see the broker's `slave_read_enable`). The client follows it by itself.
+    pub suggest_which_broker_id: i64,
+}
+
+/// What an answer not decoded yet will add to the cache (an upper bound).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Pending {
+    pub messages: usize,
+    pub bytes: usize,
+    /// The largest offset it may hold.
+    pub last_offset: Option<i64>,
+}
 
 /// What a pull asks for.
 #[derive(Debug, Clone)]
@@ -53,7 +109,7 @@ pub(crate) struct UndecodedPull {
 impl UndecodedPull {
     /// What decoding and caching this answer will add, for flow control: its records (found by
     /// their total sizes, without decoding), their bytes and the last offset it can hold.
-    pub(crate) fn pending(&self) -> crate::push::Pending {
+    pub(crate) fn pending(&self) -> Pending {
         let mut messages = 0;
         let mut at = 0usize;
         while let Some(size) = self
@@ -67,7 +123,7 @@ impl UndecodedPull {
             }
             at += size;
         }
-        crate::push::Pending {
+        Pending {
             messages,
             bytes: self.records.len(),
             last_offset: Some(self.next_begin_offset - 1),

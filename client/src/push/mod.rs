@@ -23,7 +23,6 @@ mod offset_store;
 mod process_queue;
 mod queue_lock;
 mod rebalance;
-pub(crate) use process_queue::Pending;
 
 use std::collections::BTreeMap;
 use std::future::Future;
