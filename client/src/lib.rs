@@ -63,7 +63,7 @@ pub use admin::{
     Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
-pub use api::{PullResult, PullStatus};
+pub use api::{PullResult, PullStatus, SendResult, SendStatus};
 pub use broker_admin::{
     BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
     ReplicationShardStatus, ResetTarget,
@@ -81,8 +81,8 @@ pub use message::{
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
 pub use partial::{BrokerFailure, Partial};
 pub use producer::{
-    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendResult, SendStatus,
-    DEFAULT_PRODUCER_GROUP, DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
+    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, DEFAULT_PRODUCER_GROUP,
+    DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
 };
 pub use pull_consumer::{
     PullConsumer, PullConsumerBuilder, PullOptions, DEFAULT_PULL_BATCH, MAX_PULL_WAIT,

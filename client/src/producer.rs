@@ -18,7 +18,7 @@ use shardmq_schema::{wire, FrameError};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::api::SendAnswer;
+use crate::api::{SendAnswer, SendResult, SendStatus};
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, Message, MessageExt, DEFAULT_MAX_MESSAGE_BYTES};
@@ -42,68 +42,6 @@ pub const MAX_BATCH_MESSAGES: usize = 1024;
 
 /// How often the producer tells its brokers it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
-
-/// How a send ended when the message was stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SendStatus {
-    /// Stored (and flushed, under sync flush).
-    SendOk,
-    /// Stored, but the sync flush did not finish in time: may be lost if the broker dies now.
-    FlushDiskTimeout,
-    /// Stored on the master, the slave did not confirm in time.
-    FlushSlaveTimeout,
-    /// Stored on the master, no slave to replicate to.
-    SlaveNotAvailable,
-}
-
-impl SendStatus {
-    fn from_wire(status: wire::Status) -> Self {
-        match status {
-            wire::Status::FLUSH_DISK_TIMEOUT => SendStatus::FlushDiskTimeout,
-            wire::Status::FLUSH_SLAVE_TIMEOUT => SendStatus::FlushSlaveTimeout,
-            wire::Status::SLAVE_NOT_AVAILABLE => SendStatus::SlaveNotAvailable,
-            _ => SendStatus::SendOk,
-        }
-    }
-
-    /// RocketMQ's name of the status (`SEND_OK`, …).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SendStatus::SendOk => "SEND_OK",
-            SendStatus::FlushDiskTimeout => "FLUSH_DISK_TIMEOUT",
-            SendStatus::FlushSlaveTimeout => "FLUSH_SLAVE_TIMEOUT",
-            SendStatus::SlaveNotAvailable => "SLAVE_NOT_AVAILABLE",
-        }
-    }
-}
-
-impl std::fmt::Display for SendStatus {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(self.as_str())
-    }
-}
-
-/// Where a sent message was stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendResult {
-    pub status: SendStatus,
-    /// The client-generated unique id (the id users see).
-    pub msg_id: String,
-    /// The broker's offset id (store host and physical offset, hex).
-    pub offset_msg_id: String,
-    pub queue: MessageQueue,
-    /// Index of the message in its queue; -1 for a scheduled message (delay level, delay or
-    /// deliver-at time), which gets its index when it is delivered into the queue.
-    pub queue_offset: i64,
-}
-
-impl SendResult {
-    /// The message waits for its delivery time and has no queue offset yet.
-    pub fn is_scheduled(&self) -> bool {
-        self.queue_offset < 0
-    }
-}
 
 /// Configures and starts a [`Producer`].
 #[derive(Clone)]

@@ -23,6 +23,7 @@ pub(crate) use clients::HeartbeatGroup;
 pub(crate) use pull::{Pending, PullArgs, UndecodedPull};
 pub use pull::{PullResult, PullStatus};
 pub(crate) use send::{encode_message, send_answer, SendAnswer};
+pub use send::{SendResult, SendStatus};
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use shardmq_schema::{wire, VerifiedFrame};

@@ -2,8 +2,10 @@
 //! frame, and the broker's answer.
 //!
 //! Owns: encoding a [`Message`] as the wire's `Message` table (the half-message request of
-//! `transaction.rs` reuses it) and reading a send's answer into where each message was stored.
-//! Never: choosing the queue or retrying (`producer.rs`).
+//! `transaction.rs` reuses it), reading a send's answer into where each message was stored,
+//! and the application's view of a stored send ([`SendResult`], [`SendStatus`], which the
+//! producer and the transaction types hand out). Never: choosing the queue or retrying
+//! (`producer.rs`).
 
 use std::time::Duration;
 
@@ -14,6 +16,69 @@ use super::{missing_body, strings};
 use crate::error::{Error, Result};
 use crate::message::{now_ms, Delay, Message};
 use crate::pool::ConnectionPool;
+use crate::route::MessageQueue;
+
+/// How a send ended when the message was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SendStatus {
+    /// Stored (and flushed, under sync flush).
+    SendOk,
+    /// Stored, but the sync flush did not finish in time: may be lost if the broker dies now.
+    FlushDiskTimeout,
+    /// Stored on the master, the slave did not confirm in time.
+    FlushSlaveTimeout,
+    /// Stored on the master, no slave to replicate to.
+    SlaveNotAvailable,
+}
+
+impl SendStatus {
+    pub(crate) fn from_wire(status: wire::Status) -> Self {
+        match status {
+            wire::Status::FLUSH_DISK_TIMEOUT => SendStatus::FlushDiskTimeout,
+            wire::Status::FLUSH_SLAVE_TIMEOUT => SendStatus::FlushSlaveTimeout,
+            wire::Status::SLAVE_NOT_AVAILABLE => SendStatus::SlaveNotAvailable,
+            _ => SendStatus::SendOk,
+        }
+    }
+
+    /// RocketMQ's name of the status (`SEND_OK`, …).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SendStatus::SendOk => "SEND_OK",
+            SendStatus::FlushDiskTimeout => "FLUSH_DISK_TIMEOUT",
+            SendStatus::FlushSlaveTimeout => "FLUSH_SLAVE_TIMEOUT",
+            SendStatus::SlaveNotAvailable => "SLAVE_NOT_AVAILABLE",
+        }
+    }
+}
+
+impl std::fmt::Display for SendStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// Where a sent message was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendResult {
+    pub status: SendStatus,
+    /// The client-generated unique id (the id users see).
+    pub msg_id: String,
+    /// The broker's offset id (store host and physical offset, hex).
+    pub offset_msg_id: String,
+    pub queue: MessageQueue,
+    /// Index of the message in its queue; -1 for a scheduled message (delay level, delay or
+    /// deliver-at time), which gets its index when it is delivered into the queue.
+    pub queue_offset: i64,
+}
+
+impl SendResult {
+    /// The message waits for its delivery time and has no queue offset yet.
+    pub fn is_scheduled(&self) -> bool {
+        self.queue_offset < 0
+    }
+}
 
 /// One stored message of a send, as the broker reports it.
 #[derive(Debug, Clone)]
