@@ -59,11 +59,11 @@ mod send_back;
 mod subscription;
 mod transaction;
 
-pub use admin::{
-    Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
+pub use admin::{Admin, AdminBuilder, QueueProgress};
+pub use api::{
+    PullResult, PullStatus, QueueStats, SendResult, SendStatus, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
-pub use api::{PullResult, PullStatus, SendResult, SendStatus};
 pub use broker_admin::{
     BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
     ReplicationShardStatus, ResetTarget,

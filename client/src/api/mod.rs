@@ -24,6 +24,7 @@ pub(crate) use pull::{Pending, PullArgs, UndecodedPull};
 pub use pull::{PullResult, PullStatus};
 pub(crate) use send::{encode_message, send_answer, SendAnswer};
 pub use send::{SendResult, SendStatus};
+pub use topics::{QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES};
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use shardmq_schema::{wire, VerifiedFrame};
