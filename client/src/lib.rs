@@ -34,9 +34,16 @@
 //! ```
 //!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
-//! `pool.rs`), typed requests (`api.rs`), name servers and the route cache (`namesrv.rs`),
+//! `pool.rs`), typed requests (`api/`), name servers and the route cache (`namesrv.rs`),
 //! the stored-record decoder with CRC checks (`record.rs`), and the clients themselves.
 //! The wire protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
+//!
+//! The modules are layered: each imports (`crate::…`) only modules to its left, so
+//! `error < host < route < subscription < message < compression < record < connection < pool
+//! < api < namesrv < instance < partial < send_back < admin < broker_admin < transaction <
+//! producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import cycle). The
+//! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
+//! above it.
 
 mod admin;
 mod api;

@@ -5,7 +5,7 @@
 //!
 //! Owns: encoding those requests and decoding their answers, and serving the broker's
 //! CheckTransactionStateRequest (decode the half message, run the group's callback on a task of
-//! its own, answer with its state). Never: choosing a broker or retrying (`producer.rs`).
+//! its own, answer with its state). Never: choosing a broker or retrying (`producer/`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

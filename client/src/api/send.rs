@@ -5,7 +5,7 @@
 //! `transaction.rs` reuses it), reading a send's answer into where each message was stored,
 //! and the application's view of a stored send ([`SendResult`], [`SendStatus`], which the
 //! producer and the transaction types hand out). Never: choosing the queue or retrying
-//! (`producer.rs`).
+//! (`producer/`).
 
 use std::time::Duration;
 
