@@ -7,80 +7,12 @@
 
 use std::sync::Arc;
 
-use shardmq_schema::topic_permission;
-
+use crate::api::{QueueStats, TopicConfig};
 use crate::error::{Error, Result};
 use crate::instance::{check_address, client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, check_topic_name, MessageExt};
 use crate::partial::{FanOut, Partial};
 use crate::route::{ClusterInfo, MessageQueue, TopicRoute};
-
-/// Queues of a topic created without saying how many (brokers' common default).
-pub const DEFAULT_TOPIC_QUEUES: u32 = 8;
-
-/// Most queues of one topic on one broker.
-pub const MAX_TOPIC_QUEUES: u32 = 1024;
-
-/// A topic as one broker hosts it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicConfig {
-    pub name: String,
-    /// Queues consumers read: ids `0..read_queues`.
-    pub read_queues: u32,
-    /// Queues producers write: ids `0..write_queues`.
-    pub write_queues: u32,
-    /// Permission bits: read 4, write 2, inherit 1 (default 6).
-    pub perm: u32,
-    /// Whether consumers should consume it orderly.
-    pub is_ordered: bool,
-}
-
-impl TopicConfig {
-    /// A readable and writable topic with `queues` read and write queues.
-    #[must_use]
-    pub fn new(name: impl Into<String>, queues: u32) -> Self {
-        Self {
-            name: name.into(),
-            read_queues: queues,
-            write_queues: queues,
-            perm: topic_permission::READ_WRITE,
-            is_ordered: false,
-        }
-    }
-
-    fn validate(&self) -> Result<()> {
-        check_topic_name(&self.name)?;
-        for (what, count) in [
-            ("read_queues", self.read_queues),
-            ("write_queues", self.write_queues),
-        ] {
-            if count == 0 || count > MAX_TOPIC_QUEUES {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} of topic {} is {count}; it must be 1..={MAX_TOPIC_QUEUES}",
-                    self.name
-                )));
-            }
-        }
-        if self.perm & !(topic_permission::READ_WRITE | topic_permission::INHERIT) != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "perm {} has bits other than read 4, write 2 and inherit 1",
-                self.perm
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// One queue's offsets and last store time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueStats {
-    pub broker_name: String,
-    pub queue_id: u32,
-    pub min_offset: i64,
-    pub max_offset: i64,
-    /// Store time of the newest message (ms since the epoch); 0 when the queue is empty.
-    pub last_update_ms: i64,
-}
 
 /// A consumer group's progress on one queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -469,17 +401,6 @@ impl Admin {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topic_configs_are_checked() {
-        assert!(TopicConfig::new("t", 8).validate().is_ok());
-        assert!(TopicConfig::new("t", 0).validate().is_err());
-        assert!(TopicConfig::new("t", 1025).validate().is_err());
-        assert!(TopicConfig::new("bad name", 8).validate().is_err());
-        let mut config = TopicConfig::new("t", 8);
-        config.perm = 8;
-        assert!(config.validate().is_err());
-    }
 
     #[test]
     fn lag_counts_from_zero_without_commit() {

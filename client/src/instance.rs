@@ -6,9 +6,8 @@
 //! background tasks (aborted on shutdown or drop). Never: producing or consuming; those live
 //! in their own modules and run their loops through [`ClientInstance::spawn`].
 
-use std::net::{Ipv4Addr, UdpSocket};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -16,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::connection::Notice;
 use crate::error::{Error, Result};
+use crate::host::local_ipv4;
 use crate::namesrv::{NameServers, ROUTE_REFRESH_INTERVAL};
 use crate::pool::ConnectionPool;
 use crate::route::{MessageQueue, TopicRoute};
@@ -147,25 +147,6 @@ macro_rules! client_option_setters {
     };
 }
 pub(crate) use client_option_setters;
-
-/// The local IPv4 address other hosts would see (the source address of a route to a public
-/// address; nothing is sent), or loopback when there is none.
-pub(crate) fn local_ipv4() -> Ipv4Addr {
-    static ADDRESS: OnceLock<Ipv4Addr> = OnceLock::new();
-    *ADDRESS.get_or_init(|| {
-        UdpSocket::bind("0.0.0.0:0")
-            .and_then(|socket| {
-                socket.connect("192.0.2.1:9")?;
-                socket.local_addr()
-            })
-            .ok()
-            .and_then(|address| match address.ip() {
-                std::net::IpAddr::V4(ip) if !ip.is_unspecified() => Some(ip),
-                _ => None,
-            })
-            .unwrap_or(Ipv4Addr::LOCALHOST)
-    })
-}
 
 /// The default instance name: the process id for the first client of the process, then
 /// `pid-N`.

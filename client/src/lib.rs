@@ -34,9 +34,16 @@
 //! ```
 //!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
-//! `pool.rs`), typed requests (`api.rs`), name servers and the route cache (`namesrv.rs`),
+//! `pool.rs`), typed requests (`api/`), name servers and the route cache (`namesrv.rs`),
 //! the stored-record decoder with CRC checks (`record.rs`), and the clients themselves.
 //! The wire protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
+//!
+//! The modules are layered: each imports (`crate::…`) only modules to its left, so
+//! `error < host < route < subscription < message < compression < record < connection < pool
+//! < api < namesrv < instance < partial < send_back < admin < broker_admin < transaction <
+//! producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import cycle). The
+//! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
+//! above it.
 
 mod admin;
 mod api;
@@ -44,6 +51,7 @@ mod broker_admin;
 mod compression;
 mod connection;
 mod error;
+mod host;
 mod instance;
 mod message;
 mod namesrv;
@@ -58,8 +66,9 @@ mod send_back;
 mod subscription;
 mod transaction;
 
-pub use admin::{
-    Admin, AdminBuilder, QueueProgress, QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES,
+pub use admin::{Admin, AdminBuilder, QueueProgress};
+pub use api::{
+    PullResult, PullStatus, QueueStats, SendResult, SendStatus, TopicConfig, DEFAULT_TOPIC_QUEUES,
     MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
@@ -79,12 +88,11 @@ pub use message::{
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
 pub use partial::{BrokerFailure, Partial};
 pub use producer::{
-    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendResult, SendStatus,
-    DEFAULT_PRODUCER_GROUP, DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
+    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, DEFAULT_PRODUCER_GROUP,
+    DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
 };
 pub use pull_consumer::{
-    PullConsumer, PullConsumerBuilder, PullOptions, PullResult, PullStatus, DEFAULT_PULL_BATCH,
-    MAX_PULL_WAIT,
+    PullConsumer, PullConsumerBuilder, PullOptions, DEFAULT_PULL_BATCH, MAX_PULL_WAIT,
 };
 pub use push::{
     allocate_averagely, ConsumeFrom, ConsumeResult, FlowLimits, ListenerFuture, MessageModel,

@@ -3,8 +3,9 @@
 //! message passes before it leaves the client ([`check_topic_name`], [`Message::validate`]).
 //!
 //! Owns the naming and size rules as RocketMQ states them (docs/protocol.md, "Requests and
-//! responses"); the broker checks them again. Never: encoding to the wire (see `protocol`) or
-//! decoding stored records (see `record`).
+//! responses"), which the broker checks again, and the stored properties' text form (the
+//! separators [`MessageExt::properties`] splits on, which `record` checks and writes in its
+//! tests). Never: encoding to the wire (see `api`) or decoding stored records (see `record`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::record::{NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR};
+use crate::host::local_ipv4;
 
 /// Longest topic name, in bytes (RocketMQ's limit).
 pub const MAX_TOPIC_NAME_BYTES: usize = 127;
@@ -57,6 +58,11 @@ pub use shardmq_codec::{
 };
 /// Property holding the client-generated unique id.
 pub const PROPERTY_UNIQUE_ID: &str = shardmq_codec::PROPERTY_UNIQUE_KEY;
+
+/// Separates a property's name from its value.
+pub(crate) const NAME_VALUE_SEPARATOR: char = shardmq_codec::NAME_VALUE_SEPARATOR as char;
+/// Ends each property.
+pub(crate) const PROPERTY_SEPARATOR: char = shardmq_codec::PROPERTY_SEPARATOR as char;
 
 fn is_name_char(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'%' | b'|' | b'_' | b'-')
@@ -548,7 +554,7 @@ fn unique_id_prefix() -> &'static [u8; 8] {
     static PREFIX: OnceLock<[u8; 8]> = OnceLock::new();
     PREFIX.get_or_init(|| {
         let mut prefix = [0u8; 8];
-        prefix[..4].copy_from_slice(&crate::instance::local_ipv4().octets());
+        prefix[..4].copy_from_slice(&local_ipv4().octets());
         prefix[4..6].copy_from_slice(&(std::process::id() as u16).to_be_bytes());
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::PullArgs;
+use crate::api::{PullArgs, PullResult};
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
-use crate::message::{check_consumer_group_name, MessageExt};
+use crate::message::check_consumer_group_name;
 use crate::route::MessageQueue;
 use crate::subscription::TagExpression;
 
@@ -20,51 +20,6 @@ pub const DEFAULT_PULL_BATCH: u32 = 32;
 
 /// Longest long-poll hold a pull may ask for (the broker caps it at its own limit too).
 pub const MAX_PULL_WAIT: Duration = Duration::from_secs(30);
-
-/// How a pull ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PullStatus {
-    /// Messages are in [`PullResult::messages`].
-    Found,
-    /// Nothing at or after the offset (within the wait).
-    NoNewMessage,
-    /// Messages arrived, but none matched the tag expression in this pull's budget; pull
-    /// again at once from `next_begin_offset`.
-    NoMatchedMessage,
-    /// The offset is outside `[min_offset, max_offset]`; resume from `next_begin_offset`.
-    OffsetIllegal,
-}
-
-impl PullStatus {
-    /// RocketMQ's name of the status.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PullStatus::Found => "FOUND",
-            PullStatus::NoNewMessage => "NO_NEW_MSG",
-            PullStatus::NoMatchedMessage => "NO_MATCHED_MSG",
-            PullStatus::OffsetIllegal => "OFFSET_ILLEGAL",
-        }
-    }
-}
-
-/// The answer to a pull.
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct PullResult {
-    pub status: PullStatus,
-    /// Where to pull from next.
-    pub next_begin_offset: i64,
-    /// Smallest offset still stored in the queue.
-    pub min_offset: i64,
-    /// One past the largest visible offset.
-    pub max_offset: i64,
-    /// The messages found (after the exact tag match), in queue order.
-    pub messages: Vec<MessageExt>,
-    /// The broker id the answering broker suggests pulling this queue from next (0: the
-    /// master; see the broker's `slave_read_enable`). The client follows it by itself.
-    pub suggest_which_broker_id: i64,
-}
 
 /// What one pull asks for beyond the queue and offset.
 #[derive(Debug, Clone)]

@@ -15,13 +15,10 @@ use bytes::Bytes;
 use shardmq_codec::{RecordView, SYS_FLAG_COMPRESSED};
 
 use crate::message::{check_properties, MessageExt};
+#[cfg(test)]
+use crate::message::{NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR};
 
 pub use shardmq_codec::MESSAGE_MAGIC_CODE;
-
-/// Separates a property's name from its value.
-pub(crate) const NAME_VALUE_SEPARATOR: char = shardmq_codec::NAME_VALUE_SEPARATOR as char;
-/// Ends each property.
-pub(crate) const PROPERTY_SEPARATOR: char = shardmq_codec::PROPERTY_SEPARATOR as char;
 
 /// Why a record is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

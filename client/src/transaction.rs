@@ -5,7 +5,7 @@
 //!
 //! Owns: encoding those requests and decoding their answers, and serving the broker's
 //! CheckTransactionStateRequest (decode the half message, run the group's callback on a task of
-//! its own, answer with its state). Never: choosing a broker or retrying (`producer.rs`).
+//! its own, answer with its state). Never: choosing a broker or retrying (`producer/`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -17,12 +17,11 @@ use bytes::Bytes;
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use crate::api::{encode_message, SendAnswer};
+use crate::api::{encode_message, SendAnswer, SendResult};
 use crate::connection::{RequestHandler, ServerAnswer};
 use crate::error::Result;
 use crate::message::{now_ms, Message, MessageExt};
 use crate::pool::ConnectionPool;
-use crate::producer::SendResult;
 use crate::record::decode_records;
 
 /// Properties naming the real topic and queue of a half message (as the broker stores it).

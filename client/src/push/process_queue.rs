@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::api::Pending;
 use crate::message::MessageExt;
 
 /// Limits above which the puller pauses a queue (RocketMQ's pull thresholds).
@@ -36,15 +37,6 @@ impl Default for FlowLimits {
             max_offset_span: 2000,
         }
     }
-}
-
-/// What an answer not decoded yet will add to the cache (an upper bound).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Pending {
-    pub messages: usize,
-    pub bytes: usize,
-    /// The largest offset it may hold.
-    pub last_offset: Option<i64>,
 }
 
 #[derive(Debug, Default)]

@@ -16,9 +16,8 @@ use super::allocate::allocate_averagely;
 use super::consume::dispatch;
 use super::process_queue::ProcessQueue;
 use super::{Assigned, ConsumeFrom, ConsumerCore, Listener, MessageModel, RETRY_TOPIC_PREFIX};
-use crate::api::{PullArgs, UndecodedPull};
+use crate::api::{PullArgs, PullStatus, UndecodedPull};
 use crate::error::{Error, Result};
-use crate::pull_consumer::PullStatus;
 use crate::route::MessageQueue;
 
 /// Longest wait of a queue over its flow limits before it checks again

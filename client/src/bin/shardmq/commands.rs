@@ -14,11 +14,11 @@ use shardmq_client::{
 };
 use tokio::time::Instant;
 
-use crate::output;
-use crate::{
+use crate::cli::{
     BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, GroupCommand,
-    MessageCommand, SendArgs, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
+    MessageCommand, SendArgs, Settings, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
 };
+use crate::output::{self, print_json};
 
 /// How long `consume` pauses when a round over every queue found nothing.
 const CONSUME_IDLE_PAUSE: Duration = Duration::from_millis(100);
@@ -64,13 +64,6 @@ fn finish_partial(failures: &[BrokerFailure]) -> Result<()> {
     }
 }
 
-/// Common settings of every command.
-pub struct Settings {
-    pub namesrv: String,
-    pub is_json: bool,
-    pub request_timeout: Duration,
-}
-
 pub async fn run(cli: Cli) -> Result<()> {
     let context = Settings {
         namesrv: cli.namesrv,
@@ -98,10 +91,6 @@ async fn admin(context: &Settings) -> Result<Admin> {
         .request_timeout(context.request_timeout)
         .build()
         .await?)
-}
-
-pub fn print_json(value: &serde_json::Value) {
-    println!("{value}");
 }
 
 fn topic_config(args: &TopicConfigArgs) -> TopicConfig {

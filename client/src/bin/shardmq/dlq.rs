@@ -13,9 +13,8 @@ use shardmq_client::{
     Error, Message, MessageExt, Producer, PullConsumer, PullOptions, PullStatus, TagExpression,
 };
 
-use crate::commands::{print_json, Settings};
-use crate::output;
-use crate::DlqCommand;
+use crate::cli::{DlqCommand, Settings};
+use crate::output::{self, print_json};
 
 /// Most messages one pull of the dead-letter queue asks for.
 const DLQ_PULL_BATCH: u32 = 32;

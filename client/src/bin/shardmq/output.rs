@@ -9,6 +9,10 @@ use shardmq_client::{
     QueueStats, SendResult, TopicConfig, TopicRoute,
 };
 
+pub fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
 pub fn send_result_json(result: &SendResult) -> Value {
     json!({
         "status": result.status.as_str(),

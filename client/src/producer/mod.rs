@@ -1,12 +1,16 @@
 //! The producer: sends messages to a topic's queues, as RocketMQ's DefaultMQProducer does.
 //!
-//! Owns: queue selection (round-robin over the route's write queues per topic, avoiding the
-//! broker that just failed; or by key for ordered sends), retries within the send timeout, and
-//! the producer's heartbeat. Never: encoding frames (see `api.rs`) or keeping routes (see
-//! `namesrv.rs`).
+//! Owns: the producer's settings and public calls (this file), queue selection (`select.rs`:
+//! round-robin over the route's write queues per topic, avoiding the broker that just failed;
+//! or by key for ordered sends), retries within the send timeout (`send.rs`), and the
+//! producer's heartbeat (this file). Never: encoding frames (see `api/send.rs`) or keeping
+//! routes (see `namesrv.rs`).
 //!
 //! A [`Producer`] is cheap to clone and every method takes `&self`: many sends may be in flight
 //! at once over the same pipelined connections (spawn them, or join their futures).
+
+mod select;
+mod send;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -14,19 +18,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use shardmq_schema::{wire, FrameError};
-use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::api::SendAnswer;
+pub use select::{java_string_hash, queue_index_for_key};
+
+use crate::api::SendResult;
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, Message, MessageExt, DEFAULT_MAX_MESSAGE_BYTES};
-use crate::route::{MessageQueue, TopicRoute};
+use crate::route::MessageQueue;
 use crate::transaction::{
     check_back_handler, run_local_transaction, CheckFn, EndRequest, TransactionFuture,
     TransactionSendResult, TransactionState,
 };
+use select::{master_address, QueueChoice};
 
 /// Default producer group (RocketMQ's `DEFAULT_PRODUCER`).
 pub const DEFAULT_PRODUCER_GROUP: &str = "DEFAULT_PRODUCER";
@@ -42,68 +47,6 @@ pub const MAX_BATCH_MESSAGES: usize = 1024;
 
 /// How often the producer tells its brokers it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
-
-/// How a send ended when the message was stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SendStatus {
-    /// Stored (and flushed, under sync flush).
-    SendOk,
-    /// Stored, but the sync flush did not finish in time: may be lost if the broker dies now.
-    FlushDiskTimeout,
-    /// Stored on the master, the slave did not confirm in time.
-    FlushSlaveTimeout,
-    /// Stored on the master, no slave to replicate to.
-    SlaveNotAvailable,
-}
-
-impl SendStatus {
-    fn from_wire(status: wire::Status) -> Self {
-        match status {
-            wire::Status::FLUSH_DISK_TIMEOUT => SendStatus::FlushDiskTimeout,
-            wire::Status::FLUSH_SLAVE_TIMEOUT => SendStatus::FlushSlaveTimeout,
-            wire::Status::SLAVE_NOT_AVAILABLE => SendStatus::SlaveNotAvailable,
-            _ => SendStatus::SendOk,
-        }
-    }
-
-    /// RocketMQ's name of the status (`SEND_OK`, …).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SendStatus::SendOk => "SEND_OK",
-            SendStatus::FlushDiskTimeout => "FLUSH_DISK_TIMEOUT",
-            SendStatus::FlushSlaveTimeout => "FLUSH_SLAVE_TIMEOUT",
-            SendStatus::SlaveNotAvailable => "SLAVE_NOT_AVAILABLE",
-        }
-    }
-}
-
-impl std::fmt::Display for SendStatus {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(self.as_str())
-    }
-}
-
-/// Where a sent message was stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendResult {
-    pub status: SendStatus,
-    /// The client-generated unique id (the id users see).
-    pub msg_id: String,
-    /// The broker's offset id (store host and physical offset, hex).
-    pub offset_msg_id: String,
-    pub queue: MessageQueue,
-    /// Index of the message in its queue; -1 for a scheduled message (delay level, delay or
-    /// deliver-at time), which gets its index when it is delivered into the queue.
-    pub queue_offset: i64,
-}
-
-impl SendResult {
-    /// The message waits for its delivery time and has no queue offset yet.
-    pub fn is_scheduled(&self) -> bool {
-        self.queue_offset < 0
-    }
-}
 
 /// Configures and starts a [`Producer`].
 #[derive(Clone)]
@@ -287,17 +230,6 @@ struct ProducerInner {
     is_shut_down: AtomicBool,
     /// Brokers told about this producer since it started (check-backs need that).
     heartbeated: Mutex<HashSet<String>>,
-}
-
-/// How a send picks its queue on each attempt.
-#[derive(Debug, Clone, Copy)]
-enum QueueChoice<'a> {
-    /// Round-robin, avoiding the broker of the last failed attempt when another exists.
-    RoundRobin,
-    /// The queue `hash(key) % write queue count`.
-    ByKey(&'a str),
-    /// Exactly this queue.
-    Fixed(&'a MessageQueue),
 }
 
 impl Producer {
@@ -519,245 +451,12 @@ impl Producer {
     }
 }
 
-fn master_address(route: &TopicRoute, queue: &MessageQueue) -> Result<String> {
-    route
-        .master_address(&queue.broker_name)
-        .map(str::to_owned)
-        .ok_or_else(|| Error::NoQueue {
-            topic: route.topic.clone(),
-            kind: "writable (live master)",
-        })
-}
-
-/// Java's `String.hashCode()` of `text` (UTF-16 code units): the stable hash ordered sends
-/// use, as RocketMQ's `SelectMessageQueueByHash` does.
-#[must_use]
-pub fn java_string_hash(text: &str) -> i32 {
-    text.encode_utf16().fold(0i32, |hash, unit| {
-        hash.wrapping_mul(31).wrapping_add(i32::from(unit))
-    })
-}
-
-/// The index among `queue_count` queues that `key` selects: `|java_string_hash(key)| %
-/// queue_count` (the absolute value taken without overflow).
-#[must_use]
-pub fn queue_index_for_key(key: &str, queue_count: usize) -> usize {
-    debug_assert!(queue_count > 0);
-    java_string_hash(key).unsigned_abs() as usize % queue_count
-}
-
 impl ProducerInner {
     fn check_running(&self) -> Result<()> {
         if self.is_shut_down.load(Ordering::Acquire) {
             Err(Error::ShutDown)
         } else {
             Ok(())
-        }
-    }
-
-    fn queue_counter(&self, topic: &str) -> Arc<AtomicUsize> {
-        let mut counters = self
-            .next_queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(
-            counters
-                .entry(topic.to_owned())
-                .or_insert_with(|| Arc::new(AtomicUsize::new(random_start(topic)))),
-        )
-    }
-
-    fn select_queue(
-        &self,
-        route: &TopicRoute,
-        choice: QueueChoice<'_>,
-        failed_broker: Option<&str>,
-    ) -> Result<MessageQueue> {
-        if let QueueChoice::Fixed(queue) = choice {
-            return Ok(queue.clone());
-        }
-        let queues = route.write_queues();
-        if queues.is_empty() {
-            return Err(Error::NoQueue {
-                topic: route.topic.clone(),
-                kind: "writable",
-            });
-        }
-        if let QueueChoice::ByKey(key) = choice {
-            return Ok(queues[queue_index_for_key(key, queues.len())].clone());
-        }
-        let counter = self.queue_counter(&route.topic);
-        let start = counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(failed) = failed_broker {
-            for step in 0..queues.len() {
-                let queue = &queues[(start + step) % queues.len()];
-                if queue.broker_name != failed {
-                    return Ok(queue.clone());
-                }
-            }
-        }
-        Ok(queues[start % queues.len()].clone())
-    }
-
-    /// Sends `messages` (one topic, checked non-empty) with retries; one result per message.
-    async fn send(&self, messages: &[Message], choice: QueueChoice<'_>) -> Result<Vec<SendResult>> {
-        self.check_running()?;
-        for message in messages {
-            message.validate(self.max_message_bytes)?;
-        }
-        let topic = messages[0].topic();
-        if let QueueChoice::Fixed(queue) = choice {
-            if queue.topic != topic {
-                return Err(Error::InvalidArgument(format!(
-                    "queue {queue} is not a queue of topic {topic}"
-                )));
-            }
-        }
-        let deadline = Instant::now() + self.send_timeout;
-        let mut failed_broker: Option<String> = None;
-        let mut last_error = None;
-        let mut attempts = 0;
-        while attempts <= self.retries {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                break;
-            }
-            attempts += 1;
-            // `queue` is `None` for a topic without a route: the broker picks the queue.
-            let (address, queue) = match self.instance.namesrv.route(topic).await {
-                Ok(route) => {
-                    let queue = self.select_queue(&route, choice, failed_broker.as_deref())?;
-                    (master_address(&route, &queue)?, Some(queue))
-                }
-                Err(Error::TopicNotFound { .. }) if matches!(choice, QueueChoice::RoundRobin) => {
-                    let address = self
-                        .auto_create_target(topic, failed_broker.as_deref())
-                        .await?;
-                    (address, None)
-                }
-                Err(error) => return Err(error),
-            };
-            let queue_id = queue.as_ref().map(|queue| queue.queue_id);
-            match self
-                .send_to(&address, topic, queue_id, messages, remaining)
-                .await
-            {
-                Ok(answer) => {
-                    let queue = match queue {
-                        Some(queue) => queue,
-                        None => MessageQueue::new(
-                            topic,
-                            self.broker_name_at(&address).await,
-                            answer.queue_id,
-                        ),
-                    };
-                    return Ok(results(answer, queue, messages));
-                }
-                Err(Error::Status { status, .. })
-                    if status == wire::Status::TOPIC_NOT_FOUND && queue.is_none() =>
-                {
-                    // The broker does not create topics on first send.
-                    return Err(Error::TopicNotFound {
-                        topic: topic.to_owned(),
-                    });
-                }
-                Err(error) if error.is_retriable() => {
-                    warn!(%topic, %address, attempt = attempts, %error, "send failed; retrying");
-                    // The broker may be gone, paused or refusing writes (a master replaced by
-                    // failover): look again where the topic lives.
-                    let _ = self.instance.namesrv.fetch_route(topic).await;
-                    // Broker names to avoid with a route; addresses without one.
-                    failed_broker = Some(queue.map_or(address, |queue| queue.broker_name));
-                    last_error = Some(error);
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        let last = last_error.unwrap_or(Error::Timeout {
-            operation: "send",
-            address: String::new(),
-            timeout: self.send_timeout,
-        });
-        Err(Error::SendFailed {
-            topic: topic.to_owned(),
-            attempts,
-            last: Box::new(last),
-        })
-    }
-
-    /// For a topic no broker hosts yet: the address of a master broker of the cluster
-    /// (round-robin, avoiding the one that just failed) to send to with no queue named, so
-    /// that a broker that creates topics on first send (`--auto-create-topics`) creates it.
-    /// RocketMQ does the same through the route of its default topic `TBW102`.
-    async fn auto_create_target(&self, topic: &str, failed: Option<&str>) -> Result<String> {
-        let clusters = self.instance.namesrv.cluster_info().await?;
-        let masters: Vec<&str> = clusters
-            .iter()
-            .flat_map(|cluster| cluster.master_addresses())
-            .collect();
-        if masters.is_empty() {
-            return Err(Error::TopicNotFound {
-                topic: topic.to_owned(),
-            });
-        }
-        let start = self.queue_counter(topic).fetch_add(1, Ordering::Relaxed);
-        let address = (0..masters.len())
-            .map(|step| masters[(start + step) % masters.len()])
-            .find(|address| Some(*address) != failed)
-            .unwrap_or(masters[start % masters.len()]);
-        debug!(%topic, %address, "no route yet; sending where the broker may create the topic");
-        Ok(address.to_owned())
-    }
-
-    /// The broker name the broker at `address` gave in its handshake.
-    async fn broker_name_at(&self, address: &str) -> String {
-        match self.instance.pool.get(address).await {
-            Ok(connection) => connection
-                .server()
-                .map(|server| server.broker_name.clone())
-                .unwrap_or_default(),
-            Err(_) => String::new(),
-        }
-    }
-
-    async fn send_to(
-        &self,
-        address: &str,
-        topic: &str,
-        queue_id: Option<u32>,
-        messages: &[Message],
-        timeout: Duration,
-    ) -> Result<SendAnswer> {
-        let connection = self.instance.pool.get(address).await?;
-        let messages = &*crate::compression::compress_bodies(messages, self.compress_over_bytes);
-        let announced = connection.server().map_or(0, |s| s.max_message_bytes);
-        if announced > 0 {
-            for message in messages {
-                if message.body().len() > announced {
-                    return Err(Error::InvalidArgument(format!(
-                        "message body is {} bytes, over the broker {address}'s max_message_bytes ({announced})",
-                        message.body().len()
-                    )));
-                }
-            }
-        }
-        let outcome = self
-            .instance
-            .pool
-            .send_messages(address, timeout, topic, queue_id, &self.group, messages)
-            .await;
-        match outcome {
-            Err(Error::Frame {
-                source:
-                    FrameError::TooLarge {
-                        length_bytes,
-                        max_frame_bytes,
-                    },
-                ..
-            }) => Err(Error::InvalidArgument(format!(
-                "the send request is {length_bytes} bytes, over the broker {address}'s max_frame_bytes ({max_frame_bytes}); send fewer messages per batch"
-            ))),
-            other => other,
         }
     }
 
@@ -779,61 +478,6 @@ impl ProducerInner {
         addresses.sort();
         addresses.dedup();
         addresses
-    }
-
-    /// Stores a half message, with retries (not after a timeout: the broker may have stored
-    /// it). Returns the broker's address, the result and the half message's CommitLog offset.
-    async fn send_half(&self, message: &Message) -> Result<(String, SendResult, i64)> {
-        let topic = message.topic();
-        let deadline = Instant::now() + self.send_timeout;
-        let mut failed_broker: Option<String> = None;
-        let mut last_error = None;
-        let mut attempts = 0;
-        while attempts <= self.retries {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                break;
-            }
-            attempts += 1;
-            let route = self.instance.namesrv.route(topic).await?;
-            let queue =
-                self.select_queue(&route, QueueChoice::RoundRobin, failed_broker.as_deref())?;
-            let address = master_address(&route, &queue)?;
-            match self
-                .instance
-                .pool
-                .send_half(
-                    &address,
-                    remaining,
-                    Some(queue.queue_id),
-                    &self.group,
-                    message,
-                )
-                .await
-            {
-                Ok(answer) => {
-                    let half_commit_log_offset = answer.stored[0].commit_log_offset;
-                    let sent = results(answer, queue, std::slice::from_ref(message)).remove(0);
-                    return Ok((address, sent, half_commit_log_offset));
-                }
-                Err(error) if error.is_retriable() && !matches!(error, Error::Timeout { .. }) => {
-                    warn!(%topic, %address, attempt = attempts, %error, "half message send failed; retrying");
-                    let _ = self.instance.namesrv.fetch_route(topic).await;
-                    failed_broker = Some(queue.broker_name);
-                    last_error = Some(error);
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Err(Error::SendFailed {
-            topic: topic.to_owned(),
-            attempts,
-            last: Box::new(last_error.unwrap_or(Error::Timeout {
-                operation: "send half message",
-                address: String::new(),
-                timeout: self.send_timeout,
-            })),
-        })
     }
 
     /// Heartbeats `address` unless it was told about this producer already, so that the
@@ -870,110 +514,5 @@ impl ProducerInner {
                 debug!(%address, %error, "producer heartbeat failed");
             }
         }
-    }
-}
-
-fn results(answer: SendAnswer, queue: MessageQueue, messages: &[Message]) -> Vec<SendResult> {
-    let status = SendStatus::from_wire(answer.status);
-    let queue = MessageQueue {
-        queue_id: answer.queue_id,
-        ..queue
-    };
-    answer
-        .stored
-        .into_iter()
-        .zip(messages)
-        .map(|(stored, message)| SendResult {
-            status,
-            msg_id: if stored.unique_id.is_empty() {
-                message.unique_id().to_owned()
-            } else {
-                stored.unique_id
-            },
-            offset_msg_id: stored.offset_msg_id,
-            queue: queue.clone(),
-            queue_offset: stored.queue_offset,
-        })
-        .collect()
-}
-
-/// Where a new producer's round-robin over a topic's queues starts: a different queue in each
-/// producer (RocketMQ starts at a random index too), so one-shot senders (`shardmq send`, each
-/// a new producer) spread over the queues instead of all landing on the first.
-fn random_start(topic: &str) -> usize {
-    use std::hash::BuildHasher;
-    // A `RandomState` is seeded from the OS for each process and differs per instance.
-    std::collections::hash_map::RandomState::new().hash_one(topic) as usize
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::route::test_route;
-
-    #[test]
-    fn java_hash_matches_java() {
-        // Values from Java's "…".hashCode().
-        assert_eq!(java_string_hash(""), 0);
-        assert_eq!(java_string_hash("a"), 97);
-        assert_eq!(java_string_hash("hello"), 99_162_322);
-        // "polygenelubricants".hashCode() is the classic Integer.MIN_VALUE.
-        assert_eq!(java_string_hash("polygenelubricants"), i32::MIN);
-        assert_eq!(queue_index_for_key("polygenelubricants", 8), 0);
-    }
-
-    #[test]
-    fn key_selection_is_stable_and_in_range() {
-        for key in ["a", "order-1", "order-2", "ключ"] {
-            let index = queue_index_for_key(key, 8);
-            assert!(index < 8);
-            assert_eq!(index, queue_index_for_key(key, 8));
-        }
-        assert_eq!(queue_index_for_key("a", 8), 97 % 8);
-    }
-
-    #[test]
-    fn producers_start_their_round_robin_at_different_queues() {
-        let starts: std::collections::BTreeSet<usize> =
-            (0..20).map(|_| random_start("t") % 8).collect();
-        assert!(
-            starts.len() > 1,
-            "20 producers all started at queue {starts:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn round_robin_avoids_the_failed_broker() {
-        let producer = Producer::builder()
-            .namesrv("127.0.0.1:1")
-            .build()
-            .await
-            .unwrap();
-        let route = test_route("t", &[("a", 2, 6), ("b", 2, 6)]);
-        let inner = &producer.inner;
-        let picked: Vec<String> = (0..4)
-            .map(|_| {
-                inner
-                    .select_queue(&route, QueueChoice::RoundRobin, None)
-                    .unwrap()
-                    .to_string()
-            })
-            .collect();
-        // Consecutive picks go round the four queues, from wherever this producer started.
-        let order = ["t@a#0", "t@a#1", "t@b#0", "t@b#1"];
-        let start = order.iter().position(|q| *q == picked[0]).unwrap();
-        let expected: Vec<&str> = (0..4).map(|i| order[(start + i) % 4]).collect();
-        assert_eq!(picked, expected);
-        for _ in 0..4 {
-            let queue = inner
-                .select_queue(&route, QueueChoice::RoundRobin, Some("a"))
-                .unwrap();
-            assert_eq!(queue.broker_name, "b");
-        }
-        let by_key = inner
-            .select_queue(&route, QueueChoice::ByKey("a"), None)
-            .unwrap();
-        // java_string_hash("a") = 97; 97 % 4 = 1: the second of [a#0, a#1, b#0, b#1].
-        assert_eq!(by_key.to_string(), "t@a#1");
     }
 }

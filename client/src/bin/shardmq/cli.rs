@@ -1,0 +1,350 @@
+//! The command line as the user types it: the parsed arguments ([`Cli`], one enum or struct
+//! per command and its options, read by clap), and the [`Settings`] every command shares.
+//!
+//! Owns: the names, defaults and help texts of commands and options. Never: what a command
+//! does (`commands.rs`, `dlq.rs`).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// ShardMQ command line: manage topics, send and consume messages, inspect groups.
+#[derive(Parser, Debug)]
+#[command(name = "shardmq", version, propagate_version = true)]
+pub struct Cli {
+    /// Name server address(es), `host:port`, comma separated.
+    #[arg(
+        long,
+        global = true,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9876"
+    )]
+    pub namesrv: String,
+
+    /// Print JSON instead of text (one object per line for send and consume).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// How long one request to a server may take, in ms.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create, update, delete and inspect topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Send messages to a topic.
+    Send(SendArgs),
+    /// Consume messages of a topic as a consumer group, committing its offsets.
+    Consume(ConsumeArgs),
+    /// Inspect consumer groups: members and progress (lag).
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Find stored messages by key or id.
+    #[command(subcommand)]
+    Message(MessageCommand),
+    /// Inspect one broker.
+    #[command(subcommand)]
+    Broker(BrokerCommand),
+    /// Inspect the clusters the name server knows.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Inspect the controller of automatic failover (docs/replication.md).
+    #[command(subcommand)]
+    Controller(ControllerCommand),
+    /// Dead letters of a consumer group (`%DLQ%<group>`): list them, send them back to their
+    /// original topic.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Every message in the group's dead-letter topic, with its original topic, first id and
+    /// how often it was redelivered.
+    List {
+        #[arg(long)]
+        group: String,
+        /// Most messages to print.
+        #[arg(long, default_value_t = 1000)]
+        max: u64,
+    },
+    /// Sends dead letters again to the topic they were first sent to, under their first id
+    /// (the dead letters stay where they are; resending twice sends twice).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+    Resend {
+        #[arg(long)]
+        group: String,
+        /// The message to resend: its msg id (as `dlq list` prints it) or its first id.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Resend every dead letter of the group.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Every cluster with its broker names and their live instances.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TopicCommand {
+    /// Create a topic (an error where it exists) on --broker, or else on every master broker
+    /// of --cluster (default: of every cluster the name server knows).
+    Create(TopicConfigArgs),
+    /// Create or update a topic's queue counts and permission (same targets as create).
+    Update(TopicConfigArgs),
+    /// Delete a topic, on --broker or on every master broker hosting it.
+    Delete {
+        topic: String,
+        /// Broker address `host:port`; default: every master broker in the topic's route.
+        #[arg(long, value_name = "ADDR")]
+        broker: Option<String>,
+        /// Delete a group's %RETRY%/%DLQ% topic (the group must have no live member; what
+        /// waits there is lost). Other system topics are never deleted.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List the topics the name server routes (without the broker's own: retry, dead-letter,
+    /// schedule and transaction topics, unless --system).
+    List {
+        /// Include the system topics.
+        #[arg(long)]
+        system: bool,
+    },
+    /// Show a topic's route: broker names, their addresses and queue counts.
+    Route { topic: String },
+    /// Show each queue's min/max offset and last store time.
+    Status { topic: String },
+}
+
+#[derive(Args, Debug)]
+pub struct TopicConfigArgs {
+    pub topic: String,
+    /// Read and write queues on each broker.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub queues: u32,
+    /// Read queues, when different from --queues.
+    #[arg(long, value_name = "N")]
+    pub read_queues: Option<u32>,
+    /// Write queues, when different from --queues.
+    #[arg(long, value_name = "N")]
+    pub write_queues: Option<u32>,
+    /// Permission bits: read 4, write 2 (6 = read and write).
+    #[arg(long, default_value_t = 6)]
+    pub perm: u32,
+    /// Mark the topic as ordered.
+    #[arg(long)]
+    pub ordered: bool,
+    /// Broker address `host:port`: only this broker.
+    #[arg(long, value_name = "ADDR", conflicts_with = "cluster")]
+    pub broker: Option<String>,
+    /// Cluster name: every master broker of this cluster (default: of every cluster).
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    pub topic: String,
+    /// Message body (UTF-8 text).
+    #[arg(
+        long,
+        required_unless_present = "body_file",
+        conflicts_with = "body_file"
+    )]
+    pub body: Option<String>,
+    /// Read the body from this file, as bytes (`-`: standard input); for bodies too large or
+    /// too binary for an argument. At most 16 MiB is read (the broker's own limit,
+    /// `max_message_bytes`, is 4 MiB by default).
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<std::path::PathBuf>,
+    /// The message's tag.
+    #[arg(long)]
+    pub tags: Option<String>,
+    /// Keys, space separated.
+    #[arg(long)]
+    pub keys: Option<String>,
+    /// A user property `name=value`; may be repeated.
+    #[arg(long = "property", value_name = "NAME=VALUE")]
+    pub properties: Vec<String>,
+    /// How many messages to send (each with the same body and its own id).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
+    /// Send in key order: every message of this key goes to one queue.
+    #[arg(long, value_name = "KEY")]
+    pub order_key: Option<String>,
+    /// Producer group.
+    #[arg(long, default_value = shardmq_client::DEFAULT_PRODUCER_GROUP)]
+    pub group: String,
+    /// Deliver after the broker's delay level L (1-based; RocketMQ's `1s 5s 10s 30s 1m … 2h`
+    /// unless the broker is configured otherwise).
+    #[arg(long, value_name = "L", conflicts_with_all = ["delay_ms", "deliver_at"],
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub delay_level: Option<u32>,
+    /// Deliver this many ms after the broker stores the message (up to its horizon, 3 days by
+    /// default).
+    #[arg(long, value_name = "MS", conflicts_with = "deliver_at",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub delay_ms: Option<u64>,
+    /// Deliver at this time, RFC 3339 (`2030-01-02T03:04:05Z`, `…+02:00`, fractions allowed).
+    #[arg(long, value_name = "TIME")]
+    pub deliver_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StartFrom {
+    /// The oldest stored message.
+    First,
+    /// After the newest message: only what arrives from now on.
+    Last,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub topic: String,
+    /// Consumer group; its committed offsets say where to start and are moved past what is
+    /// printed.
+    #[arg(long)]
+    pub group: String,
+    /// Where to start in queues the group has no committed offset for.
+    #[arg(long, value_enum, default_value_t = StartFrom::First)]
+    pub from: StartFrom,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many ms in all.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// Tag expression: `*` or `TagA || TagB`.
+    #[arg(long, default_value = "*")]
+    pub tags: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GroupCommand {
+    /// The group's live members (client ids), as a broker of the topic knows them.
+    Members {
+        group: String,
+        #[arg(long)]
+        topic: String,
+    },
+    /// The group's committed offset, the queue's end and the lag of every queue of a topic
+    /// (default: of every topic the group subscribes to or has offsets for), and the total
+    /// lag ("diff total").
+    Progress {
+        group: String,
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Every consumer group the brokers know: live members, topics and total lag.
+    List,
+    /// Move the group's committed offsets of a topic to the first or last message or to a
+    /// time. Stop the group's consumers first (refused while it has live members unless
+    /// --force): a running consumer commits its own position over the reset.
+    ResetOffset {
+        group: String,
+        /// The topic (or give it with --topic).
+        #[arg(value_name = "TOPIC", required_unless_present = "topic")]
+        topic_arg: Option<String>,
+        #[arg(long, conflicts_with = "topic_arg")]
+        topic: Option<String>,
+        /// `first`, `last`, a store time in ms since the epoch, or an RFC 3339 time
+        /// (2026-12-02T10:00:00Z).
+        #[arg(long, value_name = "WHERE", visible_alias = "to-time")]
+        to: String,
+        /// Reset even while the group has live members.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MessageCommand {
+    /// Send messages to a topic (the same as the top-level `send`).
+    Send(SendArgs),
+    /// Consume messages of a topic as a consumer group (the same as the top-level `consume`).
+    Consume(ConsumeArgs),
+    /// Messages of a topic with a key, with full metadata.
+    #[command(visible_alias = "query-key")]
+    Key {
+        topic: String,
+        key: String,
+        /// Most messages per broker.
+        #[arg(long, default_value_t = 32)]
+        max: u32,
+        #[command(flatten)]
+        range: TimeRange,
+    },
+    /// The message(s) with an id, with full metadata: a unique id (the msg id `send` prints;
+    /// its copies in retry and dead-letter topics are listed too) or an offset id (the
+    /// offset id `send` prints, which names the broker).
+    #[command(visible_alias = "query-id")]
+    Id {
+        msg_id: String,
+        /// Only copies stored in this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        #[command(flatten)]
+        range: TimeRange,
+    },
+}
+
+/// Store-time range of a query.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TimeRange {
+    /// Stored at or after this time: ms since the epoch or RFC 3339. Default: the beginning.
+    #[arg(long, value_name = "TIME")]
+    pub begin: Option<String>,
+    /// Stored at or before this time: ms since the epoch or RFC 3339. Default: now.
+    #[arg(long, value_name = "TIME")]
+    pub end: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ControllerCommand {
+    /// The controller group's leader and members, and per broker group its master, epoch and
+    /// in-sync replicas (SyncStateSet).
+    Status {
+        /// Controller addresses, comma separated; the first that answers is shown.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9878")]
+        controller: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BrokerCommand {
+    /// Runtime status of one broker: shard placement, in/out TPS over --interval-ms,
+    /// connections, parked pulls, disk use.
+    Status {
+        /// Broker address `host:port`.
+        broker: String,
+        /// Sample twice this far apart to compute rates; 0 reports totals only.
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        interval_ms: u64,
+    },
+    /// Topics one broker hosts, with their configs.
+    Topics {
+        /// Broker address `host:port`.
+        broker: String,
+        /// Include system topics (retry, DLQ, schedule, transaction).
+        #[arg(long)]
+        system: bool,
+    },
+}
+
+/// Common settings of every command.
+pub struct Settings {
+    pub namesrv: String,
+    pub is_json: bool,
+    pub request_timeout: Duration,
+}
