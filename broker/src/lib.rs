@@ -5,10 +5,8 @@
 //! and runs them; `registration` announces the broker to name servers.
 
 pub mod control;
-pub mod controller_client;
 pub mod mesh;
 pub mod network;
-pub mod registration;
 pub mod runtime;
 pub mod storage_shard;
 

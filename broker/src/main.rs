@@ -353,7 +353,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     // Controller mode: the controller says what this run is.
     let effective = if config.is_auto() {
-        match shardmq_broker::controller_client::resolve(&config, &interrupted) {
+        match shardmq_broker::control::controller::resolve(&config, &interrupted) {
             Ok(effective) => effective,
             Err(_) if interrupted.load(std::sync::atomic::Ordering::Relaxed) => {
                 return ExitCode::SUCCESS

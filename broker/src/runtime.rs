@@ -19,7 +19,7 @@ use tracing::{error, info};
 use crate::config::BrokerConfig;
 use crate::mesh::{NetworkEvent, StorageRequest};
 use crate::network::{self, ListenPlan};
-use crate::{meta, storage_shard};
+use crate::{control, meta, storage_shard};
 
 /// Capacity of each storage → network event channel.
 const EVENT_QUEUE_DEPTH: usize = 8192;
@@ -170,7 +170,7 @@ pub fn run(
                         }
                     };
                     tasks.push(
-                        glommio::spawn_local(network::run(
+                        glommio::spawn_local(run_network_shard(
                             id,
                             config.clone(),
                             senders,
@@ -245,6 +245,42 @@ pub fn run(
             Ok(())
         }
     }
+}
+
+/// Runs network shard `id` until the broker stops; on shard 0, with the control plane beside it
+/// (started once the shard serves, stopped after it has drained).
+async fn run_network_shard(
+    id: usize,
+    config: Rc<BrokerConfig>,
+    requests: Vec<SharedSender<StorageRequest>>,
+    events: Vec<SharedReceiver<NetworkEvent>>,
+    listen: ListenPlan,
+    stopping: Arc<AtomicBool>,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    let started =
+        network::start(id, config, requests, events, listen, stopping, on_listening).await?;
+    let Some(mut serving) = started else {
+        return Ok(());
+    };
+    let control = if id == 0 {
+        match control::start(serving.shard()).await {
+            Ok(control) => Some(control),
+            Err(e) => {
+                serving.finish().await;
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    serving.accept_until_stopped().await;
+    serving.drain().await;
+    if let Some(control) = control {
+        control.stop().await;
+    }
+    serving.finish().await;
+    Ok(())
 }
 
 /// Refuses an address another process listens on, and resolves port 0 to a free port.

@@ -19,7 +19,7 @@ pub mod send_back;
 pub mod transaction;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,313 +233,6 @@ impl NetworkShard {
         self.alive.borrow_mut().remove(&connection);
     }
 
-    /// A slave's copy of its master's topic table (every 2 s, so it serves pulls of every
-    /// topic its master has) and committed consumer offsets (every 10 s).
-    async fn copy_master_metadata_loop(self: Rc<Self>) {
-        let client_id = format!(
-            "{}-slave-{}-topics",
-            self.config.broker_name, self.config.broker_id
-        );
-        // The first copy of the offsets comes with the first copy of the topics.
-        let copy_interval =
-            Duration::from_millis(self.config.replica_metadata_interval_ms.max(100));
-        let mut last_offsets_copy = std::time::Instant::now() - copy_interval;
-        // One link, kept between rounds and made again after a failure.
-        let mut link: Option<crate::replication::MasterLink> = None;
-        let mut master = None;
-        while !self.stopping.load(Ordering::Relaxed) {
-            let named = crate::role::master_address(&self.config);
-            if named != master {
-                (master, link) = (named, None);
-            }
-            let Some(master) = master else {
-                glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
-                continue;
-            };
-            if link.is_none() {
-                link = crate::replication::MasterLink::connect(master, &client_id)
-                    .await
-                    .map_err(|error| {
-                        tracing::debug!(%master, %error, "cannot reach the master for its metadata");
-                    })
-                    .ok();
-            }
-            if let Some(connected) = link.as_mut() {
-                let mut round = self.copy_master_topics(connected).await;
-                if round.is_ok() && last_offsets_copy.elapsed() >= copy_interval {
-                    last_offsets_copy = std::time::Instant::now();
-                    round = self.copy_master_offsets(connected).await;
-                }
-                if let Err(error) = round {
-                    tracing::debug!(%master, %error, "cannot copy the master's metadata");
-                    link = None;
-                }
-            }
-            glommio::timer::sleep(crate::replication::TOPIC_SYNC_INTERVAL).await;
-        }
-    }
-
-    /// A master gives every user topic its store holds messages of, and its topic table lacks,
-    /// a config with the queues found: a slave made master may not have copied a topic created
-    /// just before its master died (topics are copied every 2 s), yet holds its messages.
-    async fn restore_topics_from_store(&self) {
-        let mut found: BTreeMap<String, u32> = BTreeMap::new();
-        for storage in 0..self.storage_shards() {
-            let Ok(queues) = self
-                .ask(storage, |reply| StorageRequest::StoredQueues { reply })
-                .await
-            else {
-                continue;
-            };
-            for (topic, queue_id) in queues {
-                let queues = found.entry(topic).or_default();
-                *queues = (*queues).max(queue_id + 1);
-            }
-        }
-        let known = self.topics();
-        for (topic, queues) in found {
-            if crate::naming::is_system_topic(&topic) || known.topics.contains_key(&topic) {
-                continue;
-            }
-            warn!(%topic, queues, "a topic with stored messages has no config here: restoring it with the queues found");
-            let config = crate::topics::TopicConfig::new(&topic, queues);
-            let _ = self
-                .ask(0, |reply| StorageRequest::UpsertTopic {
-                    config,
-                    is_create_only: true,
-                    reply,
-                })
-                .await;
-        }
-    }
-
-    /// Controller mode (controller_client.rs): heartbeats the controller every
-    /// `controller_heartbeat_ms`; as master, reports the slaves in sync and keeps the set its
-    /// sends wait for; restarts the broker when the controller names another master or epoch.
-    async fn controller_loop(self: Rc<Self>) {
-        use crate::controller_client::{decode_answer, encode_heartbeat, Beat};
-        let config = self.config.clone();
-        let self_id = config.controller_self_id;
-        let is_master = config.role() != crate::config::BrokerRole::Slave;
-        let interval = Duration::from_millis(config.controller_heartbeat_ms.max(50));
-        let client_id = format!("{}-{}-controller", config.broker_name, self_id);
-        let mut link: Option<crate::replication::MasterLink> = None;
-        let mut next = 0usize;
-        let mut said_unreachable = false;
-        while !self.stopping.load(Ordering::Relaxed) {
-            let mut in_sync = std::collections::BTreeSet::new();
-            if is_master {
-                let current = crate::role::sync_wait_set().unwrap_or_default();
-                let mut views = Vec::with_capacity(self.storage_shards());
-                for storage in 0..self.storage_shards() {
-                    // A shard that cannot answer vouches for no slave (see in_sync_slaves).
-                    let Ok(view) = self
-                        .ask(storage, |reply| StorageRequest::ReplicaSyncView { reply })
-                        .await
-                    else {
-                        break;
-                    };
-                    views.push(view);
-                }
-                in_sync = crate::controller_client::in_sync_slaves(
-                    &views,
-                    self.storage_shards(),
-                    &current,
-                    config.in_sync_max_lag_bytes,
-                );
-                // Joining slaves are waited for from now on, before the controller agrees:
-                // a send acknowledged meanwhile is then on them too.
-                let mut wait_for: std::collections::BTreeSet<i64> =
-                    current.union(&in_sync).copied().collect();
-                wait_for.remove(&self_id);
-                crate::role::set_sync_wait_set(Some(wait_for));
-            }
-            let beat = Beat {
-                address: self.store_host.get().to_string(),
-                ha_address: self
-                    .ha_host
-                    .get()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default(),
-                epoch: config.controller_epoch,
-                in_sync,
-                is_master,
-            };
-            let mut answer = None;
-            for _ in 0..config.controller.len() {
-                if link.is_none() {
-                    let address = &config.controller[next % config.controller.len()];
-                    link = match address.parse() {
-                        Ok(addr) => crate::replication::MasterLink::connect(addr, &client_id)
-                            .await
-                            .ok(),
-                        Err(_) => None,
-                    };
-                }
-                if let Some(connected) = link.as_mut() {
-                    let sent = futures_lite::future::or(
-                        async {
-                            Some(
-                                connected
-                                    .request(|b, header| {
-                                        encode_heartbeat(b, &header, &config, &beat)
-                                    })
-                                    .await,
-                            )
-                        },
-                        async {
-                            glommio::timer::sleep(Duration::from_secs(3)).await;
-                            None
-                        },
-                    )
-                    .await;
-                    match sent.map(|r| r.map_err(|e| e.to_string()).and_then(|f| decode_answer(&f)))
-                    {
-                        Some(Ok(group)) => {
-                            answer = Some(group);
-                            break;
-                        }
-                        Some(Err(error)) => {
-                            tracing::debug!(%error, "controller heartbeat failed; trying the next");
-                        }
-                        None => tracing::debug!("controller heartbeat timed out; trying the next"),
-                    }
-                }
-                link = None;
-                next += 1;
-            }
-            match answer {
-                None => {
-                    // A lost majority stops elections, not this broker: it keeps its role.
-                    if !said_unreachable {
-                        warn!("no controller answers; keeping the current role");
-                        said_unreachable = true;
-                    }
-                }
-                Some(group) => {
-                    said_unreachable = false;
-                    let still = if is_master {
-                        group.master_id == self_id && group.epoch == config.controller_epoch
-                    } else {
-                        group.master_id != self_id
-                            && group.epoch == config.controller_epoch
-                            && group.master_ha_address == config.ha_master
-                    };
-                    if !still {
-                        info!(
-                            master = group.master_id,
-                            epoch = group.epoch,
-                            our_epoch = config.controller_epoch,
-                            "the controller changed this group's master: restarting in the new role"
-                        );
-                        crate::role::request_restart();
-                        return;
-                    }
-                    if is_master {
-                        let mut wait_for = group.sync_state_set.clone();
-                        wait_for.remove(&self_id);
-                        crate::role::set_sync_wait_set(Some(wait_for));
-                    }
-                }
-            }
-            glommio::timer::sleep(interval).await;
-        }
-    }
-
-    /// Creates or updates every topic of the master's that differs here.
-    async fn copy_master_topics(
-        &self,
-        link: &mut crate::replication::MasterLink,
-    ) -> std::io::Result<()> {
-        let known = self.topics();
-        let masters = link.topics().await?;
-        // A user topic the master no longer has was deleted there.
-        for name in known.topics.keys() {
-            if crate::naming::is_system_topic(name) || masters.iter().any(|t| &t.name == name) {
-                continue;
-            }
-            let topic = name.clone();
-            if let Ok(true) = self
-                .ask(0, |reply| StorageRequest::DeleteTopic { topic, reply })
-                .await
-            {
-                info!(topic = %name, "topic deleted on the master: deleted here too");
-            }
-        }
-        for config in masters {
-            if known.topics.get(&config.name) == Some(&config) {
-                continue;
-            }
-            if crate::naming::is_system_topic(&config.name) {
-                let (name, queues) = (config.name, config.read_queues.max(config.write_queues));
-                let _ = self
-                    .ask(0, |reply| StorageRequest::EnsureSystemTopic {
-                        name,
-                        queues,
-                        reply,
-                    })
-                    .await;
-            } else {
-                let _ = self
-                    .ask(0, |reply| StorageRequest::UpsertTopic {
-                        config,
-                        is_create_only: false,
-                        reply,
-                    })
-                    .await;
-            }
-        }
-        Ok(())
-    }
-
-    /// Copies the master's committed consumer offsets, moving a local one only forward (a
-    /// group that consumed here while the master was gone is not sent back).
-    async fn copy_master_offsets(
-        &self,
-        link: &mut crate::replication::MasterLink,
-    ) -> std::io::Result<()> {
-        let topics = self.topics();
-        for (group, group_topics) in link.groups().await? {
-            for topic in group_topics {
-                let Some(config) = topics.topics.get(&topic) else {
-                    continue;
-                };
-                for queue_id in 0..config.read_queues.max(config.write_queues) {
-                    let Some(offset) = link.committed_offset(&group, &topic, queue_id).await?
-                    else {
-                        continue;
-                    };
-                    let storage = self.shard_of(&topic, queue_id);
-                    let (g, t) = (group.clone(), topic.clone());
-                    let local = self
-                        .ask(storage, |reply| StorageRequest::QueryConsumerOffset {
-                            group: g,
-                            topic: t,
-                            queue_id,
-                            reply,
-                        })
-                        .await
-                        .ok()
-                        .flatten();
-                    if local.is_some_and(|local| local >= offset) {
-                        continue;
-                    }
-                    let (group, topic) = (group.clone(), topic.clone());
-                    let _ = self
-                        .ask(storage, |reply| StorageRequest::CommitConsumerOffset {
-                            group,
-                            topic,
-                            queue_id,
-                            offset,
-                            reply,
-                        })
-                        .await;
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Sends the liveness of clients whose heartbeats repeated, once a second.
     async fn flush_alive_loop(self: Rc<Self>) {
         while !self.stopping.load(Ordering::Relaxed) {
@@ -646,9 +339,11 @@ pub struct ListenPlan {
     pub actual: Arc<OnceLock<SocketAddr>>,
 }
 
-/// Runs network shard `id` until the broker stops. `on_listening` is called once the shard
-/// accepts connections.
-pub async fn run(
+/// Starts network shard `id`: connects its ends of the mesh, waits until every storage shard
+/// has recovered, binds its listener (and, on shard 0 of a master, the HA listener) and calls
+/// `on_listening`. `None`: the broker stopped before the shard could serve. The runtime then
+/// starts the control plane beside it (shard 0), and drives [`Serving`] to the end.
+pub async fn start(
     id: usize,
     config: Rc<BrokerConfig>,
     requests: Vec<SharedSender<StorageRequest>>,
@@ -656,7 +351,7 @@ pub async fn run(
     listen: ListenPlan,
     stopping: Arc<AtomicBool>,
     on_listening: impl FnOnce(SocketAddr),
-) -> Result<(), String> {
+) -> Result<Option<Serving>, String> {
     // Connect every channel end at once: a peer may connect its ends in any order.
     let request_tasks: Vec<_> = requests
         .into_iter()
@@ -734,7 +429,7 @@ pub async fn run(
     while !shard.is_ready() {
         if stopping.load(Ordering::Relaxed) {
             shard.close_storage_channels();
-            return Ok(());
+            return Ok(None);
         }
         future::or(
             shard.changed.notified(),
@@ -787,59 +482,65 @@ pub async fn run(
         }
         _ => None,
     };
-    if id == 0 && config.role() != crate::config::BrokerRole::Slave {
-        shard.restore_topics_from_store().await;
-    }
-    let controller_task = (id == 0 && config.controller_self_id > 0)
-        .then(|| glommio::spawn_local(shard.clone().controller_loop()).detach());
-    let topic_sync_task = (id == 0 && config.role() == crate::config::BrokerRole::Slave)
-        .then(|| glommio::spawn_local(shard.clone().copy_master_metadata_loop()).detach());
-    let registration = (id == 0 && !config.namesrv.is_empty())
-        .then(|| glommio::spawn_local(crate::registration::run(shard.clone())).detach());
-    let metrics_server = match config.metrics_listen_addr()? {
-        Some(addr) if id == 0 => Some(
-            glommio::spawn_local(crate::control::metrics_http::serve(shard.clone(), addr)).detach(),
-        ),
-        _ => None,
-    };
+    Ok(Some(Serving {
+        shard,
+        listener: Some(listener),
+        event_tasks,
+        alive_task,
+        ha_task,
+    }))
+}
 
-    accept_loop(&shard, &listener).await;
+/// A network shard that serves: the runtime accepts connections until the broker stops,
+/// drains, stops what runs beside the shard, then finishes it.
+pub struct Serving {
+    shard: Rc<NetworkShard>,
+    listener: Option<TcpListener>,
+    event_tasks: Vec<glommio::task::JoinHandle<()>>,
+    alive_task: glommio::task::JoinHandle<()>,
+    ha_task: Option<glommio::task::JoinHandle<()>>,
+}
 
-    // Stopping: no new connections; let in-flight requests finish (bounded), then leave.
-    drop(listener);
-    // Parked pulls answer now rather than holding the stop for their whole suspend time.
-    shard.parking.wake_all();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while shard.inflight_requests.get() > 0 && std::time::Instant::now() < deadline {
-        future::or(
-            shard.idle.notified(),
-            glommio::timer::sleep(Duration::from_millis(20)),
-        )
-        .await;
+impl Serving {
+    pub fn shard(&self) -> &Rc<NetworkShard> {
+        &self.shard
     }
-    if let Some(task) = registration {
-        // The registration task unregisters from the namesrvs when it sees `stopping`.
-        task.await;
+
+    /// Accepts connections until the broker stops.
+    pub async fn accept_until_stopped(&self) {
+        if let Some(listener) = &self.listener {
+            accept_loop(&self.shard, listener).await;
+        }
     }
-    if let Some(task) = metrics_server {
-        task.cancel();
+
+    /// Stopping: no new connections; lets in-flight requests finish (bounded).
+    pub async fn drain(&mut self) {
+        drop(self.listener.take());
+        let shard = &self.shard;
+        // Parked pulls answer now rather than holding the stop for their whole suspend time.
+        shard.parking.wake_all();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while shard.inflight_requests.get() > 0 && std::time::Instant::now() < deadline {
+            future::or(
+                shard.idle.notified(),
+                glommio::timer::sleep(Duration::from_millis(20)),
+            )
+            .await;
+        }
     }
-    alive_task.cancel();
-    if let Some(task) = ha_task {
-        task.await;
+
+    /// Stops the shard's own tasks and tells the storage shards it sends nothing more.
+    pub async fn finish(self) {
+        self.alive_task.cancel();
+        if let Some(task) = self.ha_task {
+            task.await;
+        }
+        self.shard.close_storage_channels();
+        for task in self.event_tasks {
+            task.cancel();
+        }
+        info!(network_shard = self.shard.id, "network shard stopped");
     }
-    if let Some(task) = topic_sync_task {
-        task.cancel();
-    }
-    if let Some(task) = controller_task {
-        task.cancel();
-    }
-    shard.close_storage_channels();
-    for task in event_tasks {
-        task.cancel();
-    }
-    info!(network_shard = id, "network shard stopped");
-    Ok(())
 }
 
 async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {

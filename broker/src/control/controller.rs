@@ -13,7 +13,14 @@ use std::time::Duration;
 use bytes::BytesMut;
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use tracing::{info, warn};
+
 use crate::config::BrokerConfig;
+use crate::mesh::StorageRequest;
+use crate::network::NetworkShard;
 
 /// A broker group as the controller has it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -254,6 +261,135 @@ pub fn resolve(
 
 fn is_usable(address: &str) -> bool {
     address.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0)
+}
+
+/// Controller mode: heartbeats the controller every
+/// `controller_heartbeat_ms`; as master, reports the slaves in sync and keeps the set its
+/// sends wait for; restarts the broker when the controller names another master or epoch.
+pub async fn run(shard: Rc<NetworkShard>) {
+    let config = shard.config.clone();
+    let self_id = config.controller_self_id;
+    let is_master = config.role() != crate::config::BrokerRole::Slave;
+    let interval = Duration::from_millis(config.controller_heartbeat_ms.max(50));
+    let client_id = format!("{}-{}-controller", config.broker_name, self_id);
+    let mut link: Option<crate::replication::MasterLink> = None;
+    let mut next = 0usize;
+    let mut said_unreachable = false;
+    while !shard.stopping.load(Ordering::Relaxed) {
+        let mut in_sync = std::collections::BTreeSet::new();
+        if is_master {
+            let current = crate::role::sync_wait_set().unwrap_or_default();
+            let mut views = Vec::with_capacity(shard.storage_shards());
+            for storage in 0..shard.storage_shards() {
+                // A shard that cannot answer vouches for no slave (see in_sync_slaves).
+                let Ok(view) = shard
+                    .ask(storage, |reply| StorageRequest::ReplicaSyncView { reply })
+                    .await
+                else {
+                    break;
+                };
+                views.push(view);
+            }
+            in_sync = in_sync_slaves(
+                &views,
+                shard.storage_shards(),
+                &current,
+                config.in_sync_max_lag_bytes,
+            );
+            // Joining slaves are waited for from now on, before the controller agrees:
+            // a send acknowledged meanwhile is then on them too.
+            let mut wait_for: std::collections::BTreeSet<i64> =
+                current.union(&in_sync).copied().collect();
+            wait_for.remove(&self_id);
+            crate::role::set_sync_wait_set(Some(wait_for));
+        }
+        let beat = Beat {
+            address: shard.store_host.get().to_string(),
+            ha_address: shard
+                .ha_host
+                .get()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            epoch: config.controller_epoch,
+            in_sync,
+            is_master,
+        };
+        let mut answer = None;
+        for _ in 0..config.controller.len() {
+            if link.is_none() {
+                let address = &config.controller[next % config.controller.len()];
+                link = match address.parse() {
+                    Ok(addr) => crate::replication::MasterLink::connect(addr, &client_id)
+                        .await
+                        .ok(),
+                    Err(_) => None,
+                };
+            }
+            if let Some(connected) = link.as_mut() {
+                let sent = futures_lite::future::or(
+                    async {
+                        Some(
+                            connected
+                                .request(|b, header| encode_heartbeat(b, &header, &config, &beat))
+                                .await,
+                        )
+                    },
+                    async {
+                        glommio::timer::sleep(Duration::from_secs(3)).await;
+                        None
+                    },
+                )
+                .await;
+                match sent.map(|r| r.map_err(|e| e.to_string()).and_then(|f| decode_answer(&f))) {
+                    Some(Ok(group)) => {
+                        answer = Some(group);
+                        break;
+                    }
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "controller heartbeat failed; trying the next");
+                    }
+                    None => tracing::debug!("controller heartbeat timed out; trying the next"),
+                }
+            }
+            link = None;
+            next += 1;
+        }
+        match answer {
+            None => {
+                // A lost majority stops elections, not this broker: it keeps its role.
+                if !said_unreachable {
+                    warn!("no controller answers; keeping the current role");
+                    said_unreachable = true;
+                }
+            }
+            Some(group) => {
+                said_unreachable = false;
+                let still = if is_master {
+                    group.master_id == self_id && group.epoch == config.controller_epoch
+                } else {
+                    group.master_id != self_id
+                        && group.epoch == config.controller_epoch
+                        && group.master_ha_address == config.ha_master
+                };
+                if !still {
+                    info!(
+                        master = group.master_id,
+                        epoch = group.epoch,
+                        our_epoch = config.controller_epoch,
+                        "the controller changed this group's master: restarting in the new role"
+                    );
+                    crate::role::request_restart();
+                    return;
+                }
+                if is_master {
+                    let mut wait_for = group.sync_state_set.clone();
+                    wait_for.remove(&self_id);
+                    crate::role::set_sync_wait_set(Some(wait_for));
+                }
+            }
+        }
+        glommio::timer::sleep(interval).await;
+    }
 }
 
 #[cfg(test)]
