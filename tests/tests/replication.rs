@@ -1242,3 +1242,56 @@ fn a_pull_parked_on_a_slave_wakes_when_replicated_messages_arrive() {
         "the parked pull answered only after {took:?} (its hold, not the arrival)"
     );
 }
+
+/// A producer that looked up its topic's route while the group had no master (the old one had
+/// left the routes and none had joined yet) sends to the new master as soon as the name server
+/// names it, not at the next periodic route refresh (30 s): a cached route without a writable
+/// queue is fetched again before a send gives up.
+#[test]
+fn a_producer_whose_cached_route_has_no_master_finds_the_next_one_at_once() {
+    let group = Group::new();
+    let mut master = group.master("async-master", &[]);
+    let slave = group.slave(&[]);
+    create_topic(&mut master.client(), TOPIC, QUEUES);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let namesrv = group.namesrv.addr().to_string();
+    let producer = runtime.block_on(async {
+        shardmq_client::Producer::builder()
+            .namesrv(&namesrv)
+            .send_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("a producer")
+    });
+    let send = |body: &str| {
+        runtime.block_on(producer.send(shardmq_client::Message::new(TOPIC, body.to_owned())))
+    };
+    wait_until(CATCH_UP, "a send to the master", || send("first").ok());
+    // The slave has copied the topic (every 2 s), so it keeps the topic in the route.
+    wait_until(CATCH_UP, "the slave to copy the topic", || {
+        topic_names(&mut slave.client())
+            .contains(&TOPIC.to_owned())
+            .then_some(())
+    });
+    master.kill9();
+    // The slave alone stays in the route, read-only: the producer caches a route without a
+    // writable queue.
+    wait_until(CATCH_UP, "the route to lose its master", || {
+        match send("while no master") {
+            Err(shardmq_client::Error::NoQueue { .. }) => Some(()),
+            _ => None,
+        }
+    });
+    master.restart();
+    // Well inside the 30 s route refresh: the name server names the restarted master within
+    // its 500 ms registration interval.
+    let result = wait_until(
+        Duration::from_secs(8),
+        "a send to the restarted master",
+        || send("after").ok(),
+    );
+    assert_eq!(result.status, shardmq_client::SendStatus::SendOk);
+}

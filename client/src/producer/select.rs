@@ -51,6 +51,32 @@ pub fn queue_index_for_key(key: &str, queue_count: usize) -> usize {
 }
 
 impl ProducerInner {
+    /// The queue an attempt sends to and its master's address. A cached route that offers none
+    /// (cached while the topic had no writable master, as in the moments of a failover between
+    /// the old master leaving the routes and the new one joining) is fetched again before the
+    /// attempt gives up: a producer never waits for the periodic route refresh to find a new
+    /// master (RocketMQ's `tryToFindTopicPublishInfo` does the same).
+    pub(super) async fn target(
+        &self,
+        topic: &str,
+        choice: QueueChoice<'_>,
+        failed_broker: Option<&str>,
+    ) -> Result<(MessageQueue, String)> {
+        let pick = |route: &TopicRoute| -> Result<(MessageQueue, String)> {
+            let queue = self.select_queue(route, choice, failed_broker)?;
+            let address = master_address(route, &queue)?;
+            Ok((queue, address))
+        };
+        let route = self.instance.namesrv.route(topic).await?;
+        match pick(&route) {
+            Err(Error::NoQueue { .. }) => {
+                let route = self.instance.namesrv.fetch_route(topic).await?;
+                pick(&route)
+            }
+            picked => picked,
+        }
+    }
+
     pub(super) fn queue_counter(&self, topic: &str) -> Arc<AtomicUsize> {
         let mut counters = self
             .next_queue

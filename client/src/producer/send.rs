@@ -13,7 +13,7 @@ use shardmq_schema::{wire, FrameError};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::select::{master_address, QueueChoice};
+use super::select::QueueChoice;
 use super::ProducerInner;
 use crate::api::{SendAnswer, SendResult, SendStatus};
 use crate::error::{Error, Result};
@@ -50,11 +50,9 @@ impl ProducerInner {
             }
             attempts += 1;
             // `queue` is `None` for a topic without a route: the broker picks the queue.
-            let (address, queue) = match self.instance.namesrv.route(topic).await {
-                Ok(route) => {
-                    let queue = self.select_queue(&route, choice, failed_broker.as_deref())?;
-                    (master_address(&route, &queue)?, Some(queue))
-                }
+            let (address, queue) = match self.target(topic, choice, failed_broker.as_deref()).await
+            {
+                Ok((queue, address)) => (address, Some(queue)),
                 Err(Error::TopicNotFound { .. }) if matches!(choice, QueueChoice::RoundRobin) => {
                     let address = self
                         .auto_create_target(topic, failed_broker.as_deref())
@@ -201,10 +199,9 @@ impl ProducerInner {
                 break;
             }
             attempts += 1;
-            let route = self.instance.namesrv.route(topic).await?;
-            let queue =
-                self.select_queue(&route, QueueChoice::RoundRobin, failed_broker.as_deref())?;
-            let address = master_address(&route, &queue)?;
+            let (queue, address) = self
+                .target(topic, QueueChoice::RoundRobin, failed_broker.as_deref())
+                .await?;
             match self
                 .instance
                 .pool
