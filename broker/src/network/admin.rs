@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use shardmq_schema::wire;
 
-use super::handlers::{encode_ok, Answer};
+use super::request::{encode_ok, Answer};
 use super::NetworkShard;
 use crate::mesh::{StorageRequest, StorageSnapshot};
 use crate::metrics;

@@ -28,7 +28,8 @@ use shardmq_schema::{wire, FrameDecoder, FRAME_LENGTH_PREFIX_BYTES};
 use tracing::{debug, warn};
 
 use super::budget::Claim;
-use super::{handlers, NetworkShard, Outbound};
+use super::request::Connection;
+use super::{dispatch, NetworkShard, Outbound};
 
 /// How much is read from the socket at a time: from MIN to MAX, doubling after a read that
 /// filled the whole chunk and halving after one that used less than a quarter of it, so a busy
@@ -51,28 +52,6 @@ pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
 
 /// Most slices one `sendmsg` carries (Linux's `IOV_MAX`).
 const MAX_WRITE_SLICES: usize = 1024;
-
-/// Per-connection state shared by its request tasks.
-pub struct Connection {
-    pub id: u64,
-    pub peer: std::net::SocketAddr,
-    pub is_handshaken: Cell<bool>,
-    pub client_id: RefCell<Option<String>>,
-    is_closing: Cell<bool>,
-    out: Rc<local_channel::LocalSender<Outbound>>,
-}
-
-impl Connection {
-    /// Asks the connection to close once the answers already being written are out.
-    pub fn close_after_answers(&self) {
-        self.is_closing.set(true);
-    }
-
-    /// Queues frames for the writer (waits when the client reads slower than we answer).
-    pub async fn send(&self, frames: Outbound) {
-        let _ = self.out.send(frames).await;
-    }
-}
 
 pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let peer = match stream.peer_addr() {
@@ -160,7 +139,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     if !connection.is_handshaken.get() {
                         // On probation: one frame at a time, so the handshake's outcome is known
                         // before the next frame is read.
-                        if let Some(frames) = handlers::handle(&shard, &connection, frame).await {
+                        if let Some(frames) = dispatch::handle(&shard, &connection, frame).await {
                             connection.send(frames).await;
                         }
                         drop(claim);
@@ -181,7 +160,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     let connection = connection.clone();
                     shard.request_started();
                     glommio::spawn_local(async move {
-                        let answer = handlers::handle(&shard, &connection, frame).await;
+                        let answer = dispatch::handle(&shard, &connection, frame).await;
                         drop(claim);
                         if let Some(frames) = answer {
                             connection.send(frames).await;

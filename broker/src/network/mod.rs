@@ -4,18 +4,37 @@
 //!
 //! It knows nothing of file layout: everything stored is reached through `StorageRequest`s.
 //! It keeps a read-only snapshot of the topic table (sent by storage shard 0) to validate
-//! requests without a round trip. Module map: `connection` (framing, pipelining, writing),
-//! `handlers` (one function per request kind), `parking` (long-poll waiters).
+//! requests without a round trip. It never names the storage shard's modules nor the control
+//! plane: storage is reached through the mesh, and the runtime starts the control plane beside
+//! network shard 0.
+//!
+//! Module map:
+//! - the shard: `shard` (state, mesh ends, connections), `events` (what storage shards tell
+//!   it), `accept` and this file (start, serve, drain, finish), `connection` (framing,
+//!   pipelining, vectored writes), `budget` (bytes of requests held), `parking` (long-poll
+//!   waiters), `client_calls` (requests the broker sends to clients);
+//! - the requests: `dispatch` (the table), `request` (the handler kit), and one file per
+//!   family: `produce`, `consume`, `query`, `clients`, `topics`, `replica`, `admin`,
+//!   `transaction`, `queue_locks`, `send_back`.
 
 pub mod accept;
 pub mod admin;
 pub mod budget;
 pub mod client_calls;
+pub mod clients;
 pub mod connection;
-pub mod handlers;
+pub mod consume;
+pub mod dispatch;
+pub mod events;
 pub mod parking;
+pub mod produce;
+pub mod query;
 pub mod queue_locks;
+pub mod replica;
+pub mod request;
 pub mod send_back;
+pub mod shard;
+pub mod topics;
 pub mod transaction;
 
 use std::cell::{Cell, RefCell};
@@ -26,311 +45,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures_channel::oneshot;
 use futures_lite::future;
-use glommio::channels::local_channel::LocalSender;
-use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
+use glommio::channels::shared_channel::{SharedReceiver, SharedSender};
 use glommio::net::TcpListener;
-use shardmq_schema::FrameEncoder;
 use tracing::{info, warn};
 
 use crate::config::BrokerConfig;
-use crate::groups::ConnectionKey;
-use crate::mesh::{NetworkEvent, Reply, StorageRequest};
-use crate::meta::storage_shard_of;
+use crate::mesh::{NetworkEvent, StorageRequest};
 use crate::store::notify::LocalNotify;
 use crate::topics::TopicTable;
 use parking::Parking;
-
-/// Why a storage shard could not be asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AskError {
-    /// Its request channel is full: answer SYSTEM_BUSY.
-    Busy,
-    /// It has stopped: answer SERVICE_NOT_AVAILABLE.
-    Gone,
-}
-
-/// Frames pushed to a connection by the shard (not answers to its requests).
-pub type Outbound = Vec<bytes::Bytes>;
-
-pub struct NetworkShard {
-    pub id: usize,
-    pub config: Rc<BrokerConfig>,
-    storage: Vec<ConnectedSender<StorageRequest>>,
-    topics: RefCell<Arc<TopicTable>>,
-    pub parking: Parking,
-    /// Connection id → (client id, consumer groups seen in its heartbeats, push channel).
-    connections: RefCell<HashMap<u64, ConnectionEntry>>,
-    next_connection_id: Cell<u64>,
-    round_robin: Cell<u32>,
-    /// The address clients reach (also the record's store host).
-    pub store_host: Cell<SocketAddr>,
-    /// Network shard 0 of a master: the address its slaves replicate from.
-    pub ha_host: Cell<Option<SocketAddr>>,
-    pub stopping: Arc<AtomicBool>,
-    storage_ready: Cell<usize>,
-    /// Signalled on readiness and topic table changes.
-    pub changed: LocalNotify,
-    encoders: RefCell<Vec<FrameEncoder>>,
-    inflight_requests: Cell<usize>,
-    pub idle: LocalNotify,
-    /// Requests this shard sent to clients, waiting for their answers.
-    pub client_calls: client_calls::ClientCalls,
-    /// Bytes of request frames received and not yet handled, bounded.
-    pub request_bytes: Rc<budget::ByteBudget>,
-    /// Per connection: the digest of its last heartbeat applied on storage shard 0, and when.
-    heartbeats: RefCell<HashMap<u64, (u64, std::time::Instant)>>,
-    /// Connections whose heartbeats repeated their last applied one since the last
-    /// `ClientsAlive` (connection id → client id).
-    alive: RefCell<HashMap<u64, String>>,
-}
-
-/// A heartbeat identical to the last one applied for its connection (same client, groups and
-/// subscriptions) only refreshes the client's liveness, in one `ClientsAlive` a second per
-/// network shard, instead of a request to storage shard 0 each: 5,000 clients heartbeating
-/// every second cost the first storage core 13 µs each otherwise (docs/performance.md). Every
-/// `FULL_HEARTBEAT_EVERY` the heartbeat is applied in full anyway, so a client shard 0 no longer
-/// knows (expired, unregistered) is registered again within that time.
-pub const FULL_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-const ALIVE_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-
-pub struct ConnectionEntry {
-    pub client_id: Option<String>,
-    pub consumer_groups: Vec<String>,
-    pub push: Rc<LocalSender<Outbound>>,
-}
-
-impl NetworkShard {
-    pub fn topics(&self) -> Arc<TopicTable> {
-        self.topics.borrow().clone()
-    }
-
-    pub fn storage_shards(&self) -> usize {
-        self.storage.len()
-    }
-
-    pub fn shard_of(&self, topic: &str, queue_id: u32) -> usize {
-        storage_shard_of(topic, queue_id, self.storage.len())
-    }
-
-    /// Sends a request to storage shard `shard` and waits for its answer.
-    pub async fn ask<T>(
-        &self,
-        shard: usize,
-        make: impl FnOnce(Reply<T>) -> StorageRequest,
-    ) -> Result<T, AskError> {
-        let (reply, answer) = oneshot::channel();
-        self.storage[shard]
-            .try_send(make(reply))
-            .map_err(|e| match e {
-                glommio::GlommioError::Closed(_) => AskError::Gone,
-                _ => AskError::Busy,
-            })?;
-        let waiting = &crate::metrics::broker().storage_requests_waiting;
-        crate::metrics::BrokerMetrics::shard_gauge_add(waiting, shard, 1);
-        let answer = answer.await.map_err(|_| AskError::Gone);
-        crate::metrics::BrokerMetrics::shard_gauge_add(waiting, shard, -1);
-        answer
-    }
-
-    /// Sends a request that has no answer (best effort).
-    pub fn tell(&self, shard: usize, request: StorageRequest) {
-        let _ = self.storage[shard].try_send(request);
-    }
-
-    pub fn next_queue(&self, write_queues: u32) -> u32 {
-        let n = self.round_robin.get();
-        self.round_robin.set(n.wrapping_add(1));
-        n % write_queues.max(1)
-    }
-
-    /// Borrows a frame encoder from the shard's pool (one builder reused across requests).
-    pub fn with_encoder<R>(&self, f: impl FnOnce(&mut FrameEncoder) -> R) -> R {
-        let mut encoder = self
-            .encoders
-            .borrow_mut()
-            .pop()
-            .unwrap_or_else(|| FrameEncoder::with_max_frame_bytes(self.config.max_frame_bytes));
-        let result = f(&mut encoder);
-        self.encoders.borrow_mut().push(encoder);
-        result
-    }
-
-    pub fn register_connection(&self, push: Rc<LocalSender<Outbound>>) -> u64 {
-        let id = self.next_connection_id.get();
-        self.next_connection_id.set(id + 1);
-        self.connections.borrow_mut().insert(
-            id,
-            ConnectionEntry {
-                client_id: None,
-                consumer_groups: Vec::new(),
-                push,
-            },
-        );
-        crate::metrics::broker().connections_changed(self.id, self.connection_count(), 1);
-        id
-    }
-
-    /// Names a connection of this shard across the broker.
-    pub fn connection_key(&self, connection_id: u64) -> ConnectionKey {
-        ConnectionKey {
-            network_shard: self.id,
-            connection_id,
-        }
-    }
-
-    /// The writer channel of this shard's connection `connection_id`, while it is open.
-    pub fn connection_push(&self, connection_id: u64) -> Option<Rc<LocalSender<Outbound>>> {
-        self.connections
-            .borrow()
-            .get(&connection_id)
-            .map(|entry| entry.push.clone())
-    }
-
-    pub fn connection_count(&self) -> usize {
-        self.connections.borrow().len()
-    }
-
-    pub fn set_client(&self, connection: u64, client_id: String) {
-        if let Some(entry) = self.connections.borrow_mut().get_mut(&connection) {
-            entry.client_id = Some(client_id);
-        }
-    }
-
-    pub fn set_consumer_groups(&self, connection: u64, groups: Vec<String>) {
-        if let Some(entry) = self.connections.borrow_mut().get_mut(&connection) {
-            entry.consumer_groups = groups;
-        }
-    }
-
-    /// Whether a heartbeat with `digest` on `connection` repeats the last one applied there
-    /// recently enough to count only as a sign of life; if so it is queued for `ClientsAlive`.
-    pub fn heartbeat_is_repeat(&self, connection: u64, digest: u64, client_id: &str) -> bool {
-        let is_repeat = self
-            .heartbeats
-            .borrow()
-            .get(&connection)
-            .is_some_and(|(last, at)| *last == digest && at.elapsed() < FULL_HEARTBEAT_EVERY);
-        if is_repeat {
-            self.alive
-                .borrow_mut()
-                .insert(connection, client_id.to_owned());
-        }
-        is_repeat
-    }
-
-    /// Records the heartbeat just applied in full on `connection`.
-    pub fn heartbeat_applied(&self, connection: u64, digest: u64) {
-        self.heartbeats
-            .borrow_mut()
-            .insert(connection, (digest, std::time::Instant::now()));
-    }
-
-    /// The next heartbeat on `connection` is applied in full (its client changed its groups).
-    pub fn forget_heartbeat(&self, connection: u64) {
-        self.heartbeats.borrow_mut().remove(&connection);
-        self.alive.borrow_mut().remove(&connection);
-    }
-
-    /// Sends the liveness of clients whose heartbeats repeated, once a second.
-    async fn flush_alive_loop(self: Rc<Self>) {
-        while !self.stopping.load(Ordering::Relaxed) {
-            glommio::timer::sleep(ALIVE_FLUSH_INTERVAL).await;
-            let alive = std::mem::take(&mut *self.alive.borrow_mut());
-            if !alive.is_empty() {
-                let clients = alive
-                    .into_iter()
-                    .map(|(connection, client_id)| (client_id, self.connection_key(connection)))
-                    .collect();
-                self.tell(0, StorageRequest::ClientsAlive { clients });
-            }
-        }
-    }
-
-    /// Forgets a closed connection; its client leaves its groups.
-    pub fn unregister_connection(&self, connection: u64) {
-        self.forget_heartbeat(connection);
-        let entry = self.connections.borrow_mut().remove(&connection);
-        if entry.is_some() {
-            crate::metrics::broker().connections_changed(self.id, self.connection_count(), -1);
-        }
-        if let Some(ConnectionEntry {
-            client_id: Some(client_id),
-            ..
-        }) = entry
-        {
-            self.tell(
-                0,
-                StorageRequest::ClientGone {
-                    client_id,
-                    connection: self.connection_key(connection),
-                },
-            );
-        }
-    }
-
-    pub fn request_started(&self) {
-        self.inflight_requests.set(self.inflight_requests.get() + 1);
-    }
-
-    pub fn request_finished(&self) {
-        self.inflight_requests.set(self.inflight_requests.get() - 1);
-        if self.inflight_requests.get() == 0 {
-            self.idle.notify_all();
-        }
-    }
-
-    fn on_event(&self, event: NetworkEvent) {
-        match event {
-            NetworkEvent::StorageReady { shard } => {
-                info!(
-                    network_shard = self.id,
-                    storage_shard = shard,
-                    "storage shard ready"
-                );
-                self.storage_ready.set(self.storage_ready.get() + 1);
-                self.changed.notify_all();
-            }
-            NetworkEvent::Topics(table) => {
-                *self.topics.borrow_mut() = table;
-                self.changed.notify_all();
-            }
-            NetworkEvent::Arrival { topic, queue_id } => self.parking.wake(&topic, queue_id),
-            NetworkEvent::ConsumerIdsChanged { group } => self.push_consumer_ids_changed(&group),
-            NetworkEvent::TransactionCheck(_) => {
-                debug_assert!(false, "transaction checks are served by the event loop");
-            }
-        }
-    }
-
-    fn push_consumer_ids_changed(&self, group: &str) {
-        let frame =
-            self.with_encoder(|encoder| handlers::encode_consumer_ids_changed(encoder, group));
-        let Ok(frame) = frame else { return };
-        for entry in self.connections.borrow().values() {
-            if entry.consumer_groups.iter().any(|g| g == group) {
-                // A full push channel means the client is not reading: it will rebalance on its
-                // own timer.
-                let _ = entry.push.try_send(vec![frame.clone()]);
-            }
-        }
-    }
-
-    /// Tells every storage shard this network shard sends nothing more (they stop when all
-    /// network shards have said so).
-    fn close_storage_channels(&self) {
-        for sender in &self.storage {
-            sender.close();
-        }
-    }
-
-    /// Every storage shard has recovered. Storage shard 0 sends its topic table before its
-    /// readiness event on the same channel, so the table is here by then.
-    fn is_ready(&self) -> bool {
-        self.storage_ready.get() == self.storage.len()
-    }
-}
+pub use shard::{AskError, ConnectionEntry, NetworkShard, Outbound, FULL_HEARTBEAT_EVERY};
 
 /// Where a network shard listens: shard 0 binds the configured address and publishes the
 /// actual one (port 0 picks a free port); the others bind that same address.

@@ -3,8 +3,7 @@
 
 use shardmq_schema::wire;
 
-use super::connection::Connection;
-use super::handlers::{encode_ok, encode_status, invalid, Answer, Refusal};
+use super::request::{encode_ok, encode_status, invalid, Answer, Connection, Refusal};
 use super::NetworkShard;
 use crate::mesh::StorageRequest;
 use crate::naming::{check_group_name, check_topic_name};

@@ -12,6 +12,7 @@
 
 use shardmq_schema::wire;
 
+use super::request::{encode_ok, refuse, Answer};
 use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
 use crate::msgid::offset_message_id;
@@ -368,4 +369,27 @@ async fn ensure_topic(shard: &NetworkShard, name: &str) -> Result<(), SendBackEr
         })
         .await?;
     Ok(())
+}
+
+/// A consumer's send-back: the answer names where the copy went.
+pub(super) async fn handle_send_back(
+    shard: &NetworkShard,
+    id: u64,
+    r: wire::ConsumerSendBackRequest<'_>,
+) -> Answer {
+    let outcome = super::send_back::send_back(shard, r)
+        .await
+        .map_err(|e| refuse(e.status, e.message))?;
+    encode_ok(shard, id, |b| {
+        let topic = b.create_string(&outcome.topic);
+        let body = wire::ConsumerSendBackResponse::create(
+            b,
+            &wire::ConsumerSendBackResponseArgs {
+                topic: Some(topic),
+                reconsume_times: outcome.reconsume_times,
+                is_dead_letter: outcome.is_dead_letter,
+            },
+        );
+        (wire::Body::ConsumerSendBackResponse, body.as_union_value())
+    })
 }

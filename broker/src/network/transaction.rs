@@ -15,10 +15,9 @@ use bytes::Bytes;
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameError, FrameHeader};
 use tracing::{debug, info, warn};
 
-use super::connection::Connection;
-use super::handlers::{
-    encode_batch, encode_send_response, encode_status, invalid, refuse, writable_topic, Answer,
-    Placement, Refusal,
+use super::produce::{encode_batch, encode_send_response, Placement};
+use super::request::{
+    encode_status, invalid, refuse, writable_topic, write_queue, Answer, Connection, Refusal,
 };
 use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
@@ -74,7 +73,7 @@ pub(super) async fn handle_send_half(
             "a transactional message cannot have a delay level or delivery time",
         ));
     }
-    let queue_id = super::handlers::write_queue(shard, &config, r.queue_id())?;
+    let queue_id = write_queue(shard, &config, r.queue_id())?;
     let store_host = shard.store_host.get();
     let encoded = encode_batch(
         shard,
