@@ -8,7 +8,7 @@ pub mod control;
 pub mod mesh;
 pub mod network;
 pub mod runtime;
-pub mod storage_shard;
+pub mod storage;
 
 /// The ground floor (`broker/base`), named here as the broker's own modules.
 pub use shardmq_base::{

@@ -37,6 +37,19 @@ pub struct QueueStat {
     pub last_update_ms: i64,
 }
 
+/// A slave's replica pull: CommitLog bytes from `from` in master term `epoch`, waiting up to
+/// `suspend_ms` while there is nothing new.
+pub struct ReplicaPull {
+    pub from: u64,
+    /// Where the slave's bytes end under its flush mode (its acknowledgement).
+    pub acknowledged: u64,
+    pub max_bytes: u64,
+    pub suspend_ms: u64,
+    pub epoch: u64,
+    pub broker_id: i64,
+    pub reply: Reply<Result<crate::replication::ReplicaChunk, String>>,
+}
+
 pub enum StorageRequest {
     Append {
         batch: EncodedBatch,
@@ -97,18 +110,8 @@ pub enum StorageRequest {
         physical_offset: u64,
         reply: Reply<Result<Bytes, StoreError>>,
     },
-    /// A slave's replica pull: CommitLog bytes from `from` in master term `epoch`, waiting up to
-    /// `suspend_ms` while there is nothing new.
-    ReadForReplica {
-        from: u64,
-        /// Where the slave's bytes end under its flush mode (its acknowledgement).
-        acknowledged: u64,
-        max_bytes: u64,
-        suspend_ms: u64,
-        epoch: u64,
-        broker_id: i64,
-        reply: Reply<Result<crate::replication::ReplicaChunk, String>>,
-    },
+    /// A slave's replica pull (see [`ReplicaPull`]).
+    ReadForReplica(ReplicaPull),
     /// One of this shard's state files a slave copies (`replication::COPIED_FILES`): its bytes
     /// (`None` when absent) and the CommitLog's end when they were read.
     ReadShardFile {

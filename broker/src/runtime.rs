@@ -19,7 +19,7 @@ use tracing::{error, info};
 use crate::config::BrokerConfig;
 use crate::mesh::{NetworkEvent, StorageRequest};
 use crate::network::{self, ListenPlan};
-use crate::{control, meta, storage_shard};
+use crate::{control, meta, storage};
 
 /// Capacity of each storage → network event channel.
 const EVENT_QUEUE_DEPTH: usize = 8192;
@@ -154,8 +154,7 @@ pub fn run(
                 for (id, receivers, senders) in roles.storage {
                     let config = config.clone();
                     tasks.push(
-                        glommio::spawn_local(storage_shard::run(id, config, receivers, senders))
-                            .detach(),
+                        glommio::spawn_local(storage::run(id, config, receivers, senders)).detach(),
                     );
                 }
                 for (id, senders, receivers) in roles.network {

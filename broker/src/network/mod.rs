@@ -192,7 +192,7 @@ pub async fn start(
 
     let alive_task = glommio::spawn_local(shard.clone().flush_alive_loop()).detach();
     // A master serves its slaves on the HA address with the same protocol; a slave copies its
-    // master's topic table (replication.rs).
+    // master's topic table (control/metadata_copy.rs).
     let ha_task = match config.ha_listen_addr()? {
         Some(addr) if id == 0 => {
             let listener = TcpListener::bind(addr).map_err(|e| {

@@ -7,7 +7,7 @@ use shardmq_schema::{build_frame, wire, FrameHeader};
 
 use super::request::{encode_ok, frame_error, invalid, refuse, Answer, Refusal};
 use super::NetworkShard;
-use crate::mesh::StorageRequest;
+use crate::mesh::{ReplicaPull, StorageRequest};
 
 /// Refuses replication requests to a slave (only a master serves its CommitLog).
 fn refuse_if_slave(shard: &NetworkShard) -> Result<(), Refusal> {
@@ -31,7 +31,7 @@ fn replica_storage_shard(shard: &NetworkShard, storage: u32) -> Result<usize, Re
     Ok(storage)
 }
 
-/// A slave joins for one storage shard (`replication.rs`): it must be of this cluster and
+/// A slave joins for one storage shard (services `replication`): it must be of this cluster and
 /// broker name, a slave id, with the same storage shard count; the answer says where the bytes
 /// it shares with this master end (store/epochs.rs).
 pub(super) async fn join(shard: &NetworkShard, id: u64, r: wire::ReplicaJoinRequest<'_>) -> Answer {
@@ -137,7 +137,7 @@ pub(super) async fn file(shard: &NetworkShard, id: u64, r: wire::ReplicaFileRequ
     })
 }
 
-/// A slave's replica pull (`replication.rs`): the CommitLog bytes of one storage shard from
+/// A slave's replica pull (services `replication`): the CommitLog bytes of one storage shard from
 /// where the slave's log ends, sent as the answer's trailing bytes (a slice of the write ring
 /// or of a disk read, not copied).
 pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::ReplicaPullRequest<'_>) -> Answer {
@@ -151,14 +151,16 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::ReplicaPullRequ
     let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
     let (acknowledged, epoch, broker_id) = (r.acknowledged(), r.epoch(), r.broker_id());
     let chunk = shard
-        .ask(storage, |reply| StorageRequest::ReadForReplica {
-            from,
-            acknowledged,
-            max_bytes,
-            suspend_ms,
-            epoch,
-            broker_id,
-            reply,
+        .ask(storage, |reply| {
+            StorageRequest::ReadForReplica(ReplicaPull {
+                from,
+                acknowledged,
+                max_bytes,
+                suspend_ms,
+                epoch,
+                broker_id,
+                reply,
+            })
         })
         .await?
         .map_err(|e| refuse(wire::Status::INVALID_ARGUMENT, e))?;

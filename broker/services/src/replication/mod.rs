@@ -8,11 +8,11 @@
 //! ([`MessageStore::read_for_replica`]), holding the request while it has nothing new, and the
 //! slave appends them ([`MessageStore::append_replicated`]) and, once they are written (synced
 //! under sync flush), acknowledges them with its next pull; a sync master's sends wait for that
-//! acknowledgement (`storage_shard.rs`). Network shard 0 of a slave copies the master's topic
+//! acknowledgement (the broker's `storage::replica`). Network shard 0 of a slave copies the master's topic
 //! table every 2 s and its consumer offsets every 10 s.
 //!
 //! Owns the slave's side and the master's storage-side answer; the master's request handler is
-//! in `network::handlers`.
+//! in the broker's `network::replica`.
 //!
 //! The parts: `master` (the master storage shard's side), `follower` (the slave's loop per
 //! storage shard), `link` (the slave's connection to its master); this file holds what they

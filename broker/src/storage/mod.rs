@@ -1,0 +1,251 @@
+//! A storage shard: the executor task set that owns one `MessageStore`, the consumer offsets of
+//! its queues, the long-poll watches on them, and (shard 0 only) the topic table and client
+//! membership.
+//!
+//! Requests arrive from every network shard over bounded glommio channels; each is served on
+//! its own local task, so a sync append waiting for its flush never holds up a pull. It opens
+//! no sockets; it answers through the one-shot reply in each request and pushes events
+//! (arrivals, topic snapshots, membership changes) back to the network shards.
+//!
+//! Module map: `shard` (state and the request table), `data`, `replica` and `shard_zero` (the
+//! request arms by plane), `watches` (long polling). This file opens, recovers, starts the
+//! services and serves until every network shard has gone. It never names the network shard:
+//! the two meet in the mesh's messages.
+
+mod data;
+mod replica;
+mod shard;
+mod shard_zero;
+mod watches;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use glommio::channels::shared_channel::{ConnectedReceiver, SharedReceiver, SharedSender};
+use tracing::{error, info, warn};
+
+use crate::config::BrokerConfig;
+use crate::mesh::{NetworkEvent, StorageRequest};
+use crate::offsets::{ConsumerOffsets, LoadOutcome};
+use crate::store::MessageStore;
+
+use data::persist_offsets_loop;
+use shard::StorageShard;
+use shard_zero::{expire_clients_loop, transaction_check_loop, ShardZero};
+
+/// Runs storage shard `id` until every network shard has closed its request channel, then
+/// flushes and persists everything. Returns an error only when the shard cannot start.
+pub async fn run(
+    id: usize,
+    config: Rc<BrokerConfig>,
+    requests: Vec<SharedReceiver<StorageRequest>>,
+    events: Vec<SharedSender<NetworkEvent>>,
+) -> Result<(), String> {
+    // Connect every channel end at once: a peer may connect its ends in any order.
+    let event_tasks: Vec<_> = events
+        .into_iter()
+        .map(|s| glommio::spawn_local(s.connect()))
+        .collect();
+    let request_tasks: Vec<_> = requests
+        .into_iter()
+        .map(|r| glommio::spawn_local(r.connect()))
+        .collect();
+    let mut connected_events = Vec::with_capacity(event_tasks.len());
+    for task in event_tasks {
+        connected_events.push(task.await);
+    }
+    let mut connected_requests: Vec<ConnectedReceiver<StorageRequest>> = Vec::new();
+    for task in request_tasks {
+        connected_requests.push(task.await);
+    }
+
+    let store_config = config.store_config(id);
+    let shard_dir = store_config.shard_dir.clone();
+    let (store, report) = MessageStore::open(store_config).await.map_err(|e| {
+        format!(
+            "storage shard {id}: cannot open the store in {}: {e}",
+            shard_dir.display()
+        )
+    })?;
+    store.set_flush_observer(Box::new(|took| {
+        crate::metrics::broker()
+            .flush_latency
+            .observe(took.as_secs_f64())
+    }));
+    info!(
+        shard = id,
+        end_offset = report.commitlog.end_offset,
+        records_scanned = report.commitlog.records_scanned,
+        records_redispatched = report.records_redispatched,
+        rebuilt_derived = report.rebuilt_derived,
+        "storage shard recovered"
+    );
+    if let Some(offset) = report.truncated_for_replica {
+        warn!(
+            shard = id,
+            offset, "the CommitLog was cut where the master's log parts from it (replication)"
+        );
+    }
+    if let Some((offset, why)) = &report.commitlog.truncated_at {
+        warn!(shard = id, offset, why = %why, discarded_bytes = report.commitlog.discarded_bytes, "recovery cut the CommitLog");
+    }
+    if let Some(problem) = &report.checkpoint_problem {
+        warn!(shard = id, %problem, "checkpoint was unusable; derived files were rebuilt");
+    }
+    let (offsets, outcome) = ConsumerOffsets::load(&shard_dir)
+        .map_err(|e| format!("storage shard {id}: cannot read offsets: {e}"))?;
+    if let LoadOutcome::MovedAside(path, why) = &outcome {
+        warn!(shard = id, moved_to = %path.display(), %why, "consumer offsets file was damaged; consumers resume from their start point");
+    }
+
+    // The master terms of this shard's log (store/epochs.rs): a master begins one as it starts;
+    // a slave forgets any its log no longer reaches.
+    let epochs = {
+        let mut epochs = crate::store::epochs::EpochLog::load(&shard_dir)
+            .map_err(|e| format!("storage shard {id}: cannot read the epoch log: {e}"))?;
+        let end = store.commitlog_offsets().1;
+        if config.role() == crate::config::BrokerRole::Slave {
+            epochs.truncate(end);
+        } else {
+            let term = epochs.begin_term(end, config.controller_epoch);
+            info!(
+                shard = id,
+                epoch = term.epoch,
+                start = term.start,
+                "master term begins"
+            );
+        }
+        epochs
+            .save(&shard_dir)
+            .map_err(|e| format!("storage shard {id}: cannot write the epoch log: {e}"))?;
+        Rc::new(RefCell::new(epochs))
+    };
+
+    let shard_zero = if id == 0 {
+        Some(ShardZero::open(&config, &store).await?)
+    } else {
+        None
+    };
+
+    let shard = Rc::new(StorageShard {
+        id,
+        config,
+        store,
+        offsets: RefCell::new(offsets),
+        watches: RefCell::new(HashMap::new()),
+        parked_at: RefCell::new(HashMap::new()),
+        events: connected_events,
+        shard_zero,
+        stopping: RefCell::new(false),
+        master: Rc::new(crate::replication::MasterSide::new(epochs.clone())),
+        slave_view: Rc::new(crate::replication::SlaveView::default()),
+    });
+    if shard.shard_zero.is_some() {
+        shard.broadcast_topics();
+    }
+    shard.broadcast(|| NetworkEvent::StorageReady { shard: id });
+
+    // Delay levels and timer messages of this shard's queues (schedule.rs, timer.rs).
+    let on_arrival: crate::schedule::ArrivalHook = {
+        let shard = shard.clone();
+        Rc::new(move |topic: &str, queue_id: u32| shard.notify_arrival(topic, queue_id))
+    };
+    // A slave's CommitLog is its master's copy: it appends nothing of its own (no scheduled
+    // deliveries), and replicates instead (services `replication`).
+    let is_slave = shard.config.role() == crate::config::BrokerRole::Slave;
+    let delay_service = if is_slave {
+        None
+    } else {
+        Some(crate::schedule::DelayService::start(
+            id,
+            &shard.config,
+            shard.store.clone(),
+            &shard_dir,
+            on_arrival.clone(),
+        )?)
+    };
+    let timer_service = (!is_slave).then(|| {
+        crate::timer::TimerService::start(
+            id,
+            &shard.config,
+            shard.store.clone(),
+            &shard_dir,
+            on_arrival,
+        )
+    });
+    let replication_task = if is_slave {
+        glommio::spawn_local(crate::replication::follow(crate::replication::Follower {
+            storage_shard: id,
+            config: shard.config.clone(),
+            store: shard.store.clone(),
+            epochs,
+            view: shard.slave_view.clone(),
+            on_appended: {
+                let shard = shard.clone();
+                Rc::new(move || shard.notify_replicated())
+            },
+        }))
+        .detach()
+    } else {
+        glommio::spawn_local(shard.master.clone().mark_loop(shard.store.clone())).detach()
+    };
+    let persist_task = glommio::spawn_local(persist_offsets_loop(shard.clone())).detach();
+    let expiry_task = shard
+        .shard_zero
+        .as_ref()
+        .map(|_| glommio::spawn_local(expire_clients_loop(shard.clone())).detach());
+    let transaction_check_task = shard
+        .shard_zero
+        .as_ref()
+        .filter(|_| !is_slave)
+        .map(|_| glommio::spawn_local(transaction_check_loop(shard.clone())).detach());
+
+    let loops: Vec<_> = connected_requests
+        .into_iter()
+        .map(|receiver| {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                while let Some(request) = receiver.recv().await {
+                    let shard = shard.clone();
+                    glommio::spawn_local(async move { shard.handle(request).await }).detach();
+                }
+            })
+            .detach()
+        })
+        .collect();
+    for task in loops {
+        task.await;
+    }
+
+    // Every network shard has gone: persist and close.
+    *shard.stopping.borrow_mut() = true;
+    if let Some(task) = expiry_task {
+        task.cancel();
+    }
+    if let Some(task) = transaction_check_task {
+        task.cancel();
+    }
+    persist_task.cancel();
+    replication_task.cancel();
+    if let Some(service) = &delay_service {
+        service.stop().await;
+    }
+    if let Some(service) = &timer_service {
+        service.stop().await;
+    }
+    shard.persist_offsets().await;
+    if let Err(e) = shard.store.close().await {
+        error!(shard = id, error = %e, "closing the store failed");
+    } else {
+        // Closing made every delivery durable: now the progress may say so.
+        if let Some(service) = &delay_service {
+            service.persist_final().await;
+        }
+        if let Some(service) = &timer_service {
+            service.persist_final().await;
+        }
+    }
+    info!(shard = id, "storage shard stopped");
+    Ok(())
+}

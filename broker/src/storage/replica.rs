@@ -1,0 +1,126 @@
+//! The replica arms of a master storage shard (docs/replication.md): a slave's join, its pulls
+//! of CommitLog bytes (held while nothing is new), the state files it copies, the view the
+//! controller's in-sync computation reads; and what the rest of the shard asks of
+//! replication: a sync master's wait for its slaves, and where a consumer should read next
+//! under `slave_read_enable`.
+
+use std::time::Duration;
+
+use crate::mesh::{ReplicaPull, Reply};
+
+use super::shard::StorageShard;
+
+impl StorageShard {
+    pub(super) async fn read_for_replica(&self, pull: ReplicaPull) {
+        let ReplicaPull {
+            from,
+            acknowledged,
+            max_bytes,
+            suspend_ms,
+            epoch,
+            broker_id,
+            reply,
+        } = pull;
+        let log_end = self.store.commitlog_offsets().1;
+        self.master.on_pull(broker_id, "", acknowledged, log_end);
+        if epoch != self.master.epoch() {
+            let _ = reply.send(Err(format!(
+                "this master is in term {}, not {epoch}: join again",
+                self.master.epoch()
+            )));
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(suspend_ms);
+        let answer = loop {
+            // Wait for the next arrival before reading, so none is missed in between.
+            let arrival = self.store.arrival();
+            match self.store.read_for_replica(from, max_bytes).await {
+                Ok(bytes) if bytes.is_empty() && !*self.stopping.borrow() => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break Ok(bytes);
+                    }
+                    futures_lite::future::or(arrival, glommio::timer::sleep(left)).await;
+                }
+                other => break other,
+            }
+        };
+        let end = self.store.commitlog_offsets().1;
+        let _ = reply.send(
+            answer
+                .map(|bytes| crate::replication::ReplicaChunk {
+                    bytes,
+                    master_end: end,
+                    epoch: self.master.epoch(),
+                    lag_ms: self.master.age_ms(from, end),
+                })
+                .map_err(|e| e.to_string()),
+        );
+    }
+
+    pub(super) async fn read_shard_file(
+        &self,
+        name: &'static str,
+        reply: Reply<(Option<Vec<u8>>, u64)>,
+    ) {
+        let end = self.store.commitlog_offsets().1;
+        let path = self.store.config().shard_dir.join(name);
+        let read = glommio::executor()
+            .spawn_blocking(move || std::fs::read(path).ok())
+            .await;
+        let _ = reply.send((read, end));
+    }
+
+    pub(super) fn replica_sync_view(&self, reply: Reply<crate::replication::SyncView>) {
+        let _ = reply.send(self.master.sync_view(self.store.commitlog_offsets().1));
+    }
+
+    pub(super) fn replica_join(
+        &self,
+        broker_id: i64,
+        peer: String,
+        end: u64,
+        epochs: crate::store::epochs::EpochLog,
+        reply: Reply<crate::replication::JoinAnswer>,
+    ) {
+        let log_end = self.store.commitlog_offsets().1;
+        let answer = self.master.join(&epochs, end, log_end);
+        self.master
+            .on_join(broker_id, &peer, answer.consistent_end.min(end));
+        let _ = reply.send(answer);
+    }
+
+    /// Sync master: waits until a slave acknowledges every byte below `end`, up to
+    /// `sync_flush_timeout_ms`.
+    pub(super) async fn wait_replicated(&self, end: u64) -> crate::store::AppendStatus {
+        let timeout = Duration::from_millis(self.config.sync_flush_timeout_ms);
+        self.master
+            .wait_replicated(end, timeout, self.config.min_in_sync_replicas)
+            .await
+    }
+
+    /// `slave_read_enable` (RocketMQ's slaveReadEnable): where the consumer that got `records`
+    /// should pull this queue next. A master sends a consumer more than `slave_read_lag_bytes`
+    /// behind its log's end to the lowest-id live slave that holds everything up to where the
+    /// consumer continues; a slave sends a consumer that has caught up back to the master (0).
+    pub(super) fn suggest_reader(&self, records: &[bytes::Bytes]) -> i64 {
+        if !self.config.slave_read_enable {
+            return 0;
+        }
+        let Some(position) = records.last().and_then(|r| {
+            shardmq_codec::RecordView::parse_unchecked(r)
+                .ok()
+                .map(|v| v.physical_offset() + r.len() as u64)
+        }) else {
+            return 0;
+        };
+        let end = self.store.commitlog_offsets().1;
+        let is_far_behind = end.saturating_sub(position) > self.config.slave_read_lag_bytes;
+        match self.config.role() {
+            crate::config::BrokerRole::Slave if is_far_behind => self.config.broker_id,
+            crate::config::BrokerRole::Slave => 0,
+            _ if is_far_behind => self.master.reader_holding(position).unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
