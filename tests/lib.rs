@@ -12,6 +12,10 @@
 //!
 //! Data enters as the servers' stdout/stderr lines and response frames; it leaves as parsed
 //! addresses, [`VerifiedFrame`]s and captured log lines (printed when a test fails).
+//!
+//! Size: over 800 lines because it is the one harness every integration test shares (process
+//! guards, the blocking wire client, wait helpers); splitting it would scatter what a test author
+//! looks up together.
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};

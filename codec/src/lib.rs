@@ -10,6 +10,9 @@
 //! constants below are the ones that document names. One codec serves every reader and writer
 //! of records: the broker (encoding on network shards, patching and reading on storage shards,
 //! recovery and `verify`), the client (decoding pulled records) and the fuzz targets.
+//!
+//! Size: about 730 lines of code and 210 of unit tests; kept whole because encode, patch and
+//! decode must agree byte for byte on one layout, which reads best side by side.
 
 pub mod names;
 

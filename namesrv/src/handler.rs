@@ -9,6 +9,8 @@
 //! Data enters as a [`VerifiedFrame`] (or a [`FrameError`] from the decoder) and leaves as
 //! response bytes appended to the connection's write buffer, with an [`AfterFrame`] telling the
 //! server whether the connection goes on.
+//!
+//! Size: about 650 lines of code and 190 of unit tests: one function per name-server request.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

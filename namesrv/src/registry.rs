@@ -18,6 +18,9 @@
 //! - A broker name's queues for a topic come from its master when the master is alive. With the
 //!   master gone, they come from its lowest-id live slave, without the write permission:
 //!   consumers can still read from the slave, producers skip it.
+//!
+//! Size: about 690 lines of code and 480 of unit tests; kept whole because the table's counts
+//! and limits are checked after every change by one `debug_check_counts`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! Frame codec tests: round-trips of random requests, decoding from random read splits, and
 //! hostile input (garbage, truncated, oversized, corrupted frames), which must give the defined
 //! errors and never panic.
+//!
+//! Size: one test per frame-codec rule, sharing this file's builders.
 
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;

@@ -5,6 +5,9 @@
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first. Hostile input is in
 //! `broker_bad_input.rs`.
+//!
+//! Size: a suite of real-process tests, one per behaviour, sharing this file's helpers; long by
+//! the number of behaviours, not by any one test.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

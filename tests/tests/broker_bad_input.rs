@@ -5,6 +5,8 @@
 //! and serves a fresh connection (a send and a pull of that message).
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
+//!
+//! Size: one real-process test per kind of bad input, sharing this file's helpers.
 
 use std::path::Path;
 

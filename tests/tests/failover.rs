@@ -5,6 +5,8 @@
 //! SyncStateSet, and the old master rejoins as a slave.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
+//!
+//! Size: one real-process test per failover behaviour, sharing the `HaGroup` helper.
 
 mod reliability_support;
 

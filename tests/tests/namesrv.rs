@@ -3,6 +3,8 @@
 //! its own namesrv on a free port, so tests run in parallel without sharing state.
 //!
 //! Needs the binary: `cargo build --workspace --bins` (or `-p shardmq-namesrv`) first.
+//!
+//! Size: one real-process test per name-server behaviour, sharing this file's helpers.
 
 use std::time::{Duration, Instant};
 

@@ -6,6 +6,8 @@
 //! without a slave it answers SLAVE_NOT_AVAILABLE.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
+//!
+//! Size: one real-process test per replication behaviour, sharing the `Group` helper.
 
 mod reliability_support;
 

@@ -28,6 +28,9 @@
 //! prepared-transaction-offset field. After a restart every unresolved half message is marked
 //! "may be committed", and its commit first looks for such a copy (index by unique id) before
 //! appending one, so a crash between the copy and its op record never duplicates it.
+//!
+//! Size: about 840 lines of code and 120 of unit tests; kept whole (LAYERING.md): half
+//! messages, op records, recovery and check-backs are one state machine over two queues.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};

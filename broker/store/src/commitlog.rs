@@ -13,6 +13,10 @@
 //! Offsets, always `synced <= written <= issued_to <= write_offset`: a byte below `written` has
 //! completed its O_DIRECT write (it is in the kernel; a crash of the process cannot lose it), a
 //! byte below `synced` has been `fdatasync`ed (a power loss cannot lose it either).
+//!
+//! Size: about 780 lines of code and 120 of unit tests; kept whole because segments, the write
+//! ring hand-off and the recovery scan share one invariant (the log's offsets) that is easiest
+//! to check in one place.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
