@@ -3,8 +3,9 @@
 //! `__CRC32#` whole-record CRC property last), with the shared codec (`shardmq-codec`, the
 //! broker's own).
 //!
-//! Owns: walking concatenated records by their total size, checking each one's layout and its
-//! whole-record CRC (which covers the body: one pass over each record, end to end), and turning
+//! Owns: walking concatenated records by their total size, checking each one's layout and both
+//! CRCs (the body CRC, and the whole-record CRC over everything else: one pass over each
+//! record, end to end; §4.5), and turning
 //! it into a [`MessageExt`] whose body, topic and properties share the response's memory.
 //! Never: anything about the broker's files; a record that fails a check is an error, never a
 //! message.
@@ -50,7 +51,7 @@ fn decode_record(
     broker_name: &Arc<str>,
 ) -> Result<(MessageExt, usize), String> {
     let view = RecordView::parse_unchecked(&records[at..]).map_err(|e| e.to_string())?;
-    view.check_record_crc().map_err(|e| e.to_string())?;
+    view.check_crcs().map_err(|e| e.to_string())?;
     check_properties(view.properties_bytes())?;
     let topic =
         std::str::from_utf8(view.topic_bytes()).map_err(|_| "topic is not UTF-8".to_owned())?;
@@ -205,8 +206,8 @@ mod tests {
         let error = decode_records(&Bytes::from(bytes), "b").unwrap_err();
         assert_eq!(error.at, 0);
         assert!(
-            error.reason.contains("record CRC mismatch"),
-            "the record CRC covers the body: {}",
+            error.reason.contains("body CRC mismatch"),
+            "the body CRC covers the body: {}",
             error.reason
         );
     }

@@ -14,7 +14,12 @@
 //! Size: about 730 lines of code and 210 of unit tests; kept whole because encode, patch and
 //! decode must agree byte for byte on one layout, which reads best side by side.
 
+mod builder;
 pub mod names;
+mod run;
+
+pub use builder::{RecordBuilder, RecordHeader};
+pub use run::{check_run, RunError, RunRecord, RunRules};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -149,12 +154,34 @@ pub struct RecordInput<'a> {
     pub prepared_transaction_offset: i64,
 }
 
+impl<'a> RecordInput<'a> {
+    /// The fixed fields and body of the record.
+    pub fn header(&self) -> RecordHeader<'a> {
+        RecordHeader {
+            topic: self.topic,
+            queue_id: self.queue_id,
+            flag: self.flag,
+            body: self.body,
+            sys_flag: self.sys_flag,
+            born_timestamp_ms: self.born_timestamp_ms,
+            born_host: self.born_host,
+            store_host: self.store_host,
+            reconsume_times: self.reconsume_times,
+            prepared_transaction_offset: self.prepared_transaction_offset,
+        }
+    }
+}
+
 /// The fields only a storage shard can fill in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorePatch {
+    /// The queue the record is stored in (a producer may leave the choice to the broker).
+    pub queue_id: u32,
     pub queue_offset: u64,
     pub physical_offset: u64,
     pub store_timestamp_ms: i64,
+    /// The broker's address as the record names it; `None` keeps the encoded one.
+    pub store_host: Option<SocketAddr>,
 }
 
 /// An encoded but not yet stored record and what the storage shard needs to store it, worked
@@ -207,31 +234,47 @@ impl Layout {
     }
 }
 
-/// The whole-record CRC (`docs/storage-format.md`, "Record CRC"): the CRC32 of every byte of
-/// `record` except the three fields only the storage shard knows (queue offset, physical
-/// offset, store timestamp) and the CRC trailer, XOR the CRC32 of those three fields. Every byte
-/// is covered, yet the network shard can hash everything it knows before the record is placed,
-/// and the storage shard hashes only the 24 bytes it fills in (no CRC combine).
-/// `record` must be at least as long as its header.
+/// The whole-record CRC (`docs/storage-format.md` §4.5, format version 3): the CRC32 of the
+/// bytes the producer fixes (every byte of `record` but the body, the fields only the storage
+/// shard knows and the CRC trailer) XOR the CRC32 of those storage fields (queue id, queue
+/// offset, physical offset, store timestamp, store host). The body is covered through the body
+/// CRC field, which the producer part includes: a reader checks the body CRC and this one, one
+/// pass over the body in all. So the network shard checks a record the client encoded in one
+/// pass, and the storage shard hashes only the fields it writes (no CRC combine).
+/// `record` must be at least as long as its header and its length fields must add up.
 pub fn record_crc(record: &[u8]) -> u32 {
-    let store_timestamp_at = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT)).store_timestamp_at;
-    producer_part_crc(record, store_timestamp_at) ^ store_fields_crc(record, store_timestamp_at)
+    let layout = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT));
+    producer_part_crc(record, &layout) ^ store_fields_crc(record, &layout)
 }
 
-/// CRC32 of the bytes the producer's side fixes: all but the storage fields and the trailer.
-fn producer_part_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
+/// Where the body sits in `record`, from its body length field (clamped to the record).
+fn body_range(record: &[u8], layout: &Layout) -> std::ops::Range<usize> {
+    let body_at = layout.body_length_at + 4;
+    let body_len = read_u32(record, layout.body_length_at) as usize;
+    body_at..body_at.saturating_add(body_len).min(record.len())
+}
+
+/// CRC32 of the bytes the producer's side fixes: all but the body, the storage fields and the
+/// trailer.
+fn producer_part_crc(record: &[u8], layout: &Layout) -> u32 {
+    let body = body_range(record, layout);
+    let tail_end = record.len().saturating_sub(CRC_TRAILER_BYTES).max(body.end);
     let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&record[..QUEUE_OFFSET_AT]);
-    hasher.update(&record[PHYSICAL_OFFSET_AT + 8..store_timestamp_at]);
-    hasher.update(&record[store_timestamp_at + 8..record.len() - CRC_TRAILER_BYTES]);
+    hasher.update(&record[..QUEUE_ID_AT]);
+    hasher.update(&record[FLAG_AT..QUEUE_OFFSET_AT]);
+    hasher.update(&record[SYS_FLAG_AT..layout.store_timestamp_at]);
+    hasher.update(&record[layout.reconsume_times_at..body.start]);
+    hasher.update(&record[body.end..tail_end]);
     hasher.finalize()
 }
 
-/// CRC32 of the queue offset, physical offset and store timestamp fields (24 bytes).
-fn store_fields_crc(record: &[u8], store_timestamp_at: usize) -> u32 {
+/// CRC32 of the fields the storage shard fills in: queue id, queue offset, physical offset,
+/// store timestamp and store host (36 bytes with an IPv4 store host).
+fn store_fields_crc(record: &[u8], layout: &Layout) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&record[QUEUE_ID_AT..FLAG_AT]);
     hasher.update(&record[QUEUE_OFFSET_AT..PHYSICAL_OFFSET_AT + 8]);
-    hasher.update(&record[store_timestamp_at..store_timestamp_at + 8]);
+    hasher.update(&record[layout.store_timestamp_at..layout.reconsume_times_at]);
     hasher.finalize()
 }
 
@@ -241,17 +284,6 @@ fn put_host(buf: &mut BytesMut, host: &SocketAddr) {
         IpAddr::V6(ip) => buf.put_slice(&ip.octets()),
     }
     buf.put_u32(u32::from(host.port()));
-}
-
-fn sys_flag_with_hosts(input: &RecordInput<'_>) -> u32 {
-    let mut sys_flag = input.sys_flag & !(SYS_FLAG_BORN_HOST_V6 | SYS_FLAG_STORE_HOST_V6);
-    if input.born_host.is_ipv6() {
-        sys_flag |= SYS_FLAG_BORN_HOST_V6;
-    }
-    if input.store_host.is_ipv6() {
-        sys_flag |= SYS_FLAG_STORE_HOST_V6;
-    }
-    sys_flag
 }
 
 /// Bytes the properties field will take, CRC property included.
@@ -265,7 +297,7 @@ fn properties_len(properties: &[(&str, &str)]) -> usize {
 
 /// The encoded size of `input`, without encoding it.
 pub fn encoded_len(input: &RecordInput<'_>) -> usize {
-    let layout = Layout::for_sys_flag(sys_flag_with_hosts(input));
+    let layout = Layout::for_sys_flag(input.header().sys_flag_with_hosts());
     layout.body_length_at
         + 4
         + input.body.len()
@@ -277,93 +309,63 @@ pub fn encoded_len(input: &RecordInput<'_>) -> usize {
 
 /// Appends the record for `input` to `buf`, with queue offset, physical offset and store
 /// timestamp zero (the storage shard fills them with [`patch_record`]) and its CRCs computed.
-/// Returns the record's length.
+/// Returns the record's length. On error nothing is appended.
 pub fn encode_record(buf: &mut BytesMut, input: &RecordInput<'_>) -> Result<u32, RecordError> {
-    if input.topic.is_empty() {
-        return Err(RecordError::EmptyTopic);
-    }
-    if input.topic.len() > MAX_TOPIC_BYTES {
-        return Err(RecordError::TopicTooLong(input.topic.len()));
-    }
-    if input.body.len() > i32::MAX as usize {
-        return Err(RecordError::BodyTooLong(input.body.len()));
-    }
     let props_len = properties_len(input.properties);
     if props_len > MAX_PROPERTIES_BYTES {
         return Err(RecordError::PropertiesTooLong(props_len));
     }
-    let has_separator = |s: &str| {
-        s.bytes()
-            .any(|b| b == NAME_VALUE_SEPARATOR || b == PROPERTY_SEPARATOR)
-    };
-    if input
-        .properties
-        .iter()
-        .any(|(k, v)| has_separator(k) || has_separator(v))
-    {
-        return Err(RecordError::SeparatorInProperty);
-    }
-
-    let sys_flag = sys_flag_with_hosts(input);
-    let layout = Layout::for_sys_flag(sys_flag);
-    let total = encoded_len(input);
-    let start = buf.len();
-    buf.reserve(total);
-    buf.put_u32(total as u32);
-    buf.put_u32(MESSAGE_MAGIC_CODE);
-    buf.put_u32(crc32fast::hash(input.body));
-    buf.put_u32(input.queue_id);
-    buf.put_i32(input.flag);
-    buf.put_u64(0); // queue offset: storage shard
-    buf.put_u64(0); // physical offset: storage shard
-    buf.put_u32(sys_flag);
-    buf.put_i64(input.born_timestamp_ms);
-    put_host(buf, &input.born_host);
-    buf.put_i64(0); // store timestamp: storage shard
-    put_host(buf, &input.store_host);
-    buf.put_i32(input.reconsume_times);
-    buf.put_i64(input.prepared_transaction_offset);
-    debug_assert_eq!(buf.len() - start, layout.body_length_at);
-    buf.put_u32(input.body.len() as u32);
-    buf.put_slice(input.body);
-    buf.put_u8(input.topic.len() as u8);
-    buf.put_slice(input.topic.as_bytes());
-    buf.put_u16(props_len as u16);
+    let mut record = RecordBuilder::begin(buf, &input.header())?;
     for (key, value) in input.properties {
-        buf.put_slice(key.as_bytes());
-        buf.put_u8(NAME_VALUE_SEPARATOR);
-        buf.put_slice(value.as_bytes());
-        buf.put_u8(PROPERTY_SEPARATOR);
+        record.property(key, value)?;
     }
-    buf.put_slice(PROPERTY_CRC32.as_bytes());
-    buf.put_u8(NAME_VALUE_SEPARATOR);
-    buf.put_slice(&[b'0'; CRC_DIGITS]);
-    buf.put_u8(PROPERTY_SEPARATOR);
-    debug_assert_eq!(buf.len() - start, total);
-
-    // The digits hold the producer part's CRC until `patch_record` folds in the storage
-    // fields; a record is never stored or served before that.
-    let record = &mut buf[start..];
-    let crc = producer_part_crc(record, layout.store_timestamp_at);
-    write_crc_digits(&mut record[total - CRC_TRAILER_BYTES..total - 1], crc);
-    Ok(total as u32)
+    record.finish()
 }
 
 /// Writes the storage shard's fields into an encoded record and completes its CRC: hashes the
-/// 24 bytes it wrote and XORs that into the producer part's CRC the encoder left in the digits.
+/// fields it wrote and XORs that into the producer part's CRC the encoder left in the digits.
+/// The record's store host keeps its address family (the sys flag fixes the layout): a patch
+/// whose store host is of the other family leaves the encoded one (the network shard refuses
+/// such records before they get here).
 pub fn patch_record(record: &mut [u8], patch: StorePatch) {
-    let store_timestamp_at = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT)).store_timestamp_at;
+    let layout = Layout::for_sys_flag(read_u32(record, SYS_FLAG_AT));
+    record[QUEUE_ID_AT..FLAG_AT].copy_from_slice(&patch.queue_id.to_be_bytes());
     record[QUEUE_OFFSET_AT..QUEUE_OFFSET_AT + 8].copy_from_slice(&patch.queue_offset.to_be_bytes());
     record[PHYSICAL_OFFSET_AT..PHYSICAL_OFFSET_AT + 8]
         .copy_from_slice(&patch.physical_offset.to_be_bytes());
+    let store_timestamp_at = layout.store_timestamp_at;
     record[store_timestamp_at..store_timestamp_at + 8]
         .copy_from_slice(&patch.store_timestamp_ms.to_be_bytes());
+    if let Some(host) = patch.store_host {
+        let is_v6 = read_u32(record, SYS_FLAG_AT) & SYS_FLAG_STORE_HOST_V6 != 0;
+        debug_assert_eq!(
+            is_v6,
+            host.is_ipv6(),
+            "store host family differs from the record's"
+        );
+        if is_v6 == host.is_ipv6() {
+            write_host(
+                &mut record[layout.store_host_at..layout.reconsume_times_at],
+                &host,
+            );
+        }
+    }
     let len = record.len();
     let digits = len - CRC_TRAILER_BYTES..len - 1;
     let producer_part =
-        parse_crc_digits(&record[digits.clone()]).expect("encode_record wrote ten CRC digits");
-    let crc = producer_part ^ store_fields_crc(record, store_timestamp_at);
+        parse_crc_digits(&record[digits.clone()]).expect("the encoder wrote ten CRC digits");
+    let crc = producer_part ^ store_fields_crc(record, &layout);
     write_crc_digits(&mut record[digits], crc);
+}
+
+/// Writes `host` (address, then port as u32) into `out`, which is exactly its size.
+fn write_host(out: &mut [u8], host: &SocketAddr) {
+    match host.ip() {
+        IpAddr::V4(ip) => out[..4].copy_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => out[..16].copy_from_slice(&ip.octets()),
+    }
+    let port_at = out.len() - 4;
+    out[port_at..].copy_from_slice(&u32::from(host.port()).to_be_bytes());
 }
 
 fn write_crc_digits(out: &mut [u8], crc: u32) {
@@ -545,7 +547,10 @@ impl<'a> RecordView<'a> {
         })
     }
 
-    fn check_crcs(&self) -> Result<(), RecordError> {
+    /// Checks both CRCs: the body CRC (one pass over the body) and the whole-record CRC, which
+    /// covers every other byte, the body CRC field included (§4.5). What every reader of bytes
+    /// that left this process checks: recovery, `verify`, a disk read, the client.
+    pub fn check_crcs(&self) -> Result<(), RecordError> {
         let stored_body = read_u32(self.bytes, BODY_CRC_AT);
         let computed_body = crc32fast::hash(self.body());
         if stored_body != computed_body {
@@ -557,10 +562,10 @@ impl<'a> RecordView<'a> {
         self.check_record_crc()
     }
 
-    /// Checks the whole-record CRC, which covers every byte of the record but its own digits
-    /// (the body included), and that the properties are what the encoder writes: the one check
-    /// a reader that already trusts the structure needs (the client's end-to-end check; the
-    /// body CRC would be a second pass over the body that can catch nothing more).
+    /// Checks the whole-record CRC, which covers every byte of the record but the body and its
+    /// own digits (the body through the body CRC field), and that the properties are what the
+    /// encoder writes. Without [`check_crcs`](Self::check_crcs)'s body check it does not cover
+    /// the body bytes.
     pub fn check_record_crc(&self) -> Result<(), RecordError> {
         let props = self.properties_bytes();
         if props.len() < CRC_PROPERTY_BYTES {
@@ -795,9 +800,11 @@ mod tests {
         patch_record(
             &mut buf,
             StorePatch {
+                queue_id: 3,
                 queue_offset: 1,
                 physical_offset: 2,
                 store_timestamp_ms: 3,
+                store_host: None,
             },
         );
         assert!(decode_message(&buf).is_ok());
@@ -815,17 +822,24 @@ mod tests {
         patch_record(
             &mut buf,
             StorePatch {
+                queue_id: 9,
                 queue_offset: 5,
                 physical_offset: 1 << 40,
                 store_timestamp_ms: 1_700_000_000_123,
+                store_host: Some("10.9.8.7:10911".parse().unwrap()),
             },
         );
-        assert!(decode_message(&buf).is_ok());
-        let store_timestamp_at = Layout::for_sys_flag(0).store_timestamp_at;
+        let view = decode_message(&buf).unwrap();
+        assert_eq!(view.queue_id(), 9);
+        assert_eq!(view.store_host(), "10.9.8.7:10911".parse().unwrap());
+        let layout = Layout::for_sys_flag(0);
         for at in [
+            QUEUE_ID_AT + 3,
             QUEUE_OFFSET_AT + 7,
             PHYSICAL_OFFSET_AT,
-            store_timestamp_at + 7,
+            layout.store_timestamp_at + 7,
+            layout.store_host_at + 2,
+            layout.store_host_at + 7,
         ] {
             let mut damaged = buf.clone();
             damaged[at] ^= 1;
@@ -855,7 +869,7 @@ mod tests {
             let mut buf = BytesMut::from(&b"prefix"[..]);
             let len = encode_record(&mut buf, &rec).unwrap();
             prop_assert_eq!(len as usize, encoded_len(&rec));
-            let patch = StorePatch { queue_offset, physical_offset, store_timestamp_ms: store_ts };
+            let patch = StorePatch { queue_id: 3, queue_offset, physical_offset, store_timestamp_ms: store_ts, store_host: None };
             patch_record(&mut buf[6..], patch);
             let view = decode_message(&buf[6..]).unwrap();
             prop_assert_eq!(view.topic(), topic.as_str());
@@ -877,7 +891,7 @@ mod tests {
             let props = [("KEYS", "k1 k2"), ("TAGS", "TagB")];
             let mut buf = BytesMut::new();
             encode_record(&mut buf, &input("TopicX", b"some body bytes", &props)).unwrap();
-            patch_record(&mut buf, StorePatch { queue_offset: 9, physical_offset: 4096, store_timestamp_ms: 77 });
+            patch_record(&mut buf, StorePatch { queue_id: 3, queue_offset: 9, physical_offset: 4096, store_timestamp_ms: 77, store_host: None });
             let pos = pos_seed % buf.len();
             buf[pos] ^= 1 << bit;
             prop_assert!(decode_entry(&buf).is_err(), "flip at byte {} bit {} went unnoticed", pos, bit);

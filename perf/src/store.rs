@@ -21,13 +21,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bytes::BytesMut;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 use shardmq_store::{
-    AppendOutcome, AppendStatus, EncodedBatch, FlushMode, MessageStore, RecordInput, StoreConfig,
-    StoreError,
+    AppendOutcome, AppendStatus, BatchBytes, EncodedBatch, FlushMode, MessageStore, RecordInput,
+    StoreConfig, StoreError,
 };
 
 use crate::data_dir;
@@ -364,17 +363,25 @@ fn encode_batch(queue_id: u32, messages: u32, body: &[u8]) -> Result<EncodedBatc
             })
             .context("cannot encode a benchmark record")?;
     }
+    // Shared from here on, as a producer's run is shared with the frame it arrived in.
+    batch.bytes = BatchBytes::Shared(std::mem::take(batch.bytes.to_mut()).freeze());
     Ok(batch)
 }
 
-/// What a network shard would hand the storage shard: fresh bytes, already encoded.
+/// What a network shard would hand the storage shard: the encoded bytes (shared, as a
+/// producer's run is shared with its frame) and what the storage shard needs to store them.
 fn copy_batch(template: &EncodedBatch) -> EncodedBatch {
     EncodedBatch {
-        bytes: BytesMut::from(&template.bytes[..]),
+        bytes: shared_bytes(template),
         records: template.records.clone(),
         topics: template.topics.clone(),
         index_hashes: template.index_hashes.clone(),
+        store_host: None,
     }
+}
+
+fn shared_bytes(template: &EncodedBatch) -> BatchBytes {
+    template.bytes.clone()
 }
 
 fn print_result(args: &StoreArgs, result: &StoreResult) {
@@ -479,9 +486,9 @@ mod tests {
     fn copies_are_independent_of_the_template() {
         let template = encode_batch(0, 3, b"body").unwrap();
         let mut copy = copy_batch(&template);
-        assert_eq!(copy.bytes, template.bytes);
+        assert_eq!(&copy.bytes[..], &template.bytes[..]);
         assert_eq!(copy.records, template.records);
-        copy.bytes[0] ^= 0xFF;
-        assert_ne!(copy.bytes, template.bytes);
+        copy.bytes.to_mut()[0] ^= 0xFF;
+        assert_ne!(&copy.bytes[..], &template.bytes[..]);
     }
 }

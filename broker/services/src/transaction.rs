@@ -846,12 +846,15 @@ mod tests {
 
     fn stored(mut batch: EncodedBatch, queue_offset: u64, physical_offset: u64) -> Vec<u8> {
         assert_eq!(batch.records.len(), 1);
+        let queue_id = batch.records[0].queue_id;
         patch_record(
-            &mut batch.bytes,
+            batch.bytes.to_mut(),
             StorePatch {
+                queue_id,
                 queue_offset,
                 physical_offset,
                 store_timestamp_ms: 1_000,
+                store_host: None,
             },
         );
         batch.bytes.to_vec()
@@ -933,7 +936,9 @@ mod tests {
         for pending in batch.records.clone() {
             let end = start + pending.len as usize;
             let mut one = EncodedBatch::new();
-            one.bytes.extend_from_slice(&batch.bytes[start..end]);
+            one.bytes
+                .to_mut()
+                .extend_from_slice(&batch.bytes[start..end]);
             one.records.push(pending);
             let record = stored(one, 0, 0);
             let view = RecordView::parse_unchecked(&record).unwrap();

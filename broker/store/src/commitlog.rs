@@ -376,18 +376,18 @@ impl CommitLog {
             .clone()
     }
 
-    /// Appends the records of `batch` (lengths in `record_lens`, in order), copying them once
-    /// into the write ring. For each record `patch(index, physical_offset, record_bytes)` is
-    /// called first, so the caller can write the offsets into it. Rolls over to a new segment,
-    /// padding the current one with a blank filler, whenever the next record does not fit.
+    /// Appends the records of `batch` (lengths in `record_lens`, in order), copying each once
+    /// into the write ring. `patch(index, physical_offset, record_bytes)` is called on each
+    /// record's copy in the ring before it becomes readable, so the caller can write the
+    /// offsets into it; `batch` itself is not changed. Rolls over to a new segment, padding the
+    /// current one with a blank filler, whenever the next record does not fit.
     pub fn append_batch(
         &self,
-        batch: &mut [u8],
+        batch: &[u8],
         record_lens: &mut dyn Iterator<Item = u32>,
         patch: &mut dyn FnMut(usize, u64, &mut [u8]),
     ) {
         let mut ring = self.ring.borrow_mut();
-        let mut run_start = 0usize;
         let mut at = 0usize;
         for (index, len) in record_lens.enumerate() {
             let len = u64::from(len);
@@ -395,8 +395,6 @@ impl CommitLog {
             let mut position = self.write_offset.get();
             let segment_base = self.segment_base(position);
             if position - segment_base + len + BLANK_MIN_BYTES as u64 > self.segment_bytes {
-                ring.append(&batch[run_start..at]);
-                run_start = at;
                 let segment_end = segment_base + self.segment_bytes;
                 ring.append(&blank_header(segment_end - position));
                 ring.append_zeros(segment_end - position - BLANK_MIN_BYTES as u64);
@@ -407,12 +405,13 @@ impl CommitLog {
                 );
                 position = segment_end;
             }
-            patch(index, position, &mut batch[at..at + len as usize]);
+            ring.append_patched(&batch[at..at + len as usize], |record| {
+                patch(index, position, record)
+            });
             at += len as usize;
             self.write_offset.set(position + len);
         }
         debug_assert_eq!(at, batch.len());
-        ring.append(&batch[run_start..at]);
         debug_assert_eq!(ring.end(), self.write_offset.get());
     }
 

@@ -1,7 +1,7 @@
 //! The shard's format file: the on-disk format version and the settings that the files' layout
 //! depends on, fixed when the shard is created.
 //!
-//! Owns `<shard>/format`, a small text file (`version=2`, `segment_bytes=N`) written atomically
+//! Owns `<shard>/format`, a small text file (`version=3`, `segment_bytes=N`) written atomically
 //! once. A store opened later with another configured segment size keeps the recorded one, since
 //! segment names and blank fillers depend on it.
 
@@ -11,10 +11,12 @@ use std::path::Path;
 use super::atomic_file::write_atomically;
 
 pub const FORMAT_FILE: &str = "format";
-/// Version 2: the record CRC is the CRC of the three fields the storage shard fills XOR the CRC
-/// of the rest (version 1 hashed the record in one pass); a version-1 store is refused rather
-/// than misread as damaged.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3: the record CRC is the CRC of the fields the storage shard fills (queue id, queue
+/// offset, physical offset, store timestamp, store host) XOR the CRC of the rest but the body,
+/// which the body CRC covers (version 2 hashed the body in the record CRC too, and left the
+/// queue id and store host to the producer part; version 1 hashed the record in one pass). An
+/// older store is refused rather than misread as damaged.
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreFormat {

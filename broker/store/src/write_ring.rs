@@ -69,6 +69,8 @@ pub struct WriteRing {
     spare: Vec<Chunk>,
     /// Chunks that left the ring while a write or a reader still held them.
     retired: Vec<Chunk>,
+    /// Where a record that spans two chunks is patched before it is copied in.
+    scratch: Vec<u8>,
 }
 
 impl WriteRing {
@@ -86,6 +88,7 @@ impl WriteRing {
             end: at,
             spare: Vec::new(),
             retired: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -157,6 +160,42 @@ impl WriteRing {
             self.end += take as u64;
             data = &data[take..];
         }
+    }
+
+    /// Copies `record` to the end of the ring and lets `patch` write into the copy before it
+    /// becomes readable (the storage shard's fields of a record): the source stays untouched,
+    /// so a producer's run is copied once, straight from its frame. A record that would span
+    /// two chunks is patched in a scratch copy first (at most once a chunk).
+    pub fn append_patched(&mut self, record: &[u8], patch: impl FnOnce(&mut [u8])) {
+        let within = (self.end % self.chunk_bytes) as usize;
+        if within + record.len() > self.chunk_bytes as usize {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(record);
+            patch(&mut scratch);
+            self.append(&scratch);
+            self.scratch = scratch;
+            return;
+        }
+        let index = self.chunk_index(self.end);
+        if index == self.chunks.len() {
+            let chunk = self.new_chunk();
+            self.chunks.push_back(chunk);
+        }
+        let chunk = &mut self.chunks[index];
+        let buffer = Rc::get_mut(&mut chunk.buffer)
+            .expect("a chunk still being filled is never being written");
+        // SAFETY: `within + record.len() <= chunk_bytes`, the buffer's length; the bytes lie past
+        // `end`, so no reader has been handed them, and `end` moves past them only after the
+        // patch. A raw pointer, not `as_bytes_mut`, so that no `&mut` covers bytes readers on
+        // other threads may be looking at.
+        let copy = unsafe {
+            let destination = buffer.as_mut_ptr().add(within);
+            std::ptr::copy_nonoverlapping(record.as_ptr(), destination, record.len());
+            std::slice::from_raw_parts_mut(destination, record.len())
+        };
+        patch(copy);
+        self.end += record.len() as u64;
     }
 
     /// Appends `len` zero bytes (the body of a segment's blank filler).
@@ -301,6 +340,29 @@ mod tests {
             drop(slice);
             ring.trim_below(8192);
             assert!(ring.retired.is_empty(), "released once the reader let go");
+        }
+    }
+
+    #[test]
+    fn patched_records_land_patched_within_and_across_chunks_and_the_source_stays() {
+        let mut ring = WriteRing::new(4096, 0);
+        let record = [3u8; 1000];
+        for i in 0..9u8 {
+            // The fifth record (bytes 4000..5000) spans the first chunk boundary.
+            ring.append_patched(&record, |copy| {
+                assert_eq!(copy.len(), 1000);
+                copy[0] = i;
+                copy[999] = i;
+            });
+        }
+        assert_eq!(record, [3u8; 1000], "the source is not touched");
+        assert_eq!(ring.end(), 9000);
+        let mut out = vec![0u8; 9000];
+        ring.copy_to(0, &mut out);
+        for i in 0..9usize {
+            let copy = &out[i * 1000..(i + 1) * 1000];
+            assert_eq!((copy[0], copy[999]), (i as u8, i as u8));
+            assert!(copy[1..999].iter().all(|&b| b == 3));
         }
     }
 

@@ -558,7 +558,7 @@ fn oversized_and_malformed_batches_are_refused_whole() {
         // The storage shard trusts the encoder's records but not a batch whose parts disagree.
         let mut broken = batch("ok", 0, &[plain("ok", 0, 0, 10), plain("ok", 0, 1, 10)]);
         let cut = broken.bytes.len() - 1;
-        broken.bytes.truncate(cut);
+        broken.bytes.to_mut().truncate(cut);
         let refused = store.append(broken).await;
         assert!(
             matches!(refused, Err(StoreError::InvalidRecord(_))),

@@ -34,10 +34,11 @@ impl MessageStore {
         let store_timestamp_ms = now_ms().max(inner.last_store_timestamp_ms.get());
         inner.last_store_timestamp_ms.set(store_timestamp_ms);
         let EncodedBatch {
-            mut bytes,
+            bytes,
             records: pending,
             topics,
             index_hashes,
+            store_host,
         } = batch;
         let mut records = Vec::with_capacity(pending.len());
         {
@@ -46,7 +47,7 @@ impl MessageStore {
             // A batch nearly always targets one queue: look it up once per run of records.
             let mut last_queue: Option<(u16, u32, Rc<ConsumeQueue>)> = None;
             inner.commit_log.append_batch(
-                &mut bytes,
+                &bytes,
                 &mut pending.iter().map(|r| r.len),
                 &mut |index, physical_offset, record| {
                     let info = &pending[index];
@@ -71,9 +72,11 @@ impl MessageStore {
                     patch_record(
                         record,
                         StorePatch {
+                            queue_id: info.queue_id,
                             queue_offset,
                             physical_offset,
                             store_timestamp_ms,
+                            store_host,
                         },
                     );
                     records.push(AppendedRecord {

@@ -24,8 +24,9 @@ mod types;
 pub use housekeeping::{disk_space, disk_used_ratio};
 pub use recovery::{request_truncation, TRUNCATE_REQUEST_FILE};
 pub use types::{
-    AppendOutcome, AppendStatus, AppendedRecord, EncodedBatch, FlushMode, FlushObserver, GetResult,
-    GetStatus, RecoveryReport, StoreConfig, StoreError, MAX_QUERY_ANSWER_BYTES,
+    AppendOutcome, AppendStatus, AppendedRecord, BatchBytes, EncodedBatch, FlushMode,
+    FlushObserver, GetResult, GetStatus, RecoveryReport, StoreConfig, StoreError,
+    MAX_QUERY_ANSWER_BYTES,
 };
 
 use std::cell::RefCell;

@@ -4,6 +4,7 @@
 //! services see of the store; nothing here does I/O.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
@@ -166,18 +167,59 @@ pub(super) fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> 
     move |source| StoreError::Io { context, source }
 }
 
-/// Records encoded by a network shard, on their way to a storage shard, with everything the
-/// storage shard needs to store them: their lengths, queues, tags hashes and index hashes. The
-/// storage shard does not parse or re-validate the records (see `docs/storage-format.md`,
-/// "Write path").
+/// Records on their way to a storage shard, with everything the storage shard needs to store
+/// them: their lengths, queues, tags hashes and index hashes. The records were encoded by a
+/// producer (a run checked by the network shard, shared with the frame it arrived in) or by the
+/// broker itself (`push`). The storage shard does not parse or re-validate them; it copies them
+/// once into the write ring and patches its fields there (`docs/storage-format.md` §4.6).
 #[derive(Debug, Default)]
 pub struct EncodedBatch {
-    pub bytes: BytesMut,
+    pub bytes: BatchBytes,
     pub records: Vec<PendingRecord>,
     /// The distinct topics of the records (nearly always one); `PendingRecord::topic` indexes it.
     pub topics: Vec<String>,
     /// Index hashes of every record in order (`PendingRecord::index_hash_count` each).
     pub index_hashes: Vec<u64>,
+    /// The broker's address, written into every record's store host as it is stored; `None`
+    /// keeps the encoded one (records the broker encoded or copies).
+    pub store_host: Option<SocketAddr>,
+}
+
+/// A batch's record bytes: a buffer of the batch's own, or bytes shared with another owner (a
+/// producer's run in the frame it arrived in), never copied to be stored.
+#[derive(Debug, Clone)]
+pub enum BatchBytes {
+    Owned(BytesMut),
+    Shared(Bytes),
+}
+
+impl Default for BatchBytes {
+    fn default() -> Self {
+        BatchBytes::Owned(BytesMut::new())
+    }
+}
+
+impl std::ops::Deref for BatchBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            BatchBytes::Owned(bytes) => bytes,
+            BatchBytes::Shared(bytes) => bytes,
+        }
+    }
+}
+
+impl BatchBytes {
+    /// The bytes as a buffer of the batch's own (shared bytes are copied first).
+    pub fn to_mut(&mut self) -> &mut BytesMut {
+        if let BatchBytes::Shared(shared) = self {
+            *self = BatchBytes::Owned(BytesMut::from(&shared[..]));
+        }
+        match self {
+            BatchBytes::Owned(bytes) => bytes,
+            BatchBytes::Shared(_) => unreachable!("made owned above"),
+        }
+    }
 }
 
 /// The value of the first property named `key`, as a record's readers find it.
@@ -191,7 +233,7 @@ impl EncodedBatch {
     }
 
     pub fn push(&mut self, input: &RecordInput<'_>) -> Result<(), RecordError> {
-        let len = encode_record(&mut self.bytes, input)?;
+        let len = encode_record(self.bytes.to_mut(), input)?;
         let topic = match self.topics.iter().position(|t| t == input.topic) {
             Some(index) => index,
             None => {
