@@ -801,9 +801,8 @@ mod tests {
 
     /// Appends `data` as one "record" (the CommitLog does not parse what it appends).
     fn append(log: &CommitLog, data: &[u8]) {
-        let mut bytes = data.to_vec();
         log.append_batch(
-            &mut bytes,
+            data,
             &mut std::iter::once(data.len() as u32),
             &mut |_, _, _| {},
         );
