@@ -6,7 +6,7 @@
 
 /// The protocol version this build speaks and sends in `HandshakeRequest.protocol_version`.
 /// Bump it for any change that old peers cannot read by flatbuffers' own evolution rules.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
@@ -60,6 +60,7 @@ mod tests {
     fn same_version_is_chosen() {
         assert_eq!(negotiate_protocol_version(1, 1), Some(1));
         assert_eq!(negotiate_protocol_version(1, 0), Some(1));
+        assert_eq!(negotiate_protocol_version(2, 1), Some(2));
     }
 
     #[test]
@@ -70,7 +71,7 @@ mod tests {
     #[test]
     fn no_common_version_is_refused() {
         assert_eq!(negotiate_protocol_version(0, 0), None);
-        assert_eq!(negotiate_protocol_version(9, 2), None);
+        assert_eq!(negotiate_protocol_version(9, PROTOCOL_VERSION + 1), None);
         assert_eq!(negotiate_protocol_version(9, 0), None);
         // A nonsensical range (min above max) is refused rather than guessed at.
         assert_eq!(negotiate_protocol_version(1, 3), None);

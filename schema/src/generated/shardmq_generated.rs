@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 60;
+pub const ENUM_MAX_BODY: u8 = 62;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 61] = [
+pub const ENUM_VALUES_BODY: [Body; 63] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -658,6 +658,8 @@ pub const ENUM_VALUES_BODY: [Body; 61] = [
   Body::ControllerHeartbeatResponse,
   Body::ControllerStatusRequest,
   Body::ControllerStatusResponse,
+  Body::SendRecordsRequest,
+  Body::SendRecordsResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -729,9 +731,11 @@ impl Body {
   pub const ControllerHeartbeatResponse: Self = Self(58);
   pub const ControllerStatusRequest: Self = Self(59);
   pub const ControllerStatusResponse: Self = Self(60);
+  pub const SendRecordsRequest: Self = Self(61);
+  pub const SendRecordsResponse: Self = Self(62);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 60;
+  pub const ENUM_MAX: u8 = 62;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -794,6 +798,8 @@ impl Body {
     Self::ControllerHeartbeatResponse,
     Self::ControllerStatusRequest,
     Self::ControllerStatusResponse,
+    Self::SendRecordsRequest,
+    Self::SendRecordsResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -859,6 +865,8 @@ impl Body {
       Self::ControllerHeartbeatResponse => Some("ControllerHeartbeatResponse"),
       Self::ControllerStatusRequest => Some("ControllerStatusRequest"),
       Self::ControllerStatusResponse => Some("ControllerStatusResponse"),
+      Self::SendRecordsRequest => Some("SendRecordsRequest"),
+      Self::SendRecordsResponse => Some("SendRecordsResponse"),
       _ => None,
     }
   }
@@ -980,6 +988,8 @@ pub enum BodyT {
   ControllerHeartbeatResponse(alloc::boxed::Box<ControllerHeartbeatResponseT>),
   ControllerStatusRequest(alloc::boxed::Box<ControllerStatusRequestT>),
   ControllerStatusResponse(alloc::boxed::Box<ControllerStatusResponseT>),
+  SendRecordsRequest(alloc::boxed::Box<SendRecordsRequestT>),
+  SendRecordsResponse(alloc::boxed::Box<SendRecordsResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1050,6 +1060,8 @@ impl BodyT {
       Self::ControllerHeartbeatResponse(_) => Body::ControllerHeartbeatResponse,
       Self::ControllerStatusRequest(_) => Body::ControllerStatusRequest,
       Self::ControllerStatusResponse(_) => Body::ControllerStatusResponse,
+      Self::SendRecordsRequest(_) => Body::SendRecordsRequest,
+      Self::SendRecordsResponse(_) => Body::SendRecordsResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1115,6 +1127,8 @@ impl BodyT {
       Self::ControllerHeartbeatResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ControllerStatusRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ControllerStatusResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::SendRecordsRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::SendRecordsResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2377,7 +2391,199 @@ impl BodyT {
   pub fn as_controller_status_response_mut(&mut self) -> Option<&mut ControllerStatusResponseT> {
     if let Self::ControllerStatusResponse(v) = self { Some(v.as_mut()) } else { None }
   }
+  /// If the union variant matches, return the owned SendRecordsRequestT, setting the union to NONE.
+  pub fn take_send_records_request(&mut self) -> Option<alloc::boxed::Box<SendRecordsRequestT>> {
+    if let Self::SendRecordsRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::SendRecordsRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the SendRecordsRequestT.
+  pub fn as_send_records_request(&self) -> Option<&SendRecordsRequestT> {
+    if let Self::SendRecordsRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the SendRecordsRequestT.
+  pub fn as_send_records_request_mut(&mut self) -> Option<&mut SendRecordsRequestT> {
+    if let Self::SendRecordsRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned SendRecordsResponseT, setting the union to NONE.
+  pub fn take_send_records_response(&mut self) -> Option<alloc::boxed::Box<SendRecordsResponseT>> {
+    if let Self::SendRecordsResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::SendRecordsResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the SendRecordsResponseT.
+  pub fn as_send_records_response(&self) -> Option<&SendRecordsResponseT> {
+    if let Self::SendRecordsResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the SendRecordsResponseT.
+  pub fn as_send_records_response_mut(&mut self) -> Option<&mut SendRecordsResponseT> {
+    if let Self::SendRecordsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
 }
+/// A record of a SendRecordsResponse that starts a new CommitLog segment.
+// struct SegmentStart, aligned to 8
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq)]
+pub struct SegmentStart(pub [u8; 16]);
+impl Default for SegmentStart { 
+  fn default() -> Self { 
+    Self([0; 16])
+  }
+}
+impl ::core::fmt::Debug for SegmentStart {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    f.debug_struct("SegmentStart")
+      .field("index", &self.index())
+      .field("physical_offset", &self.physical_offset())
+      .finish()
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for SegmentStart {}
+impl<'a> ::flatbuffers::Follow<'a> for SegmentStart {
+  type Inner = &'a SegmentStart;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { <&'a SegmentStart>::follow(buf, loc) }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for &'a SegmentStart {
+  type Inner = &'a SegmentStart;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    unsafe { ::flatbuffers::follow_cast_ref::<SegmentStart>(buf, loc) }
+  }
+}
+impl<'b> ::flatbuffers::Push for SegmentStart {
+    type Output = SegmentStart;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        let src = unsafe { ::core::slice::from_raw_parts(self as *const SegmentStart as *const u8, <Self as ::flatbuffers::Push>::size()) };
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn alignment() -> ::flatbuffers::PushAlignment {
+        ::flatbuffers::PushAlignment::new(8)
+    }
+}
+
+impl<'a> ::flatbuffers::Verifiable for SegmentStart {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.in_buffer::<Self>(pos)
+  }
+}
+
+impl<'a> SegmentStart {
+  #[allow(clippy::too_many_arguments)]
+  pub fn new(
+    index: u32,
+    physical_offset: u64,
+  ) -> Self {
+    let mut s = Self([0; 16]);
+    s.set_index(index);
+    s.set_physical_offset(physical_offset);
+    s
+  }
+
+  /// Its index in the run.
+  pub fn index(&self) -> u32 {
+    let mut mem = ::core::mem::MaybeUninit::<<u32 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[0..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_index(&mut self, x: u32) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[0..].as_mut_ptr(),
+        ::core::mem::size_of::<<u32 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+  /// Its physical offset (the base of the new segment).
+  pub fn physical_offset(&self) -> u64 {
+    let mut mem = ::core::mem::MaybeUninit::<<u64 as ::flatbuffers::EndianScalar>::Scalar>::uninit();
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    ::flatbuffers::EndianScalar::from_little_endian(unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        self.0[8..].as_ptr(),
+        mem.as_mut_ptr() as *mut u8,
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+      mem.assume_init()
+    })
+  }
+
+  pub fn set_physical_offset(&mut self, x: u64) {
+    let x_le = ::flatbuffers::EndianScalar::to_little_endian(x);
+    // Safety:
+    // Created from a valid Table for this object
+    // Which contains a valid value in this slot
+    unsafe {
+      ::core::ptr::copy_nonoverlapping(
+        &x_le as *const _ as *const u8,
+        self.0[8..].as_mut_ptr(),
+        ::core::mem::size_of::<<u64 as ::flatbuffers::EndianScalar>::Scalar>(),
+      );
+    }
+  }
+
+  pub fn unpack(&self) -> SegmentStartT {
+    SegmentStartT {
+      index: self.index(),
+      physical_offset: self.physical_offset(),
+    }
+  }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SegmentStartT {
+  pub index: u32,
+  pub physical_offset: u64,
+}
+impl SegmentStartT {
+  pub fn pack(&self) -> SegmentStart {
+    SegmentStart::new(
+      self.index,
+      self.physical_offset,
+    )
+  }
+}
+
 /// One master term: its number and the CommitLog offset of its first byte.
 // struct EpochEntry, aligned to 8
 #[repr(transparent)]
@@ -4348,6 +4554,525 @@ impl SendResponseT {
     SendResponse::create(_fbb, &SendResponseArgs{
       queue_id,
       results,
+    })
+  }
+}
+pub enum SendRecordsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Store a run of records the producer encoded itself, in the stored record layout
+/// (docs/storage-format.md §4, format 3: the storage fields zero, both CRCs written, the
+/// producer part's CRC in the digits): the fast send. The broker checks the run in one pass
+/// and stores its bytes as they are, writing only its own fields (queue id, queue offset,
+/// physical offset, store timestamp, store host). Every record names `topic`; the batch is
+/// stored contiguously and atomically in one queue. Protocol version 2. A message with a delay
+/// level or a delivery time is sent with SendRequest (the broker places it in a schedule queue).
+pub struct SendRecordsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SendRecordsRequest<'a> {
+  type Inner = SendRecordsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SendRecordsRequest<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PRODUCER_GROUP: ::flatbuffers::VOffsetT = 8;
+  pub const VT_RECORDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_COUNT: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SendRecordsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SendRecordsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SendRecordsRequest<'bldr>> {
+    let mut builder = SendRecordsRequestBuilder::new(_fbb);
+    builder.add_count(args.count);
+    if let Some(x) = args.records { builder.add_records(x); }
+    if let Some(x) = args.producer_group { builder.add_producer_group(x); }
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> SendRecordsRequestT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let producer_group = self.producer_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let records = self.records().map(|x| {
+      x.into_iter().collect()
+    });
+    let count = self.count();
+    SendRecordsRequestT {
+      topic,
+      queue_id,
+      producer_group,
+      records,
+      count,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendRecordsRequest::VT_TOPIC, None)}
+  }
+  /// Queue to store into; -1 lets the broker choose one of the topic's write queues.
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(SendRecordsRequest::VT_QUEUE_ID, Some(-1)).unwrap()}
+  }
+  /// The producer group, for metrics.
+  #[inline]
+  pub fn producer_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendRecordsRequest::VT_PRODUCER_GROUP, None)}
+  }
+  /// The records, back to back.
+  #[inline]
+  pub fn records(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SendRecordsRequest::VT_RECORDS, None)}
+  }
+  /// How many records `records` holds; a run that holds another number is refused.
+  #[inline]
+  pub fn count(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SendRecordsRequest::VT_COUNT, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SendRecordsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("producer_group", Self::VT_PRODUCER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("records", Self::VT_RECORDS, false)?
+     .visit_field::<u32>("count", Self::VT_COUNT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SendRecordsRequestArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: i32,
+    pub producer_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub records: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub count: u32,
+}
+impl<'a> Default for SendRecordsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SendRecordsRequestArgs {
+      topic: None,
+      queue_id: -1,
+      producer_group: None,
+      records: None,
+      count: 0,
+    }
+  }
+}
+
+pub struct SendRecordsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SendRecordsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendRecordsRequest::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(SendRecordsRequest::VT_QUEUE_ID, queue_id, -1);
+  }
+  #[inline]
+  pub fn add_producer_group(&mut self, producer_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendRecordsRequest::VT_PRODUCER_GROUP, producer_group);
+  }
+  #[inline]
+  pub fn add_records(&mut self, records: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendRecordsRequest::VT_RECORDS, records);
+  }
+  #[inline]
+  pub fn add_count(&mut self, count: u32) {
+    self.fbb_.push_slot::<u32>(SendRecordsRequest::VT_COUNT, count, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SendRecordsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SendRecordsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SendRecordsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SendRecordsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SendRecordsRequest");
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("producer_group", &self.producer_group());
+      ds.field("records", &self.records());
+      ds.field("count", &self.count());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendRecordsRequestT {
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: i32,
+  pub producer_group: Option<alloc::string::String>,
+  pub records: Option<alloc::vec::Vec<u8>>,
+  pub count: u32,
+}
+impl Default for SendRecordsRequestT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      queue_id: -1,
+      producer_group: None,
+      records: None,
+      count: 0,
+    }
+  }
+}
+impl SendRecordsRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<SendRecordsRequest<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let producer_group = self.producer_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let records = self.records.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let count = self.count;
+    SendRecordsRequest::create(_fbb, &SendRecordsRequestArgs{
+      topic,
+      queue_id,
+      producer_group,
+      records,
+      count,
+    })
+  }
+}
+pub enum SendRecordsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Where a run was stored, in a constant size whatever the number of records. Record i of the
+/// run has queue offset `first_queue_offset + i` and physical offset `first_physical_offset`
+/// plus the lengths of the records before it, except that a record listed in `segment_starts`
+/// (a segment rollover placed it at the next segment's base) restarts that sum at its own
+/// offset. Its offset message id is `store_host`'s address and port, then (`storage_shard` <<
+/// 56 | physical offset), as in SendResult. The status says the flush outcome, as for
+/// SendResponse.
+pub struct SendRecordsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SendRecordsResponse<'a> {
+  type Inner = SendRecordsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SendRecordsResponse<'a> {
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_COUNT: ::flatbuffers::VOffsetT = 6;
+  pub const VT_FIRST_QUEUE_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_FIRST_PHYSICAL_OFFSET: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SEGMENT_STARTS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_STORE_HOST: ::flatbuffers::VOffsetT = 14;
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SendRecordsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SendRecordsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SendRecordsResponse<'bldr>> {
+    let mut builder = SendRecordsResponseBuilder::new(_fbb);
+    builder.add_first_physical_offset(args.first_physical_offset);
+    builder.add_first_queue_offset(args.first_queue_offset);
+    builder.add_storage_shard(args.storage_shard);
+    if let Some(x) = args.store_host { builder.add_store_host(x); }
+    if let Some(x) = args.segment_starts { builder.add_segment_starts(x); }
+    builder.add_count(args.count);
+    builder.add_queue_id(args.queue_id);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> SendRecordsResponseT {
+    let queue_id = self.queue_id();
+    let count = self.count();
+    let first_queue_offset = self.first_queue_offset();
+    let first_physical_offset = self.first_physical_offset();
+    let segment_starts = self.segment_starts().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    let store_host = self.store_host().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let storage_shard = self.storage_shard();
+    SendRecordsResponseT {
+      queue_id,
+      count,
+      first_queue_offset,
+      first_physical_offset,
+      segment_starts,
+      store_host,
+      storage_shard,
+    }
+  }
+
+  #[inline]
+  pub fn queue_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(SendRecordsResponse::VT_QUEUE_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn count(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SendRecordsResponse::VT_COUNT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn first_queue_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(SendRecordsResponse::VT_FIRST_QUEUE_OFFSET, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn first_physical_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(SendRecordsResponse::VT_FIRST_PHYSICAL_OFFSET, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn segment_starts(&self) -> Option<::flatbuffers::Vector<'a, SegmentStart>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, SegmentStart>>>(SendRecordsResponse::VT_SEGMENT_STARTS, None)}
+  }
+  /// The broker's address as its records name it (host:port).
+  #[inline]
+  pub fn store_host(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SendRecordsResponse::VT_STORE_HOST, None)}
+  }
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SendRecordsResponse::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SendRecordsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<u32>("count", Self::VT_COUNT, false)?
+     .visit_field::<i64>("first_queue_offset", Self::VT_FIRST_QUEUE_OFFSET, false)?
+     .visit_field::<i64>("first_physical_offset", Self::VT_FIRST_PHYSICAL_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, SegmentStart>>>("segment_starts", Self::VT_SEGMENT_STARTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("store_host", Self::VT_STORE_HOST, false)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SendRecordsResponseArgs<'a> {
+    pub queue_id: i32,
+    pub count: u32,
+    pub first_queue_offset: i64,
+    pub first_physical_offset: i64,
+    pub segment_starts: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, SegmentStart>>>,
+    pub store_host: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub storage_shard: u32,
+}
+impl<'a> Default for SendRecordsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SendRecordsResponseArgs {
+      queue_id: -1,
+      count: 0,
+      first_queue_offset: -1,
+      first_physical_offset: -1,
+      segment_starts: None,
+      store_host: None,
+      storage_shard: 0,
+    }
+  }
+}
+
+pub struct SendRecordsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SendRecordsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: i32) {
+    self.fbb_.push_slot::<i32>(SendRecordsResponse::VT_QUEUE_ID, queue_id, -1);
+  }
+  #[inline]
+  pub fn add_count(&mut self, count: u32) {
+    self.fbb_.push_slot::<u32>(SendRecordsResponse::VT_COUNT, count, 0);
+  }
+  #[inline]
+  pub fn add_first_queue_offset(&mut self, first_queue_offset: i64) {
+    self.fbb_.push_slot::<i64>(SendRecordsResponse::VT_FIRST_QUEUE_OFFSET, first_queue_offset, -1);
+  }
+  #[inline]
+  pub fn add_first_physical_offset(&mut self, first_physical_offset: i64) {
+    self.fbb_.push_slot::<i64>(SendRecordsResponse::VT_FIRST_PHYSICAL_OFFSET, first_physical_offset, -1);
+  }
+  #[inline]
+  pub fn add_segment_starts(&mut self, segment_starts: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , SegmentStart>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendRecordsResponse::VT_SEGMENT_STARTS, segment_starts);
+  }
+  #[inline]
+  pub fn add_store_host(&mut self, store_host: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SendRecordsResponse::VT_STORE_HOST, store_host);
+  }
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(SendRecordsResponse::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SendRecordsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SendRecordsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SendRecordsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SendRecordsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SendRecordsResponse");
+      ds.field("queue_id", &self.queue_id());
+      ds.field("count", &self.count());
+      ds.field("first_queue_offset", &self.first_queue_offset());
+      ds.field("first_physical_offset", &self.first_physical_offset());
+      ds.field("segment_starts", &self.segment_starts());
+      ds.field("store_host", &self.store_host());
+      ds.field("storage_shard", &self.storage_shard());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendRecordsResponseT {
+  pub queue_id: i32,
+  pub count: u32,
+  pub first_queue_offset: i64,
+  pub first_physical_offset: i64,
+  pub segment_starts: Option<alloc::vec::Vec<SegmentStartT>>,
+  pub store_host: Option<alloc::string::String>,
+  pub storage_shard: u32,
+}
+impl Default for SendRecordsResponseT {
+  fn default() -> Self {
+    Self {
+      queue_id: -1,
+      count: 0,
+      first_queue_offset: -1,
+      first_physical_offset: -1,
+      segment_starts: None,
+      store_host: None,
+      storage_shard: 0,
+    }
+  }
+}
+impl SendRecordsResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<SendRecordsResponse<'b>> {
+    let queue_id = self.queue_id;
+    let count = self.count;
+    let first_queue_offset = self.first_queue_offset;
+    let first_physical_offset = self.first_physical_offset;
+    let segment_starts = self.segment_starts.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack()).collect();_fbb.create_vector(&w)
+    });
+    let store_host = self.store_host.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let storage_shard = self.storage_shard;
+    SendRecordsResponse::create(_fbb, &SendRecordsResponseArgs{
+      queue_id,
+      count,
+      first_queue_offset,
+      first_physical_offset,
+      segment_starts,
+      store_host,
+      storage_shard,
     })
   }
 }
@@ -17539,6 +18264,16 @@ impl<'a> Frame<'a> {
             .expect("Invalid union table, expected `Body::ControllerStatusResponse`.")
             .unpack()
       )),
+      Body::SendRecordsRequest => BodyT::SendRecordsRequest(alloc::boxed::Box::new(
+        self.body_as_send_records_request()
+            .expect("Invalid union table, expected `Body::SendRecordsRequest`.")
+            .unpack()
+      )),
+      Body::SendRecordsResponse => BodyT::SendRecordsResponse(alloc::boxed::Box::new(
+        self.body_as_send_records_response()
+            .expect("Invalid union table, expected `Body::SendRecordsResponse`.")
+            .unpack()
+      )),
       _ => BodyT::NONE,
     };
     FrameT {
@@ -18497,6 +19232,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_send_records_request(&self) -> Option<SendRecordsRequest<'a>> {
+    if self.body_type() == Body::SendRecordsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { SendRecordsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_send_records_response(&self) -> Option<SendRecordsResponse<'a>> {
+    if self.body_type() == Body::SendRecordsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { SendRecordsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -18571,6 +19336,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ControllerHeartbeatResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerHeartbeatResponse>>("Body::ControllerHeartbeatResponse", pos),
           Body::ControllerStatusRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerStatusRequest>>("Body::ControllerStatusRequest", pos),
           Body::ControllerStatusResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerStatusResponse>>("Body::ControllerStatusResponse", pos),
+          Body::SendRecordsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendRecordsRequest>>("Body::SendRecordsRequest", pos),
+          Body::SendRecordsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendRecordsResponse>>("Body::SendRecordsResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -19068,6 +19835,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ControllerStatusResponse => {
           if let Some(x) = self.body_as_controller_status_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::SendRecordsRequest => {
+          if let Some(x) = self.body_as_send_records_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::SendRecordsResponse => {
+          if let Some(x) = self.body_as_send_records_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
