@@ -40,6 +40,8 @@ pub struct RunRecord<'a> {
     /// Where the record starts in the run.
     pub at: usize,
     pub len: u32,
+    /// Length of the record's body.
+    pub body_len: u32,
     pub tags: Option<&'a str>,
     /// The `KEYS` property: keys separated by single spaces.
     pub keys: Option<&'a str>,
@@ -200,6 +202,7 @@ fn check_record<'a>(
     Ok(RunRecord {
         at: 0,
         len: total as u32,
+        body_len: view.body().len() as u32,
         tags,
         keys,
         unique_key,

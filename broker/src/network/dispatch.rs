@@ -25,20 +25,12 @@ pub async fn handle(
     let started = std::time::Instant::now();
     let answer = dispatch(shard, connection, &frame).await;
     let metrics = crate::metrics::broker();
-    if let Some(send) = request.body_as_send_request() {
+    if request.body_type() == wire::Body::SendRequest
+        || request.body_type() == wire::Body::SendRecordsRequest
+    {
         metrics
             .send_latency
             .observe(started.elapsed().as_secs_f64());
-        if answer.is_ok() {
-            let messages = send.messages().map(|m| m.len()).unwrap_or(0);
-            let body_bytes = send
-                .messages()
-                .iter()
-                .flat_map(|v| v.iter())
-                .map(|m| m.body().map_or(0, |b| b.len()))
-                .sum();
-            metrics.stored(send.topic().unwrap_or_default(), messages, body_bytes);
-        }
     }
     if is_one_way {
         return None;
@@ -94,6 +86,10 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
         // Producing.
         Body::SendRequest => {
             produce::send(shard, c, id, body!(request, body_as_send_request)).await
+        }
+        Body::SendRecordsRequest => {
+            let r = body!(request, body_as_send_records_request);
+            produce::send_records(shard, frame, id, r).await
         }
         Body::SendHalfRequest => {
             transaction::handle_send_half(shard, c, id, body!(request, body_as_send_half_request))
@@ -310,6 +306,7 @@ fn handshake_answer(
 /// master's replication may change.
 fn is_write_request(request: &wire::Frame<'_>) -> bool {
     request.body_as_send_request().is_some()
+        || request.body_as_send_records_request().is_some()
         || request.body_as_send_half_request().is_some()
         || request.body_as_end_transaction_request().is_some()
         || request.body_as_upsert_topic_request().is_some()

@@ -1,11 +1,13 @@
-//! The send path on a network shard: check a send (topic, group, batch limits, reserved
-//! properties), place delayed and timer messages in their schedule queue, turn the wire messages
-//! into stored records (the per-byte work, body CRC included, so storage cores only assign
-//! offsets and write), ask the owning storage shard to append, and answer one result per record.
+//! The send path on a network shard. A producer's run of records (`send_records`, protocol 2):
+//! check it in one pass, hand it to the owning storage shard as a slice of its frame, answer in
+//! a constant size. A send of wire messages (`send`: older clients, and messages with a delay
+//! or a timer): check it (topic, group, batch limits, reserved properties), place delayed and
+//! timer messages in their schedule queue, turn the messages into stored records (the per-byte
+//! work, so storage cores only assign offsets and write), and answer one result per record.
 
 use std::net::SocketAddr;
 
-use shardmq_schema::{build_frame, wire, FrameHeader};
+use shardmq_schema::{build_frame, wire, FrameHeader, VerifiedFrame};
 
 use super::request::{
     frame_error, invalid, refuse, writable_topic, write_queue, Answer, Connection, Refusal,
@@ -14,8 +16,11 @@ use super::NetworkShard;
 use crate::mesh::StorageRequest;
 use crate::msgid::offset_message_id;
 use crate::naming::check_group_name;
-use crate::store::record::{RecordInput, SYS_FLAG_COMPRESSED};
-use crate::store::{AppendStatus, EncodedBatch};
+use crate::store::index::{index_hash, IndexKind};
+use crate::store::record::{
+    check_run, tags_hash, PendingRecord, RecordInput, RunError, RunRules, SYS_FLAG_COMPRESSED,
+};
+use crate::store::{AppendStatus, BatchBytes, EncodedBatch};
 use crate::topics::{TopicConfig, UpsertError};
 
 /// Property names the broker sets itself; user properties may not use them.
@@ -36,6 +41,10 @@ const RESERVED_PROPERTIES: [&str; 13] = [
     "MAX_RECONSUME_TIMES",
 ];
 
+/// The reserved names a producer's run may not hold: all but the four a producer writes itself
+/// in its records (`TAGS`, `KEYS`, `UNIQ_KEY`, and `__CRC32#` last, which the run check places).
+const BROKER_ONLY_PROPERTIES: &[&str] = RESERVED_PROPERTIES.split_at(4).1;
+
 pub(super) async fn send(
     shard: &NetworkShard,
     connection: &Connection,
@@ -43,32 +52,7 @@ pub(super) async fn send(
     r: wire::SendRequest<'_>,
 ) -> Answer {
     let topic = r.topic().unwrap_or_default();
-    let config = match writable_topic(shard, topic)? {
-        Some(config) => config,
-        None if shard.config.auto_create_topics => {
-            let config = TopicConfig::new(topic, shard.config.default_topic_queues);
-            let created = config.clone();
-            let outcome = shard
-                .ask(0, |reply| StorageRequest::UpsertTopic {
-                    config,
-                    is_create_only: true,
-                    reply,
-                })
-                .await?;
-            match outcome {
-                Ok(()) | Err(UpsertError::Exists) => created,
-                Err(UpsertError::Invalid(why)) => return Err(invalid(why)),
-            }
-        }
-        None => {
-            return Err(refuse(
-                wire::Status::TOPIC_NOT_FOUND,
-                format!(
-                "topic {topic} does not exist on this broker (create it first; auto-create is off)"
-            ),
-            ))
-        }
-    };
+    let config = topic_for_send(shard, topic).await?;
     if let Some(group) = r.producer_group().filter(|g| !g.is_empty()) {
         check_group_name(group).map_err(invalid)?;
     }
@@ -117,6 +101,11 @@ pub(super) async fn send(
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await??;
+    let body_bytes = messages
+        .iter()
+        .map(|m| m.body().map_or(0, |b| b.len()))
+        .sum();
+    crate::metrics::broker().stored(topic, messages.len(), body_bytes);
     // A scheduled message has no position in its real queue until it is delivered there: its
     // answer says so (queue offset -1) rather than give the schedule queue's offset under the
     // real topic's name. Its offset id names the scheduled copy, which query-id finds.
@@ -126,6 +115,120 @@ pub(super) async fn send(
         is_scheduled: scheduled.is_some(),
     };
     encode_send_response(shard, id, &outcome, &unique_ids, placement)
+}
+
+/// A producer's run of stored records (`SendRecordsRequest`): checked in one pass without
+/// allocating per record, then handed to the storage shard as a slice of the frame (no copy)
+/// with what it needs per record; answered in a constant size.
+pub(super) async fn send_records(
+    shard: &NetworkShard,
+    frame: &VerifiedFrame,
+    id: u64,
+    r: wire::SendRecordsRequest<'_>,
+) -> Answer {
+    let topic = r.topic().unwrap_or_default();
+    let config = topic_for_send(shard, topic).await?;
+    if let Some(group) = r.producer_group().filter(|g| !g.is_empty()) {
+        check_group_name(group).map_err(invalid)?;
+    }
+    let run = r.records().map(|v| v.bytes()).unwrap_or_default();
+    let expected = r.count() as usize;
+    let limits = &shard.config;
+    if expected == 0 || expected > limits.max_batch_messages {
+        return Err(invalid(format!(
+            "count is {expected}; a run holds 1 to max_batch_messages ({}) records",
+            limits.max_batch_messages
+        )));
+    }
+    let queue_id = write_queue(shard, &config, r.queue_id())?;
+    let store_host = shard.store_host.get();
+    let rules = RunRules {
+        topic,
+        max_body_bytes: limits.max_message_bytes,
+        max_records: expected,
+        store_host_is_v6: store_host.is_ipv6(),
+        reserved_properties: BROKER_ONLY_PROPERTIES,
+    };
+    let mut records = Vec::with_capacity(expected);
+    let mut index_hashes = Vec::with_capacity(expected);
+    let mut body_bytes = 0usize;
+    let count = check_run(run, &rules, |record| {
+        let before = index_hashes.len();
+        if let Some(keys) = record.keys {
+            index_hashes.extend(
+                keys.split(' ')
+                    .map(|key| index_hash(IndexKind::Key, topic, key)),
+            );
+        }
+        if let Some(unique_key) = record.unique_key {
+            index_hashes.push(index_hash(IndexKind::UniqueId, "", unique_key));
+        }
+        body_bytes += record.body_len as usize;
+        records.push(PendingRecord {
+            len: record.len,
+            queue_id,
+            tags_hash: record.tags.map_or(0, tags_hash),
+            topic: 0,
+            // Keys are bounded by the properties' 64 KiB, so the count fits.
+            index_hash_count: (index_hashes.len() - before) as u16,
+        });
+    })
+    .map_err(|error| match error {
+        RunError::BodyTooLarge { .. } => refuse(wire::Status::MESSAGE_TOO_LARGE, error.to_string()),
+        error => invalid(error.to_string()),
+    })?;
+    if count != expected {
+        return Err(invalid(format!(
+            "the run holds {count} records but count says {expected}"
+        )));
+    }
+    let bytes = frame
+        .share(run)
+        .expect("the run is a slice of its own frame");
+    let batch = EncodedBatch {
+        bytes: BatchBytes::Shared(bytes),
+        records,
+        topics: vec![topic.to_owned()],
+        index_hashes,
+        store_host: Some(store_host),
+    };
+    let storage = shard.shard_of(topic, queue_id);
+    let outcome = shard
+        .ask(storage, |reply| StorageRequest::Append { batch, reply })
+        .await??;
+    crate::metrics::broker().stored(topic, count, body_bytes);
+    encode_records_response(shard, id, &outcome, queue_id, storage)
+}
+
+/// The topic a send may write to: its config, creating the topic first on storage shard 0
+/// when the broker auto-creates topics.
+async fn topic_for_send(shard: &NetworkShard, topic: &str) -> Result<TopicConfig, Refusal> {
+    Ok(match writable_topic(shard, topic)? {
+        Some(config) => config,
+        None if shard.config.auto_create_topics => {
+            let config = TopicConfig::new(topic, shard.config.default_topic_queues);
+            let created = config.clone();
+            let outcome = shard
+                .ask(0, |reply| StorageRequest::UpsertTopic {
+                    config,
+                    is_create_only: true,
+                    reply,
+                })
+                .await?;
+            match outcome {
+                Ok(()) | Err(UpsertError::Exists) => created,
+                Err(UpsertError::Invalid(why)) => return Err(invalid(why)),
+            }
+        }
+        None => {
+            return Err(refuse(
+                wire::Status::TOPIC_NOT_FOUND,
+                format!(
+                "topic {topic} does not exist on this broker (create it first; auto-create is off)"
+            ),
+            ))
+        }
+    })
 }
 
 /// Where a stored send went, for its answer.
@@ -152,27 +255,7 @@ pub(super) fn encode_send_response(
         is_scheduled,
     } = placement;
     let store_host = shard.store_host.get();
-    let status = match outcome.status {
-        AppendStatus::Ok => wire::Status::OK,
-        AppendStatus::FlushDiskTimeout => {
-            crate::metrics::broker().sync_flush_timeouts.inc();
-            wire::Status::FLUSH_DISK_TIMEOUT
-        }
-        AppendStatus::FlushSlaveTimeout => wire::Status::FLUSH_SLAVE_TIMEOUT,
-        AppendStatus::SlaveNotAvailable => wire::Status::SLAVE_NOT_AVAILABLE,
-    };
-    let message = match outcome.status {
-        AppendStatus::Ok => "",
-        AppendStatus::FlushDiskTimeout => {
-            "stored, but the sync flush did not complete within sync_flush_timeout_ms"
-        }
-        AppendStatus::FlushSlaveTimeout => {
-            "stored on the master, but the slave did not acknowledge it within sync_flush_timeout_ms"
-        }
-        AppendStatus::SlaveNotAvailable => {
-            "stored on the master, but no slave is replicating from it (sync-master)"
-        }
-    };
+    let (status, message) = append_status(outcome);
     shard
         .with_encoder(|encoder| {
             encoder.encode(|b| {
@@ -218,6 +301,81 @@ pub(super) fn encode_send_response(
                     b,
                     &header,
                     wire::Body::SendResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+        })
+        .map(|frame| vec![frame])
+        .map_err(frame_error)
+}
+
+/// The flush outcome of an append as a status and its message.
+fn append_status(outcome: &crate::store::AppendOutcome) -> (wire::Status, &'static str) {
+    match outcome.status {
+        AppendStatus::Ok => (wire::Status::OK, ""),
+        AppendStatus::FlushDiskTimeout => {
+            crate::metrics::broker().sync_flush_timeouts.inc();
+            (
+                wire::Status::FLUSH_DISK_TIMEOUT,
+                "stored, but the sync flush did not complete within sync_flush_timeout_ms",
+            )
+        }
+        AppendStatus::FlushSlaveTimeout => (
+            wire::Status::FLUSH_SLAVE_TIMEOUT,
+            "stored on the master, but the slave did not acknowledge it within sync_flush_timeout_ms",
+        ),
+        AppendStatus::SlaveNotAvailable => (
+            wire::Status::SLAVE_NOT_AVAILABLE,
+            "stored on the master, but no slave is replicating from it (sync-master)",
+        ),
+    }
+}
+
+/// The constant-size answer to a stored run: where its first record went and where any record
+/// that a segment rollover moved starts.
+fn encode_records_response(
+    shard: &NetworkShard,
+    id: u64,
+    outcome: &crate::store::AppendOutcome,
+    queue_id: u32,
+    storage: usize,
+) -> Answer {
+    let (status, message) = append_status(outcome);
+    let first = outcome.records.first();
+    let mut segment_starts = Vec::new();
+    let mut expected = first.map_or(0, |r| r.physical_offset);
+    for (index, record) in outcome.records.iter().enumerate() {
+        if record.physical_offset != expected {
+            segment_starts.push(wire::SegmentStart::new(
+                index as u32,
+                record.physical_offset,
+            ));
+        }
+        expected = record.physical_offset + u64::from(record.size);
+    }
+    let store_host = shard.store_host.get().to_string();
+    shard
+        .with_encoder(|encoder| {
+            encoder.encode(|b| {
+                let starts = b.create_vector(&segment_starts);
+                let store_host = b.create_string(&store_host);
+                let body = wire::SendRecordsResponse::create(
+                    b,
+                    &wire::SendRecordsResponseArgs {
+                        queue_id: queue_id as i32,
+                        count: outcome.records.len() as u32,
+                        first_queue_offset: first.map_or(-1, |r| r.queue_offset as i64),
+                        first_physical_offset: first.map_or(-1, |r| r.physical_offset as i64),
+                        segment_starts: Some(starts),
+                        store_host: Some(store_host),
+                        storage_shard: storage as u32,
+                    },
+                );
+                let header = FrameHeader::response(id, status).with_message(message);
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::SendRecordsResponse,
                     Some(body.as_union_value()),
                 )
             })
