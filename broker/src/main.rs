@@ -71,6 +71,11 @@ struct ServeArgs {
     /// never. [default: 67108864]
     #[arg(long)]
     preallocate_ahead_bytes: Option<u64>,
+    /// Size of each storage shard's append journal: under async flush a send is acknowledged
+    /// once its bytes are in it (the page cache), not after their O_DIRECT write; 0 turns it
+    /// off. A multiple of 4096. [default: 67108864]
+    #[arg(long)]
+    journal_bytes: Option<u64>,
     /// Cores of the storage shards, comma separated; one shard per entry. [default: 0]
     #[arg(long, value_delimiter = ',')]
     storage_cores: Option<Vec<usize>>,
@@ -245,6 +250,7 @@ impl ServeArgs {
             sync_flush_timeout_ms,
             segment_bytes,
             preallocate_ahead_bytes,
+            journal_bytes,
             storage_cores,
             network_cores,
             cluster_name,

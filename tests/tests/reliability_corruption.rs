@@ -188,6 +188,14 @@ fn commitlog_cut_at_random_offsets_keeps_every_record_before_the_cut_and_none_af
         };
         let segment = first_segment(&broker);
         let bytes_before_cut = std::fs::read(&segment).expect("read the segment");
+        // The disk lost its tail: the append journal (page cache) is gone with it, or it
+        // would bring back what it held past the cut.
+        let journal = segment
+            .parent()
+            .and_then(|commitlog| commitlog.parent())
+            .map(|shard| shard.join("journal"))
+            .expect("the shard directory");
+        let _ = std::fs::remove_file(journal);
         OpenOptions::new()
             .write(true)
             .open(&segment)

@@ -512,8 +512,13 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
     assert_eq!(status_of(&answer).0, wire::Status::SERVICE_NOT_AVAILABLE);
 }
 
-/// Cuts `shard_dir`'s CommitLog at `offset`, as a master that lost its tail would find it.
+/// Cuts `shard_dir`'s CommitLog at `offset`, as a master that lost its tail in a power loss
+/// would find it: the append journal (page cache) is lost with it.
 fn cut_commitlog(shard_dir: &std::path::Path, offset: u64) {
+    match std::fs::remove_file(shard_dir.join("journal")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("removing the journal: {e}"),
+        _ => {}
+    }
     let commitlog = shard_dir.join("commitlog");
     let mut segments: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&commitlog)
         .unwrap()

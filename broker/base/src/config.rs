@@ -32,6 +32,10 @@ pub struct BrokerConfig {
     pub segment_bytes: u64,
     /// Pre-allocate CommitLog segment files this far ahead of the data (0: never).
     pub preallocate_ahead_bytes: u64,
+    /// Size of each storage shard's append journal (`<shard>/journal`): under async flush a
+    /// send is acknowledged once its bytes are in it (the kernel's page cache), not once its
+    /// O_DIRECT write completes; 0 turns it off. A multiple of 4096.
+    pub journal_bytes: u64,
     pub consume_queue_entries_per_file: u64,
     pub file_reserved_hours: u64,
     pub disk_max_used_ratio: f64,
@@ -185,6 +189,7 @@ impl Default for BrokerConfig {
             sync_flush_timeout_ms: 5_000,
             segment_bytes: 1 << 30,
             preallocate_ahead_bytes: 64 << 20,
+            journal_bytes: 64 << 20,
             consume_queue_entries_per_file: 300_000,
             file_reserved_hours: 72,
             disk_max_used_ratio: 0.75,
@@ -324,6 +329,12 @@ impl BrokerConfig {
     /// Checks every value and their combinations; the message names the key and the limit.
     pub fn validate(&self) -> Result<(), String> {
         self.flush.parse::<FlushMode>()?;
+        if !self.journal_bytes.is_multiple_of(4096) {
+            return Err(format!(
+                "journal_bytes ({}) must be a multiple of 4096 (0 turns the journal off)",
+                self.journal_bytes
+            ));
+        }
         self.listen_addr()?;
         self.metrics_listen_addr()?;
         if self.is_auto() {
@@ -454,6 +465,7 @@ impl BrokerConfig {
         config.sync_flush_timeout_ms = self.sync_flush_timeout_ms;
         config.segment_bytes = self.segment_bytes;
         config.preallocate_ahead_bytes = self.preallocate_ahead_bytes;
+        config.journal_bytes = self.journal_bytes;
         config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
         config.file_reserved_hours = self.file_reserved_hours;
         config.disk_max_used_ratio = self.disk_max_used_ratio;

@@ -351,12 +351,14 @@ impl CommitLog {
 
     /// The oldest physical offset still stored.
     pub fn min_offset(&self) -> u64 {
+        // Before the first write creates a segment file, the log's bytes are in the ring only
+        // (they can be complete by then: in the journal under async flush).
         self.segments
             .borrow()
             .keys()
             .next()
             .copied()
-            .unwrap_or(self.write_offset.get())
+            .unwrap_or_else(|| self.ring.borrow().valid_from())
     }
 
     /// Largest record a segment can take (leaving room for a blank filler).
@@ -426,9 +428,9 @@ impl CommitLog {
     }
 
     /// Plans the next O_DIRECT write, if one may start now: a full chunk whenever one is
-    /// waiting (several in flight), a partly filled chunk only when nothing else is in flight
-    /// (the disk would otherwise sit idle while data waits). Writes never overlap: a write that
-    /// would rewrite a block still being written waits for it.
+    /// waiting (several in flight), a partly filled chunk whenever it overlaps no write in
+    /// flight. Writes never overlap: a write that would rewrite a block still being written
+    /// waits for it.
     pub fn next_write_job(&self) -> Option<WriteJob> {
         let issued = self.issued_to.get();
         let end = self.write_offset.get();
@@ -445,10 +447,10 @@ impl CommitLog {
         let chunk_bytes = ring.chunk_bytes();
         let chunk_base = issued - issued % chunk_bytes;
         let chunk_end = chunk_base + chunk_bytes;
+        // A partly filled chunk (the newest bytes, nothing queued after them) starts as soon as
+        // it overlaps no write in flight: at a block boundary behind full chunks being written,
+        // it does not wait for them (a small send waiting for its write is answered sooner).
         let data_to = end.min(chunk_end);
-        if data_to < chunk_end && in_flight > 0 {
-            return None;
-        }
         let buffer = if from == chunk_base && data_to == chunk_end {
             ring.full_chunk(chunk_base)
         } else {
@@ -622,6 +624,12 @@ impl CommitLog {
         let end = self.write_offset.get();
         let keep_from = align_down(self.written.get()).min(end.saturating_sub(self.hot_tail_bytes));
         self.ring.borrow_mut().trim_below(keep_from);
+    }
+
+    /// Calls `visit(offset, bytes)` for the bytes `[from, to)` in the write ring, a chunk's
+    /// part at a time (every byte not yet written is there).
+    pub fn visit_ring(&self, from: u64, to: u64, visit: &mut dyn FnMut(u64, &[u8])) {
+        self.ring.borrow().visit(from, to, visit);
     }
 
     /// Whether `[from, to)` is in the write ring: bytes this process appended and still holds
@@ -856,17 +864,23 @@ mod tests {
             append(&log, &vec![4u8; 1000]); // rolls over: blank filler, then the next segment
             let first = log.next_write_job().expect("the full first chunk");
             assert_eq!((first.from(), first.data_to()), (0, chunk));
-            // The second chunk is only partly filled: it waits until nothing is in flight.
-            assert!(log.next_write_job().is_none());
-            let outcome = log.write(first).await;
-            assert!(log.finish_write(0, outcome));
-            let second = log.next_write_job().expect("now the partial chunk");
+            // The partly filled second chunk starts at a block boundary: it does not wait
+            // behind the full chunk's write.
+            let second = log
+                .next_write_job()
+                .expect("the partial chunk, beside the full one");
             assert_eq!((second.from(), second.data_to()), (chunk, chunk + 1000));
             assert!(log.next_write_job().is_none(), "nothing more to write");
             append(&log, &[5u8; 10]);
             assert!(
                 log.next_write_job().is_none(),
                 "rewriting the block still being written must wait"
+            );
+            let outcome = log.write(first).await;
+            assert!(log.finish_write(0, outcome));
+            assert!(
+                log.next_write_job().is_none(),
+                "the partial block is still being written"
             );
             let outcome = log.write(second).await;
             assert!(log.finish_write(chunk, outcome));

@@ -15,6 +15,7 @@ pub mod epochs;
 pub mod filter;
 pub mod format;
 pub mod index;
+pub mod journal;
 pub mod message_store;
 pub mod notify;
 pub mod scan;

@@ -273,6 +273,26 @@ impl WriteRing {
         }
     }
 
+    /// Calls `visit(offset, bytes)` for the bytes `[from, to)`, a chunk's part at a time (all of
+    /// them must be in the ring).
+    pub fn visit(&self, from: u64, to: u64, visit: &mut dyn FnMut(u64, &[u8])) {
+        assert!(
+            from >= self.valid_from && to <= self.end,
+            "visit of [{from}, {to}) outside the ring [{}, {})",
+            self.valid_from,
+            self.end
+        );
+        let mut at = from;
+        while at < to {
+            let within = at % self.chunk_bytes;
+            let take = (to - at).min(self.chunk_bytes - within) as usize;
+            // SAFETY: `[at, at + take)` lies in one chunk and below `end`.
+            let bytes = unsafe { std::slice::from_raw_parts(self.chunk_ptr(at), take) };
+            visit(at, bytes);
+            at += take as u64;
+        }
+    }
+
     /// The buffer of the full chunk starting at `base`, to write without copying.
     pub fn full_chunk(&self, base: u64) -> Rc<DmaBuffer> {
         assert!(

@@ -576,14 +576,15 @@ fn oversized_and_malformed_batches_are_refused_whole() {
     });
 }
 
-/// Async flush acknowledges an append only once its O_DIRECT write has completed: the bytes
-/// are then in the file (a crash of the process cannot lose them) although no `fdatasync` has
-/// run, and the message is visible to readers at that same moment.
+/// Without the journal, async flush acknowledges an append only once its O_DIRECT write has
+/// completed: the bytes are then in the file (a crash of the process cannot lose them) although
+/// no `fdatasync` has run, and the message is visible to readers at that same moment.
 #[test]
 fn an_async_append_is_in_the_file_when_it_returns_before_any_fdatasync() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = small_config(dir.path(), FlushMode::Async);
     config.flush_interval_ms = 600_000;
+    config.journal_bytes = 0;
     let shard_dir = dir.path().to_path_buf();
     run(|| async move {
         let (store, _) = MessageStore::open(config).await.unwrap();
@@ -627,4 +628,104 @@ fn an_async_append_is_in_the_file_when_it_returns_before_any_fdatasync() {
         }
         store.close().await.unwrap();
     });
+}
+
+/// With the journal, async flush acknowledges an append once its bytes are in the journal, a
+/// file mapped into memory: in the page cache, where a crash of the process cannot lose them,
+/// whether or not their O_DIRECT write has completed. A broker killed while its last writes had
+/// not reached the segment (zeros where records should be; the journal's header saying what it
+/// held then) gets them back from the journal at the next open; without the journal they would
+/// be lost.
+#[test]
+fn an_async_append_is_in_the_journal_when_it_returns_and_comes_back_after_a_crash() {
+    const JOURNAL: u64 = 64 << 10;
+    let lost_without_journal = |journal_bytes: u64| -> (usize, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = small_config(dir.path(), FlushMode::Async);
+        config.flush_interval_ms = 600_000;
+        config.journal_bytes = JOURNAL;
+        let shard_dir = dir.path().to_path_buf();
+        let body = |seq: u64| body_for("journaled", 0, seq, 200 + seq as usize * 31);
+        let cut_at: u64 = run(|| {
+            let config = config.clone();
+            let shard_dir = shard_dir.clone();
+            async move {
+                let (store, _) = MessageStore::open(config).await.unwrap();
+                let mut cut_at = 0;
+                for seq in 0..20u64 {
+                    let outcome = store
+                        .append(batch(
+                            "journaled",
+                            0,
+                            &[plain("journaled", 0, seq, body(seq).len())],
+                        ))
+                        .await
+                        .unwrap();
+                    assert_eq!(outcome.status, AppendStatus::Ok);
+                    let record = outcome.records[0];
+                    if seq == 10 {
+                        cut_at = record.physical_offset;
+                    }
+                    // Acknowledged: in the journal file, read with ordinary (page cache) reads.
+                    let journal = std::fs::read(shard_dir.join("journal")).unwrap();
+                    let at = 4096 + (record.physical_offset % JOURNAL) as usize;
+                    let view = shardmq_store::record::decode_message(
+                        &journal[at..at + record.size as usize],
+                    )
+                    .unwrap();
+                    assert_eq!(view.body(), &body(seq)[..]);
+                    assert_eq!(view.physical_offset(), record.physical_offset);
+                }
+                // Killed: no close (the executor and its tasks end here).
+                cut_at
+            }
+        });
+        // The kill came while the writes from record 10 on (at the latest) had not reached the
+        // segment: the journal then vouched for everything from there (its header's start) and
+        // the segment held zeros. (Often no write has completed at all by the time the
+        // executor ends; then there is no segment file yet.)
+        {
+            use std::os::unix::fs::FileExt;
+            let journal = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(shard_dir.join("journal"))
+                .unwrap();
+            let mut start = [0u8; 8];
+            journal.read_exact_at(&mut start, 24).unwrap();
+            let start = u64::from_be_bytes(start).min(cut_at);
+            journal.write_all_at(&start.to_be_bytes(), 24).unwrap();
+            let segment = std::fs::read_dir(shard_dir.join("commitlog"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().unwrap().to_str().unwrap().len() == 20);
+            if let Some(segment) = segment {
+                let mut bytes = std::fs::read(&segment).unwrap();
+                for byte in bytes.iter_mut().skip(start as usize) {
+                    *byte = 0;
+                }
+                std::fs::write(&segment, &bytes).unwrap();
+            }
+        }
+        config.journal_bytes = journal_bytes;
+        let (count, replayed) = run(|| async move {
+            let (store, report) = MessageStore::open(config).await.unwrap();
+            let bodies = read_all(&store, "journaled", 0, 0).await;
+            for (seq, stored) in bodies.iter().enumerate() {
+                assert_eq!(stored, &body(seq as u64));
+            }
+            store.close().await.unwrap();
+            (bodies.len(), report.replayed_from_journal)
+        });
+        let report = verify_data_dir(dir.path()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        (count, replayed)
+    };
+    let (count, replayed) = lost_without_journal(JOURNAL);
+    assert_eq!(count, 20, "every acknowledged record is back");
+    assert!(replayed > 0);
+    // Opened without its journal, the same log keeps only what reached the segment.
+    let (count, replayed) = lost_without_journal(0);
+    assert!(count <= 10, "{count} records survived without the journal");
+    assert_eq!(replayed, 0);
 }

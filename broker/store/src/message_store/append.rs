@@ -101,6 +101,9 @@ impl MessageStore {
         let end = inner.commit_log.write_offset();
         inner.records_end.set(end);
         inner.writer_wake.notify_all();
+        // In the journal the batch is safe from a crash of the process at once (async flush).
+        inner.journal_new_bytes();
+        inner.publish_progress_or_log();
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
         let status = if inner.wait_visible(end, timeout).await {
             AppendStatus::Ok
@@ -211,6 +214,8 @@ impl MessageStore {
             waiting.infos.extend(infos);
         }
         inner.writer_wake.notify_all();
+        inner.journal_new_bytes();
+        inner.publish_progress_or_log();
         Ok(log.write_offset())
     }
 }

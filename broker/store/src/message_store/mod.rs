@@ -38,6 +38,8 @@ use tracing::{info, warn};
 use crate::append_file::prime_direct_io_probe;
 use crate::checkpoint::Checkpoint;
 
+use crate::journal::Journal;
+
 use self::flush::flush_loop;
 use self::housekeeping::housekeeping_loop;
 use self::recovery::{apply_requested_truncation, settle_segment_bytes};
@@ -88,7 +90,16 @@ impl MessageStore {
             .checkpoint
             .map(|c| c.derived_durable_offset)
             .unwrap_or(0);
-        let inner = match Inner::recover(&config, keep_below, &mut report).await? {
+        // What the journal holds past the end of the data on disk is part of the log to
+        // recover (async flush: acknowledged, maybe not yet written).
+        let journal = if config.flush_mode == FlushMode::Async && config.journal_bytes > 0 {
+            Some(Journal::open(&dir, config.journal_bytes).map_err(io_error("journal"))?)
+        } else {
+            None
+        };
+        let mut inner = match Inner::recover(&config, keep_below, journal.as_ref(), &mut report)
+            .await?
+        {
             Some(inner) => inner,
             None => {
                 warn!("derived files are inconsistent with the CommitLog: rebuilding them from scratch");
@@ -102,7 +113,7 @@ impl MessageStore {
                 report.rebuilt_derived = true;
                 report.records_redispatched = 0;
                 let first_scan = report.commitlog.clone();
-                let inner = Inner::recover(&config, 0, &mut report)
+                let inner = Inner::recover(&config, 0, journal.as_ref(), &mut report)
                     .await?
                     .ok_or_else(|| {
                         StoreError::Corrupt(
@@ -116,6 +127,14 @@ impl MessageStore {
                 inner
             }
         };
+        if let Some(mut journal) = journal {
+            // It holds `[written, end)` now: the bytes recovery took back from it, if any.
+            let end = inner.commit_log.write_offset();
+            journal.set_start(inner.commit_log.written_offset());
+            journal.set_end(end);
+            inner.journaled_end.set(end);
+            inner.journal = Some(RefCell::new(journal));
+        }
         let inner = Rc::new(inner);
         inner.refresh_disk_usage();
         inner.apply_retention_to_derived().await?;
@@ -192,6 +211,12 @@ impl MessageStore {
             task.await;
         }
         let end = inner.commit_log.write_offset();
+        if let Some(journal) = &inner.journal {
+            // Everything is written and synced: the journal vouches for nothing more.
+            let mut journal = journal.borrow_mut();
+            journal.set_start(inner.commit_log.written_offset());
+            journal.set_end(inner.commit_log.written_offset());
+        }
         inner.checkpoint().await?;
         info!(end_offset = end, "store closed");
         Ok(())

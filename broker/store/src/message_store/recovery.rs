@@ -9,15 +9,17 @@ use std::io;
 use std::path::Path;
 use std::rc::Rc;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::checkpoint::CHECKPOINT_FILE;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
 use crate::format::{StoreFormat, FORMAT_VERSION};
 use crate::index::{IndexEntry, MessageIndex};
+use crate::journal::Journal;
 use crate::notify::LocalNotify;
 use crate::record::{RecordView, BLANK_MIN_BYTES};
+use crate::scan::{scan_window, ScanStop};
 
 use super::state::{
     dispatch_info, entry_of, get_or_create_queue, DispatchInfo, Inner, PendingDispatch,
@@ -135,6 +137,8 @@ pub(super) fn apply_requested_truncation(
         offset,
         "cutting the CommitLog where replication asked (the master never had the bytes after it)"
     );
+    // Nothing the journal holds may come back past the cut.
+    crate::journal::clear_journal(shard_dir)?;
     let commitlog_dir = shard_dir.join("commitlog");
     if commitlog_dir.exists() {
         for (base, path) in crate::commitlog::list_segments(&commitlog_dir)? {
@@ -174,6 +178,7 @@ impl Inner {
     pub(super) async fn recover(
         config: &StoreConfig,
         keep_below: u64,
+        journal: Option<&Journal>,
         report: &mut RecoveryReport,
     ) -> Result<Option<Inner>, StoreError> {
         let dir = &config.shard_dir;
@@ -229,7 +234,7 @@ impl Inner {
             // Validate whole segments from the one holding the derived offset: a bad byte
             // below the checkpoint (lost or damaged on disk) is then found, not trusted.
             let scan_from = keep_below - keep_below % config.segment_bytes;
-            CommitLog::open(
+            let (commit_log, mut scan) = CommitLog::open(
                 dir.join("commitlog"),
                 config.segment_bytes,
                 config.hot_tail_bytes,
@@ -237,7 +242,14 @@ impl Inner {
                 &mut on_record,
             )
             .await
-            .map_err(io_error("commitlog"))?
+            .map_err(io_error("commitlog"))?;
+            if let Some(journal) = journal {
+                let end = scan.end_offset;
+                let replayed = replay_journal(journal, &commit_log, end, &mut on_record);
+                scan.end_offset = end + replayed;
+                report.replayed_from_journal = replayed;
+            }
+            (commit_log, scan)
         };
         // Kept even when this pass gives up: the rebuild's scan then finds the log already
         // cut and must not lose the news.
@@ -306,6 +318,66 @@ impl Inner {
             flush_error: RefCell::new(None),
             disk_used_ratio: Cell::new(0.0),
             is_closed: Cell::new(false),
+            journal: None,
+            journaled_end: Cell::new(0),
         }))
     }
+}
+
+/// Appends to `commit_log`, whose recovered data ends at `end`, what `journal` holds past it:
+/// bytes acknowledged before a crash whose write to the segment had not completed. Only the
+/// whole valid records and fillers at their start are taken, each checked as the recovery scan
+/// checks the log (`on_record` is told each record, as the scan tells it); a record the journal
+/// holds only in part was never acknowledged. Returns how many bytes were appended.
+fn replay_journal(
+    journal: &Journal,
+    commit_log: &CommitLog,
+    end: u64,
+    on_record: &mut dyn FnMut(u64, &RecordView<'_>),
+) -> u64 {
+    let Some(bytes) = journal.tail_from(end) else {
+        return 0;
+    };
+    let journal_end = end + bytes.len() as u64;
+    let segment_bytes = commit_log.segment_bytes();
+    let mut at = end;
+    while at < journal_end {
+        let segment_base = at - at % segment_bytes;
+        let window_end = journal_end.min(segment_base + segment_bytes);
+        let window = &bytes[(at - end) as usize..(window_end - end) as usize];
+        let stop = scan_window(
+            window,
+            segment_base,
+            at - segment_base,
+            segment_bytes,
+            false,
+            &mut |position, view| on_record(segment_base + position, view),
+        );
+        match stop {
+            ScanStop::SegmentEnd { .. } => at = segment_base + segment_bytes,
+            ScanStop::NeedMore { position }
+            | ScanStop::DataEnd { position }
+            | ScanStop::Invalid { position, .. } => {
+                at = segment_base + position;
+                break;
+            }
+        }
+    }
+    let valid = at.min(journal_end) - end;
+    if valid > 0 {
+        commit_log.append_raw(&bytes[..valid as usize]);
+        info!(
+            from = end,
+            bytes = valid,
+            "appended again from the journal what was acknowledged but not yet written"
+        );
+    }
+    if end + valid < journal_end {
+        warn!(
+            at = end + valid,
+            ignored_bytes = journal_end - end - valid,
+            "the journal holds no whole record from here; ignored (never acknowledged)"
+        );
+    }
+    valid
 }

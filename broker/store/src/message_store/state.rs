@@ -14,6 +14,7 @@ use tracing::{error, info};
 use crate::commitlog::CommitLog;
 use crate::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
 use crate::index::{index_hash, IndexEntry, IndexKind, MessageIndex};
+use crate::journal::Journal;
 use crate::notify::LocalNotify;
 use crate::record::{tags_hash, RecordView};
 
@@ -62,6 +63,10 @@ pub(super) struct Inner {
     pub(super) is_closed: Cell<bool>,
     /// Told the duration of each CommitLog group commit (for metrics; the store keeps none).
     pub(super) flush_observer: RefCell<Option<FlushObserver>>,
+    /// The append journal, under async flush when `journal_bytes` is not 0.
+    pub(super) journal: Option<RefCell<Journal>>,
+    /// Where the bytes the journal holds end (it holds every byte of `[written, journaled_end)`).
+    pub(super) journaled_end: Cell<u64>,
 }
 
 /// The derived entries of a record read back from the CommitLog (recovery); its index hashes
@@ -192,12 +197,40 @@ impl Inner {
         Ok(())
     }
 
-    /// The offset below which appended records are complete under the flush mode.
+    /// The offset below which appended records are complete under the flush mode: synced under
+    /// sync flush; under async flush written, or in the journal (page cache) when it is on.
     pub(super) fn visible_offset(&self) -> u64 {
         match self.config.flush_mode {
-            FlushMode::Async => self.commit_log.written_offset(),
+            FlushMode::Async => self
+                .commit_log
+                .written_offset()
+                .max(self.journaled_end.get()),
             FlushMode::Sync => self.commit_log.synced_offset(),
         }
+    }
+
+    /// Copies the appended bytes not yet written and not yet journaled into the journal, when
+    /// it is on and they fit (bytes still waiting for their write must stay in it); then they
+    /// are complete under async flush. Otherwise they complete when their write does.
+    pub(super) fn journal_new_bytes(&self) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        let log = &self.commit_log;
+        let (written, end) = (log.written_offset(), log.write_offset());
+        let mut journal = journal.borrow_mut();
+        if end - written > journal.data_bytes() {
+            return;
+        }
+        let from = self.journaled_end.get().max(written);
+        if from >= end {
+            return;
+        }
+        log.visit_ring(from, end, &mut |offset, bytes| {
+            journal.copy_in(offset, bytes)
+        });
+        journal.set_end(end);
+        self.journaled_end.set(end);
     }
 
     /// Waits until everything below `end` is complete under the flush mode; `false` on timeout.

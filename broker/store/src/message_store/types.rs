@@ -79,6 +79,10 @@ pub struct StoreConfig {
     pub max_record_bytes: u64,
     /// Most index entries one query by key or id looks at on this shard, newest first.
     pub max_index_scan_entries_per_query: u64,
+    /// Size of the append journal (`journal.rs`), which lets an async-flush append complete
+    /// once its bytes are in the kernel's page cache instead of once its O_DIRECT write is
+    /// done; a multiple of 4096. 0 turns it off. Unused under sync flush.
+    pub journal_bytes: u64,
 }
 
 impl StoreConfig {
@@ -102,6 +106,7 @@ impl StoreConfig {
             max_scanned_entries_per_read: 16_000,
             max_record_bytes: shardmq_codec::max_record_bytes(4 << 20) as u64,
             max_index_scan_entries_per_query: 4_000_000,
+            journal_bytes: 64 << 20,
         }
     }
 
@@ -112,6 +117,12 @@ impl StoreConfig {
             return fail(format!(
                 "segment_bytes is {}, must be a multiple of 4096 and at least 65536",
                 self.segment_bytes
+            ));
+        }
+        if !self.journal_bytes.is_multiple_of(DMA_ALIGNMENT_BYTES) {
+            return fail(format!(
+                "journal_bytes is {}, must be a multiple of 4096 (0 turns the journal off)",
+                self.journal_bytes
             ));
         }
         if self.consume_queue_entries_per_file == 0 || self.index_max_entries_per_file == 0 {
@@ -354,6 +365,9 @@ pub struct RecoveryReport {
     pub records_redispatched: u64,
     /// Derived files were inconsistent and rebuilt from the whole CommitLog.
     pub rebuilt_derived: bool,
+    /// Bytes appended again from the journal: acknowledged before a crash, not yet written to
+    /// their segment then.
+    pub replayed_from_journal: u64,
 }
 
 /// A query stops reading records once its results hold this many bytes (at least one record);

@@ -32,6 +32,7 @@ pub fn small_config(dir: &Path, flush_mode: FlushMode) -> StoreConfig {
     config.flush_interval_ms = 20;
     config.checkpoint_interval_ms = 50;
     config.hot_tail_bytes = 16 << 10;
+    config.journal_bytes = 64 << 10;
     config
 }
 
