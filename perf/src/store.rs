@@ -107,6 +107,10 @@ pub struct StoreArgs {
     /// `preallocate_ahead_bytes`); 0 never.
     #[arg(long, default_value_t = 64 << 20)]
     preallocate_ahead_bytes: u64,
+    /// Size of the append journal (the broker's `journal_bytes`): under async flush an append
+    /// completes once its bytes are in it (the page cache); 0 turns it off.
+    #[arg(long, default_value_t = 64 << 20)]
+    journal_bytes: u64,
     /// Run in a non-empty data directory anyway, deleting an earlier run's shard-0/ there
     /// (and nothing else).
     #[arg(long)]
@@ -211,6 +215,7 @@ pub fn run(args: &StoreArgs) -> Result<()> {
     let mut config = StoreConfig::new(shard_dir);
     config.flush_mode = args.flush.mode();
     config.preallocate_ahead_bytes = args.preallocate_ahead_bytes;
+    config.journal_bytes = args.journal_bytes;
     let plans = plan_producers(args);
     let result = executor::run_pinned("perf-store", args.cpu, |pinning| {
         measure(config, plans, pinning)

@@ -22,6 +22,7 @@ impl MessageStore {
     /// On error nothing of the batch is appended.
     pub async fn append(&self, batch: EncodedBatch) -> Result<AppendOutcome, StoreError> {
         let inner = &self.inner;
+        inner.pace().await;
         inner.check_writable(batch.bytes.len() as u64)?;
         if inner.records_end.get() != inner.commit_log.write_offset() {
             return Err(StoreError::Corrupt(format!(

@@ -20,6 +20,10 @@ use crate::record::{tags_hash, RecordView};
 
 use super::types::{FlushMode, FlushObserver, StoreConfig, StoreError};
 
+/// With the journal on, appends wait while more than this waits for its write ([`Inner::pace`]):
+/// enough to keep every O_DIRECT write in flight busy, with a chunk filling behind them.
+pub(super) const PACE_UNWRITTEN_BYTES: u64 = 8 << 20;
+
 /// A record's derived entries, computed once when it is appended or scanned. Its index hashes
 /// (`index_hash_count` of them) wait in [`PendingDispatch::index_hashes`], in record order.
 pub(super) struct DispatchInfo {
@@ -206,6 +210,25 @@ impl Inner {
                 .written_offset()
                 .max(self.journaled_end.get()),
             FlushMode::Sync => self.commit_log.synced_offset(),
+        }
+    }
+
+    /// Waits, with the journal on, while more than [`PACE_UNWRITTEN_BYTES`] wait for their
+    /// write. An append the journal completes at once never waits for the disk, so without
+    /// this a stream of them would keep the storage core busy copying and leave the flush loop
+    /// too little of it to keep the disk busy (the store benchmark wrote a third less); paced,
+    /// a heavy load waits for the disk as it does without a journal, and a light one not at
+    /// all.
+    pub(super) async fn pace(&self) {
+        if self.journal.is_none() {
+            return;
+        }
+        let log = &self.commit_log;
+        while log.write_offset() - log.written_offset() > PACE_UNWRITTEN_BYTES
+            && !self.is_closed.get()
+            && self.flush_error.borrow().is_none()
+        {
+            self.flushed.notified().await;
         }
     }
 
