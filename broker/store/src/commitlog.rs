@@ -178,6 +178,10 @@ pub struct CommitLog {
     in_flight: RefCell<VecDeque<InFlight>>,
     /// The first write failure since the last rewind.
     write_error: RefCell<Option<io::Error>>,
+    /// Whether a partly filled chunk is written as soon as it overlaps no write in flight (an
+    /// append waits for its write), or only when nothing is in flight (appends complete in the
+    /// journal: the chunk is let fill and written whole, without a copy).
+    is_eager_for_partial_chunks: Cell<bool>,
 }
 
 impl CommitLog {
@@ -307,6 +311,7 @@ impl CommitLog {
             synced: Cell::new(write_offset),
             in_flight: RefCell::new(VecDeque::new()),
             write_error: RefCell::new(None),
+            is_eager_for_partial_chunks: Cell::new(true),
         };
         scan.end_offset = write_offset;
         if let Some((offset, why)) = &scan.truncated_at {
@@ -429,8 +434,9 @@ impl CommitLog {
 
     /// Plans the next O_DIRECT write, if one may start now: a full chunk whenever one is
     /// waiting (several in flight), a partly filled chunk whenever it overlaps no write in
-    /// flight. Writes never overlap: a write that would rewrite a block still being written
-    /// waits for it.
+    /// flight (only when nothing is in flight, if not eager: see
+    /// `set_eager_for_partial_chunks`). Writes never overlap: a write that would rewrite a block
+    /// still being written waits for it.
     pub fn next_write_job(&self) -> Option<WriteJob> {
         let issued = self.issued_to.get();
         let end = self.write_offset.get();
@@ -448,9 +454,14 @@ impl CommitLog {
         let chunk_base = issued - issued % chunk_bytes;
         let chunk_end = chunk_base + chunk_bytes;
         // A partly filled chunk (the newest bytes, nothing queued after them) starts as soon as
-        // it overlaps no write in flight: at a block boundary behind full chunks being written,
-        // it does not wait for them (a small send waiting for its write is answered sooner).
+        // it overlaps no write in flight, when appends wait for their write: at a block
+        // boundary behind full chunks being written, it does not wait for them (a small send
+        // is answered sooner). When appends complete in the journal it waits until nothing is in
+        // flight, filling meanwhile: a chunk written whole goes out from the ring, uncopied.
         let data_to = end.min(chunk_end);
+        if data_to < chunk_end && in_flight > 0 && !self.is_eager_for_partial_chunks.get() {
+            return None;
+        }
         let buffer = if from == chunk_base && data_to == chunk_end {
             ring.full_chunk(chunk_base)
         } else {
@@ -624,6 +635,12 @@ impl CommitLog {
         let end = self.write_offset.get();
         let keep_from = align_down(self.written.get()).min(end.saturating_sub(self.hot_tail_bytes));
         self.ring.borrow_mut().trim_below(keep_from);
+    }
+
+    /// Whether a partly filled chunk is written beside full chunks in flight (true, the
+    /// default: appends wait for their write) or only when nothing else is in flight.
+    pub fn set_eager_for_partial_chunks(&self, is_eager: bool) {
+        self.is_eager_for_partial_chunks.set(is_eager);
     }
 
     /// Calls `visit(offset, bytes)` for the bytes `[from, to)` in the write ring, a chunk's

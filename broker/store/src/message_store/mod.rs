@@ -134,6 +134,7 @@ impl MessageStore {
             journal.set_end(end);
             inner.journaled_end.set(end);
             inner.journal = Some(RefCell::new(journal));
+            inner.commit_log.set_eager_for_partial_chunks(false);
         }
         let inner = Rc::new(inner);
         inner.refresh_disk_usage();
