@@ -2250,7 +2250,10 @@ fn a_broker_killed_with_open_connections_starts_again_on_the_same_address() {
     let dir = temp_dir();
     let start = |dir: &std::path::Path| {
         Command::new(shardmq_tests::binary_path(BrokerProcess::BINARY))
-            .args(["--listen", address.as_str(), "--data-dir"])
+            // The HA port would default to the listen port + 1, which another test's
+            // outgoing connection may hold: this test is about the listen port alone.
+            .args(["--listen", address.as_str(), "--ha-listen", "127.0.0.1:0"])
+            .arg("--data-dir")
             .arg(dir)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
