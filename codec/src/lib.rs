@@ -690,7 +690,8 @@ impl<'a> RecordView<'a> {
     }
 }
 
-/// Iterator over RocketMQ-encoded properties; stops at the first malformed pair.
+/// Iterator over RocketMQ-encoded properties; skips empty pairs and stops at the first
+/// malformed one.
 pub struct PropertyIter<'a> {
     rest: &'a [u8],
 }
@@ -698,6 +699,11 @@ pub struct PropertyIter<'a> {
 impl<'a> Iterator for PropertyIter<'a> {
     type Item = (&'a str, &'a str);
     fn next(&mut self) -> Option<Self::Item> {
+        // Empty pairs (two separators in a row) are skipped, as RocketMQ's
+        // `string2messageProperties` and the record checks do.
+        while let Some((&PROPERTY_SEPARATOR, rest)) = self.rest.split_first() {
+            self.rest = rest;
+        }
         if self.rest.is_empty() {
             return None;
         }
@@ -741,6 +747,17 @@ pub fn blank_header(total_size: u64) -> [u8; BLANK_MIN_BYTES] {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn property_iter_skips_empty_pairs_like_the_record_check() {
+        // An empty pair before KEYS was once accepted by the checks (and indexed) while this
+        // iterator read the next key as "\x02KEYS": readers then did not see the keys.
+        let it = PropertyIter {
+            rest: b"\x02a\x01b\x02\x02KEYS\x01k\x02\x02",
+        };
+        let pairs: Vec<_> = it.collect();
+        assert_eq!(pairs, vec![("a", "b"), ("KEYS", "k")]);
+    }
 
     fn input<'a>(
         topic: &'a str,
