@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each cargo-fuzz target in fuzz/ for a bounded time: the wire frame decoder, the
-# CommitLog record decoder and scanner, the client's record decoding, and the record
-# encoder/decoder round trip. Not part of scripts/test.sh (it needs nightly and takes minutes).
+# CommitLog record decoder and scanner, the client's record decoding, the record
+# encoder/decoder round trip, and the broker's check of a producer's run (SendRecordsRequest). Not part of scripts/test.sh (it needs nightly and takes minutes).
 #
 # Usage: scripts/fuzz.sh [seconds-per-target] [target ...]
 #   seconds-per-target  default 60

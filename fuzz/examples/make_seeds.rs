@@ -9,7 +9,7 @@ use std::path::Path;
 use bytes::BytesMut;
 use flatbuffers::FlatBufferBuilder;
 use shardmq_codec::{
-    encode_blank, encode_record, patch_record, RecordInput, StorePatch,
+    encode_blank, encode_record, patch_record, RecordBuilder, RecordHeader, RecordInput, StorePatch,
 };
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader};
 
@@ -80,6 +80,14 @@ fn main() {
         write(&seeds, "commitlog_scan", name, &input);
     }
 
+    // run_checker: a control byte (bit 0 IPv6 store host; 1,024 records and 4 MiB bodies
+    // allowed), then a run as a producer builds it.
+    for (name, control, hosts) in [("run-v4", 0x1Eu8, ipv4()), ("run-v6", 0x1F, ipv6())] {
+        let mut input = vec![control];
+        input.extend_from_slice(&run("orders", hosts));
+        write(&seeds, "run_checker", name, &input);
+    }
+
     let frames = frames(&records[0]);
     let mut stream = vec![0x07]; // frame_decoder: reads of 8 bytes, 64 KiB limit
     for (index, frame) in frames.iter().enumerate() {
@@ -129,16 +137,50 @@ fn record(
         prepared_transaction_offset: 0,
     };
     let mut buffer = BytesMut::new();
-    let pending = encode_record(&mut buffer, &input).expect("a valid record");
+    encode_record(&mut buffer, &input).expect("a valid record");
     patch_record(
         &mut buffer,
-        pending,
         StorePatch {
+            queue_id,
             queue_offset,
             physical_offset,
             store_timestamp_ms: 1_700_000_000_001,
+            store_host: None,
         },
     );
+    buffer.to_vec()
+}
+
+/// A run of three records as a producer encodes them for a `SendRecordsRequest`.
+fn run(topic: &str, (born_host, store_host): (SocketAddr, SocketAddr)) -> Vec<u8> {
+    let mut buffer = BytesMut::new();
+    for (index, body) in [&b"first"[..], &[0x5A; 200][..], &b""[..]]
+        .into_iter()
+        .enumerate()
+    {
+        let header = RecordHeader {
+            topic,
+            queue_id: 0,
+            flag: 0,
+            body,
+            sys_flag: 0,
+            born_timestamp_ms: 1_700_000_000_000,
+            born_host,
+            store_host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+        };
+        let mut record = RecordBuilder::begin(&mut buffer, &header).expect("a valid header");
+        record.property("TAGS", "TagA").expect("tags");
+        record
+            .property("KEYS", &format!("k{index} order-{index}"))
+            .expect("keys");
+        record
+            .property("UNIQ_KEY", &format!("ID-{index}"))
+            .expect("id");
+        record.property("user", "value").expect("a user property");
+        record.finish().expect("a valid record");
+    }
     buffer.to_vec()
 }
 

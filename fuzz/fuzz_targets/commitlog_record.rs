@@ -147,7 +147,7 @@ fn check_accepted(data: &[u8], view: &RecordView<'_>) {
         Ok(messages) => {
             assert_eq!(messages.len(), 1);
             let message = &messages[0];
-            assert_eq!(message.topic.as_bytes(), view.topic_bytes());
+            assert_eq!(message.topic().as_bytes(), view.topic_bytes());
             assert_eq!(message.queue_id, view.queue_id());
             assert_eq!(message.queue_offset, view.queue_offset() as i64);
             assert_eq!(message.commit_log_offset, view.physical_offset() as i64);

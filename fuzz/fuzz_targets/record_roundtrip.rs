@@ -121,9 +121,11 @@ fuzz_target!(|input: Input| {
     patch_record(
         record,
         StorePatch {
+            queue_id: input.queue_id,
             queue_offset: input.queue_offset,
             physical_offset: input.physical_offset,
             store_timestamp_ms: input.store_timestamp_ms,
+            store_host: None,
         },
     );
 
@@ -164,7 +166,7 @@ fuzz_target!(|input: Input| {
         .unwrap_or_else(|error| panic!("the client refuses a record the broker wrote: {error}"));
     assert_eq!(messages.len(), 1);
     let message = &messages[0];
-    assert_eq!(message.topic, input.topic);
+    assert_eq!(message.topic(), input.topic);
     assert_eq!(message.queue_id, input.queue_id);
     assert_eq!(message.queue_offset, input.queue_offset as i64);
     assert_eq!(message.commit_log_offset, input.physical_offset as i64);
@@ -174,10 +176,6 @@ fuzz_target!(|input: Input| {
     assert_eq!(message.store_host, store_host);
     assert_eq!(message.store_timestamp_ms, input.store_timestamp_ms);
     assert_eq!(&message.body[..], &input.body[..]);
-    let client_properties: Vec<(&str, &str)> = message
-        .properties
-        .iter()
-        .map(|(key, value)| (key.as_str(), value.as_str()))
-        .collect();
+    let client_properties: Vec<(&str, &str)> = message.properties().collect();
     assert_eq!(&client_properties[..properties.len()], &properties[..]);
 });
