@@ -4,6 +4,10 @@
 //! With `--verify`, every queue is read back afterwards from where it ended before the run,
 //! and each acknowledged message must be there exactly once (lost and duplicates are then
 //! reported; without it they are `null`). The read-back is not timed.
+//!
+//! `client_cpu_us_per_msg` is the CPU time (user + system, all threads, `getrusage`) this
+//! process spent over the timed part, per acknowledged message: the client crate's encoding and
+//! sending, plus the harness building the messages and its progress line.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,6 +166,10 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
                 ("failed", json!(load.failed)),
                 ("flush_timeouts", json!(load.flush_timeouts)),
                 ("run_id", json!(format!("{run_id:08x}"))),
+                (
+                    "client_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu, load.messages)),
+                ),
             ],
             crate::summary::rate_figures(args.rate, load.messages, load.elapsed),
         ]
@@ -169,6 +177,11 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         samples,
     };
     outcome.finish(args.cluster.json, args.cluster.report.as_deref())
+}
+
+/// The client process's CPU time per acknowledged message, in µs (`null` when none was).
+fn cpu_us_per_message(cpu: Duration, messages: u64) -> Option<f64> {
+    (messages > 0).then(|| crate::report::round(cpu.as_secs_f64() * 1e6 / messages as f64))
 }
 
 /// Every benchmark message of `run_id` in each queue from its start offset to its end now.

@@ -113,6 +113,8 @@ pub struct LoadResult {
     pub acknowledged: Vec<SequenceSet>,
     /// From the first call until the last answer.
     pub elapsed: Duration,
+    /// CPU time (user + system) the whole process used over `elapsed`.
+    pub cpu: Duration,
 }
 
 /// Starts the producers of `plan` and fetches the topic's route in each.
@@ -142,6 +144,7 @@ impl ReadyProducers {
         let ReadyProducers { plan, producers } = self;
         let started = Instant::now();
         let started_wall_ns = wall_clock_ns();
+        let cpu_before = crate::cpu::process_cpu_time();
         let count = u64::from(plan.producers);
         let tasks: Vec<_> = producers
             .iter()
@@ -176,6 +179,7 @@ impl ReadyProducers {
             flush_timeouts: 0,
             acknowledged: Vec::with_capacity(tasks.len()),
             elapsed: Duration::ZERO,
+            cpu: Duration::ZERO,
         };
         let mut first_error = None;
         for task in tasks {
@@ -198,6 +202,7 @@ impl ReadyProducers {
             }
         }
         result.elapsed = started.elapsed();
+        result.cpu = crate::cpu::process_cpu_time().saturating_sub(cpu_before);
         for producer in &producers {
             producer.shutdown().await;
         }
