@@ -34,14 +34,16 @@
 //! ```
 //!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
-//! `pool.rs`), typed requests (`api/`), name servers and the route cache (`namesrv.rs`),
-//! the stored-record decoder with CRC checks (`record.rs`), and the clients themselves.
-//! The wire protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
+//! `pool.rs`), typed requests (`api/`; a producer encodes its batches itself as runs of
+//! stored records, `api/records.rs`), name servers and the route cache (`namesrv.rs`), the
+//! stored-record decoder with CRC checks (`record.rs`), and the clients themselves. The wire
+//! protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
 //!
 //! The modules are layered: each imports (`crate::…`) only modules to its left, so
-//! `error < host < route < subscription < message < compression < record < connection < pool
-//! < api < namesrv < instance < partial < send_back < admin < broker_admin < transaction <
-//! producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import cycle). The
+//! `error < host < message_id < route < subscription < message < compression < record <
+//! connection < pool < api < namesrv < instance < partial < send_back < admin < broker_admin <
+//! transaction < producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import
+//! cycle). The
 //! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
 //! above it.
 
@@ -54,6 +56,7 @@ mod error;
 mod host;
 mod instance;
 mod message;
+mod message_id;
 mod namesrv;
 mod partial;
 mod pool;
@@ -68,8 +71,8 @@ mod transaction;
 
 pub use admin::{Admin, AdminBuilder, QueueProgress};
 pub use api::{
-    PullResult, PullStatus, QueueStats, SendResult, SendStatus, TopicConfig, DEFAULT_TOPIC_QUEUES,
-    MAX_TOPIC_QUEUES,
+    BatchSendResult, BatchSendResults, PullResult, PullStatus, QueueStats, SendResult, SendStatus,
+    TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
     BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
@@ -80,15 +83,17 @@ pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};
 pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use message::{
-    check_group_name, check_topic_name, new_unique_id, now_ms, Delay, Message, MessageExt,
+    check_group_name, check_topic_name, now_ms, Delay, Message, MessageExt,
     DEFAULT_MAX_MESSAGE_BYTES, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES,
     PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
     RESERVED_PROPERTY_NAMES,
 };
+pub use message_id::{MessageId, MESSAGE_ID_HEX_LEN};
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
 pub use partial::{BrokerFailure, Partial};
 pub use producer::{
-    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, DEFAULT_PRODUCER_GROUP,
+    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendFuture,
+    DEFAULT_MAX_BYTES_IN_FLIGHT, DEFAULT_MAX_SENDS_IN_FLIGHT, DEFAULT_PRODUCER_GROUP,
     DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
 };
 pub use pull_consumer::{

@@ -285,9 +285,15 @@ impl Worker {
             let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
             let sent = if batch.len() == 1 {
                 let message = batch.into_iter().next().expect("one message");
-                self.producer.send(message).await.map(|result| vec![result])
+                self.producer
+                    .send(message)
+                    .await
+                    .map(|result| result.status)
             } else {
-                self.producer.send_batch(batch).await
+                self.producer
+                    .send_batch(batch)
+                    .await
+                    .map(|sent| sent.status)
             };
             let answered = Instant::now();
             report::record_latency(
@@ -296,14 +302,13 @@ impl Worker {
             );
             result.calls += 1;
             match sent {
-                Ok(results) => {
+                Ok(status) => {
                     failing_since = None;
                     result.acknowledged.insert_range(sequence, messages_in_call);
                     result.messages += messages_in_call;
-                    result.flush_timeouts += results
-                        .iter()
-                        .filter(|sent| sent.status != SendStatus::SendOk)
-                        .count() as u64;
+                    if status != SendStatus::SendOk {
+                        result.flush_timeouts += messages_in_call;
+                    }
                     self.counters
                         .sent
                         .fetch_add(messages_in_call, Ordering::Relaxed);
