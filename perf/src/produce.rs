@@ -31,9 +31,13 @@ const READ_BACK_BATCH: u32 = 256;
 pub struct ProduceArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Producers (each its own client and connection, one send in flight each).
+    /// Producers (each its own client and connection).
     #[arg(long, default_value_t = 1)]
     pub producers: u32,
+    /// Sends each producer keeps in flight (`send_async`/`send_batch_async`, answers awaited
+    /// in call order); 1 waits for each answer before the next call.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub inflight: u32,
     /// Messages per send call (a batch is stored in one queue, all or nothing).
     #[arg(long, default_value_t = 1)]
     pub batch: u32,
@@ -110,6 +114,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         batch: args.batch,
         stop,
         rate: args.rate,
+        inflight: args.inflight,
         run_id,
     };
     let ready = producers::prepare(plan).await?;
@@ -135,11 +140,17 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         }
         None => (None, None),
     };
-    let latency_label = if args.rate.is_some() {
-        "send latency per call, from its intended time"
+    let mut latency_label = if args.rate.is_some() {
+        "send latency per call, from its intended time".to_owned()
     } else {
-        "send latency per call"
+        "send latency per call".to_owned()
     };
+    if args.inflight > 1 {
+        latency_label.push_str(&format!(
+            " ({} in flight, answers awaited in call order)",
+            args.inflight
+        ));
+    }
     let outcome = Outcome {
         scenario: "produce",
         parameters: vec![
@@ -147,6 +158,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
             ("size", json!(args.cluster.size)),
             ("producers", json!(args.producers)),
             ("batch", json!(args.batch)),
+            ("inflight", json!(args.inflight)),
             ("rate", json!(args.rate)),
             ("broker_flush", json!(broker_flush)),
         ],
@@ -155,7 +167,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         elapsed: load.elapsed,
         latencies: vec![Latency {
             key: "",
-            label: latency_label.to_owned(),
+            label: latency_label,
             histogram: load.latency_ns,
         }],
         lost,
