@@ -7,7 +7,11 @@
 //!
 //! `client_cpu_us_per_msg` is the CPU time (user + system, all threads, `getrusage`) this
 //! process spent over the timed part, per acknowledged message: the client crate's encoding and
-//! sending, plus the harness building the messages and its progress line.
+//! sending (the kernel's TCP send included, and on loopback the kernel's delivery to the
+//! broker's socket, which runs in the sender's context), plus the harness building the
+//! messages and its progress line. `client_user_cpu_us_per_msg` and `client_sys_cpu_us_per_msg`
+//! split it; `build_cpu_us_per_msg` is the harness's share, building the messages (bodies with
+//! the benchmark header, `Message::new`), measured on the producer threads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,7 +184,19 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
                 ("run_id", json!(format!("{run_id:08x}"))),
                 (
                     "client_cpu_us_per_msg",
-                    json!(cpu_us_per_message(load.cpu, load.messages)),
+                    json!(cpu_us_per_message(load.cpu.total(), load.messages)),
+                ),
+                (
+                    "client_user_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu.user, load.messages)),
+                ),
+                (
+                    "client_sys_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu.system, load.messages)),
+                ),
+                (
+                    "build_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.build_cpu, load.messages)),
                 ),
             ],
             crate::summary::rate_figures(args.rate, load.messages, load.elapsed),

@@ -124,8 +124,11 @@ pub struct LoadResult {
     pub acknowledged: Vec<SequenceSet>,
     /// From the first call until the last answer.
     pub elapsed: Duration,
-    /// CPU time (user + system) the whole process used over `elapsed`.
-    pub cpu: Duration,
+    /// CPU time the whole process used over `elapsed`.
+    pub cpu: crate::cpu::CpuTime,
+    /// Of it, the CPU time the producers spent building the messages they sent (the
+    /// harness's share, not the client's).
+    pub build_cpu: Duration,
 }
 
 /// Starts the producers of `plan` and fetches the topic's route in each.
@@ -191,7 +194,8 @@ impl ReadyProducers {
             flush_timeouts: 0,
             acknowledged: Vec::with_capacity(tasks.len()),
             elapsed: Duration::ZERO,
-            cpu: Duration::ZERO,
+            cpu: crate::cpu::CpuTime::default(),
+            build_cpu: Duration::ZERO,
         };
         let mut first_error = None;
         for task in tasks {
@@ -205,6 +209,7 @@ impl ReadyProducers {
                     result.calls += worker.calls;
                     result.failed += worker.failed;
                     result.flush_timeouts += worker.flush_timeouts;
+                    result.build_cpu += worker.build_cpu;
                     result.acknowledged.push(worker.acknowledged);
                 }
                 Err(error) => {
@@ -214,7 +219,7 @@ impl ReadyProducers {
             }
         }
         result.elapsed = started.elapsed();
-        result.cpu = crate::cpu::process_cpu_time().saturating_sub(cpu_before);
+        result.cpu = crate::cpu::process_cpu_time().since(&cpu_before);
         for producer in &producers {
             producer.shutdown().await;
         }
@@ -249,6 +254,8 @@ struct WorkerResult {
     acknowledged: SequenceSet,
     /// Since when every call has failed (`None` after a success).
     failing_since: Option<std::time::Instant>,
+    /// CPU time spent building messages.
+    build_cpu: Duration,
 }
 
 /// A call of `--inflight N` on its way.
@@ -286,6 +293,7 @@ impl Worker {
             flush_timeouts: 0,
             acknowledged: SequenceSet::default(),
             failing_since: None,
+            build_cpu: Duration::ZERO,
         };
         // Seconds between two calls of this producer on the --rate schedule.
         let call_interval_s = plan
@@ -321,7 +329,9 @@ impl Worker {
             let intended_ns = intended.map_or(born_ns, |intended| {
                 self.started_wall_ns + intended.duration_since(self.started).as_nanos() as u64
             });
+            let build_started = crate::cpu::thread_cpu_time();
             let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
+            result.build_cpu += crate::cpu::thread_cpu_time().saturating_sub(build_started);
             let latency_from = intended.unwrap_or(call_started);
             if plan.inflight == 1 {
                 let status = if batch.len() == 1 {
