@@ -404,6 +404,107 @@ mod tests {
         assert!(second.body().len() < 10_000);
     }
 
+    /// A `SendRecordsResponse` frame as the broker writes it.
+    fn records_response(
+        status: wire::Status,
+        first_physical_offset: i64,
+        segment_starts: &[(u32, u64)],
+        count: u32,
+    ) -> VerifiedFrame {
+        let mut encoder = shardmq_schema::FrameEncoder::new();
+        let bytes = encoder
+            .encode(|b| {
+                let starts: Vec<wire::SegmentStart> = segment_starts
+                    .iter()
+                    .map(|&(index, offset)| wire::SegmentStart::new(index, offset))
+                    .collect();
+                let starts = b.create_vector(&starts);
+                let store_host = b.create_string("10.1.2.3:10911");
+                let body = wire::SendRecordsResponse::create(
+                    b,
+                    &wire::SendRecordsResponseArgs {
+                        queue_id: 5,
+                        count,
+                        first_queue_offset: 70,
+                        first_physical_offset,
+                        segment_starts: Some(starts),
+                        store_host: Some(store_host),
+                        storage_shard: 1,
+                    },
+                );
+                shardmq_schema::build_frame(
+                    b,
+                    &shardmq_schema::FrameHeader::response(9, status),
+                    wire::Body::SendRecordsResponse,
+                    Some(body.as_union_value()),
+                )
+            })
+            .unwrap();
+        let mut buffer = BytesMut::from(&bytes[..]);
+        shardmq_schema::FrameDecoder::new()
+            .decode(&mut buffer)
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn each_records_offset_follows_from_the_first_and_the_segment_starts() {
+        let lengths = [100, 200, 300, 400, 500];
+        // Records 2 and 4 start new segments (at 4096 and 8192); the sum restarts there.
+        let frame = records_response(wire::Status::OK, 3_900, &[(2, 4_096), (4, 8_192)], 5);
+        let stored = records_answer("b", &frame, &lengths).unwrap();
+        assert_eq!(stored.physical_offsets, [3_900, 4_000, 4_096, 4_396, 8_192]);
+        assert_eq!(stored.queue_id, 5);
+        assert_eq!(stored.first_queue_offset, 70);
+        assert_eq!(stored.storage_shard, 1);
+        assert_eq!(stored.store_host, "10.1.2.3:10911".parse().unwrap());
+        // Each offset id is the broker's: store host, shard 1 in the top byte, offset.
+        let result = crate::api::BatchSendResult::new(
+            stored,
+            crate::route::MessageQueue::new("t", "b", 0),
+            vec![MessageId::from_bytes([1; 16]); 5],
+        );
+        assert_eq!(result.queue.queue_id, 5);
+        assert_eq!(result.queue_offset(4), 74);
+        assert_eq!(
+            result.offset_msg_id(2).unwrap(),
+            "0A01020300002A9F0100000000001000"
+        );
+        assert_eq!(result.get(4).unwrap().commit_log_offset(), 8_192);
+        assert_eq!(result.get(5), None);
+
+        let flushed_late = records_response(wire::Status::FLUSH_DISK_TIMEOUT, 0, &[], 5);
+        let stored = records_answer("b", &flushed_late, &lengths).unwrap();
+        assert_eq!(stored.physical_offsets, [0, 100, 300, 600, 1_000]);
+        assert_eq!(stored.status, wire::Status::FLUSH_DISK_TIMEOUT);
+    }
+
+    #[test]
+    fn an_answer_that_does_not_fit_the_run_is_refused() {
+        let lengths = [100, 200];
+        let short = records_response(wire::Status::OK, 0, &[], 1);
+        assert!(matches!(
+            records_answer("b", &short, &lengths),
+            Err(Error::UnexpectedResponse { .. })
+        ));
+        let beyond = records_response(wire::Status::OK, 0, &[(7, 4_096)], 2);
+        assert!(matches!(
+            records_answer("b", &beyond, &lengths),
+            Err(Error::UnexpectedResponse { .. })
+        ));
+        let mut encoder = shardmq_schema::FrameEncoder::new();
+        let refused = encoder
+            .encode_error_response(9, wire::Status::MESSAGE_TOO_LARGE, "too large")
+            .unwrap();
+        let mut buffer = BytesMut::from(&refused[..]);
+        let refused = shardmq_schema::FrameDecoder::new()
+            .decode(&mut buffer)
+            .unwrap()
+            .unwrap();
+        let error = records_answer("b", &refused, &lengths).unwrap_err();
+        assert_eq!(error.status(), Some(wire::Status::MESSAGE_TOO_LARGE));
+    }
+
     #[test]
     fn a_body_over_the_brokers_limit_is_refused_before_sending() {
         let limited = RunSettings {
