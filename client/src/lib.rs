@@ -33,6 +33,38 @@
 //! # }
 //! ```
 //!
+//! **Producing fast.** A [`Producer`] encodes each batch itself as the broker's stored records
+//! and sends it as one run (wire protocol 2; nothing allocated per message), and the broker's
+//! answer has one size for any batch: [`SendResult`] and [`BatchSendResult`] keep the ids as
+//! values ([`MessageId`], 16 bytes) and format them only when asked. Several sends may be in
+//! flight at once: [`Producer::send_async`] and its siblings return as soon as a send is
+//! admitted into the producer's window (bounded in sends and in body bytes,
+//! [`ProducerBuilder::max_sends_in_flight`], [`ProducerBuilder::max_bytes_in_flight`]) with a
+//! [`SendFuture`] of its result; ordered sends keep their order per queue while in flight.
+//!
+//! ```no_run
+//! use shardmq_client::{Message, Producer};
+//!
+//! # async fn example() -> shardmq_client::Result<()> {
+//! let producer = Producer::builder()
+//!     .namesrv("127.0.0.1:9876")
+//!     .max_sends_in_flight(4)
+//!     .build()
+//!     .await?;
+//! let mut in_flight = Vec::new();
+//! for batch in 0..16 {
+//!     let messages = (0..1000).map(|i| Message::new("orders", format!("{batch}/{i}"))).collect();
+//!     // Waits only while 4 batches are in flight.
+//!     in_flight.push(producer.send_batch_async(messages).await?);
+//! }
+//! for sent in in_flight {
+//!     let sent = sent.await?;
+//!     println!("{} messages → {} from offset {}", sent.len(), sent.queue, sent.queue_offset(0));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
 //! `pool.rs`), typed requests (`api/`; a producer encodes its batches itself as runs of
 //! stored records, `api/records.rs`), name servers and the route cache (`namesrv.rs`), the
