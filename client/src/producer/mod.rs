@@ -272,9 +272,15 @@ impl ProducerBuilder {
 /// send to a queue is not put on the wire before the previous such send to that queue has been
 /// answered (stored, or failed after its retries), so the queue stores them in the order their
 /// `_async` calls were admitted (for one task awaiting each call in turn, the order of the
-/// calls). An ordered send's queue is chosen when it is admitted, and its send timeout runs
-/// from when its turn comes. Ordered sends to one queue therefore go one at a time; sends to
-/// different queues, and round-robin sends, overlap freely. Round-robin sends keep no order.
+/// calls). Why this holds whatever happens on the way: the broker stores a queue's sends in
+/// the order their requests reach it, and the next request to the queue does not exist on
+/// the wire until the previous send has ended, including its retries (a retry of an earlier
+/// send can never land behind a later one, and requests racing on the connection or the
+/// broker's tasks cannot overtake). [`send_ordered`](Self::send_ordered) and
+/// [`send_to_queue`](Self::send_to_queue) take their turn in the same order. An ordered
+/// send's queue is chosen when it is admitted, and its send timeout runs from when its turn
+/// comes. Ordered sends to one queue therefore go one at a time; sends to different queues,
+/// and round-robin sends, overlap freely. Round-robin sends keep no order.
 #[derive(Clone)]
 pub struct Producer {
     inner: Arc<ProducerInner>,
