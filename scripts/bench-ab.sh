@@ -11,7 +11,8 @@
 #
 # Scenarios (1 KiB messages, async flush): `shardmq-perf store` with 64 producers x batch 64 and
 # 300,000 messages; `shardmq-perf produce` with 1 producer x batch 1000 on 1 queue against a
-# fresh name server and broker. Also prints fio's 1 MiB O_DIRECT sequential write once (when fio
+# fresh name server and broker (and the producer's CPU per message, `client_cpu_us_per_msg`,
+# from builds that report it). Also prints fio's 1 MiB O_DIRECT sequential write once (when fio
 # is installed) so the figures can be read as ratios. Not part of scripts/test.sh.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,7 +80,7 @@ run_build() {
   wait_listening shardmq-broker "$dir/b.out" >/dev/null
   "$bin/shardmq-perf" produce --namesrv "$ns" --topic ab --size 1024 --batch 1000 \
     --producers 1 --queues 1 --duration "$seconds" --json 2>/dev/null | tail -n 1 |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"build": sys.argv[1], "kind": "produce", "mb": r["mb_per_sec"], "p50": r["p50_us"]}))' "$tag" >>"$work/results.jsonl"
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"build": sys.argv[1], "kind": "produce", "mb": r["mb_per_sec"], "p50": r["p50_us"], "cpu": r.get("client_cpu_us_per_msg")}))' "$tag" >>"$work/results.jsonl"
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
   pids=()
@@ -113,4 +114,9 @@ for kind, label in [("store", "store 64 x batch 64, stored MB/s"), ("produce", "
     ratio = f", B/A {mb / ma:.2f}" if ma else ""
     fio_part = f", B / fio {mb / fio:.2f}" if fio else ""
     print(f"{label}: A median {ma:.0f} ({', '.join(f'{x:.0f}' for x in a)}); B median {mb:.0f} ({', '.join(f'{x:.0f}' for x in b)}){ratio}{fio_part}")
+# The producer's CPU per message (user + system), from builds whose shardmq-perf reports it.
+cpu = {build: [r["cpu"] for r in rows if r["build"] == build and r["kind"] == "produce" and r.get("cpu") is not None] for build in "AB"}
+if cpu["A"] or cpu["B"]:
+    shown = lambda xs: f"median {statistics.median(xs):.2f} ({', '.join(f'{x:.2f}' for x in xs)})" if xs else "not reported"
+    print(f"produce 1 x batch 1000, client CPU us per message: A {shown(cpu['A'])}; B {shown(cpu['B'])}")
 PY

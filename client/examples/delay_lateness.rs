@@ -93,7 +93,7 @@ async fn run() -> shardmq_client::Result<()> {
             message.with_delay_level(level)
         };
         let sent = producer.send(message).await?;
-        due.insert(sent.msg_id, (now + delay_ms, is_timer));
+        due.insert(sent.msg_id.to_string(), (now + delay_ms, is_timer));
     }
     let deadline = now_ms() + delay_ms + 30_000;
     while received.lock().unwrap().len() < total as usize && now_ms() < deadline {

@@ -1,5 +1,6 @@
-//! Sends messages to `ExampleTopic`: one at a time, many in flight at once, and as a batch,
-//! printing where each was stored.
+//! Sends messages to `ExampleTopic`: one at a time, many in flight at once (`send_async`), in
+//! order per key while in flight (`send_ordered_async`), and as a batch, printing where each was
+//! stored.
 //!
 //! Run a local cluster first (it creates topics on first send):
 //!
@@ -42,20 +43,31 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    // Many in flight: a Producer is cheap to clone; spawn the sends and collect the results.
-    let sends: Vec<_> = (0..20)
-        .map(|index| {
-            let producer = producer.clone();
-            tokio::spawn(async move {
-                producer
-                    .send(Message::new("ExampleTopic", format!("async {index}")).with_tags("TagA"))
-                    .await
-            })
-        })
-        .collect();
-    for send in sends {
-        let result = send.await??;
+    // Many in flight: each `send_async` returns as soon as the send is on its way (within the
+    // producer's window of sends in flight); its future resolves to the result.
+    let mut in_flight = Vec::new();
+    for index in 0..20 {
+        let message = Message::new("ExampleTopic", format!("async {index}")).with_tags("TagA");
+        in_flight.push(producer.send_async(message).await?);
+    }
+    for sent in in_flight {
+        let result = sent.await?;
         println!("async {} → {}", result.msg_id, result.queue);
+    }
+
+    // In flight and in order: messages of one key go to one queue, each after the one before
+    // it has been stored.
+    let mut in_order = Vec::new();
+    for step in ["created", "paid", "shipped"] {
+        let message = Message::new("ExampleTopic", format!("order-7 {step}"));
+        in_order.push(producer.send_ordered_async(message, "order-7").await?);
+    }
+    for sent in in_order {
+        let result = sent.await?;
+        println!(
+            "ordered {} → {} offset {}",
+            result.msg_id, result.queue, result.queue_offset
+        );
     }
 
     // A batch: stored together in one queue, all or nothing.

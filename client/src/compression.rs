@@ -38,15 +38,23 @@ pub(crate) fn compress_bodies(messages: &[Message], over_bytes: usize) -> Cow<'_
                 if message.is_body_compressed() || message.body().len() <= over_bytes {
                     return message.clone();
                 }
-                match deflate(message.body()) {
-                    Some(smaller) if smaller.len() < message.body().len() => {
-                        message.clone().with_compressed_body(smaller)
-                    }
-                    _ => message.clone(),
+                match compressed_body(message.body(), over_bytes) {
+                    Some(smaller) => message.clone().with_compressed_body(smaller),
+                    None => message.clone(),
                 }
             })
             .collect(),
     )
+}
+
+/// The zlib form of `body` when it is over `over_bytes` (0: never) and compressing makes it
+/// smaller; `None` to send it as it is. The one allocation a producer makes per message, and
+/// only for a large body.
+pub(crate) fn compressed_body(body: &[u8], over_bytes: usize) -> Option<Bytes> {
+    if over_bytes == 0 || body.len() <= over_bytes {
+        return None;
+    }
+    deflate(body).filter(|smaller| smaller.len() < body.len())
 }
 
 fn deflate(body: &[u8]) -> Option<Bytes> {

@@ -33,15 +33,49 @@
 //! # }
 //! ```
 //!
+//! **Producing fast.** A [`Producer`] encodes each batch itself as the broker's stored records
+//! and sends it as one run (wire protocol 2; nothing allocated per message), and the broker's
+//! answer has one size for any batch: [`SendResult`] and [`BatchSendResult`] keep the ids as
+//! values ([`MessageId`], 16 bytes) and format them only when asked. Several sends may be in
+//! flight at once: [`Producer::send_async`] and its siblings return as soon as a send is
+//! admitted into the producer's window (bounded in sends and in body bytes,
+//! [`ProducerBuilder::max_sends_in_flight`], [`ProducerBuilder::max_bytes_in_flight`]) with a
+//! [`SendFuture`] of its result; ordered sends keep their order per queue while in flight.
+//!
+//! ```no_run
+//! use shardmq_client::{Message, Producer};
+//!
+//! # async fn example() -> shardmq_client::Result<()> {
+//! let producer = Producer::builder()
+//!     .namesrv("127.0.0.1:9876")
+//!     .max_sends_in_flight(4)
+//!     .build()
+//!     .await?;
+//! let mut in_flight = Vec::new();
+//! for batch in 0..16 {
+//!     let messages = (0..1000).map(|i| Message::new("orders", format!("{batch}/{i}"))).collect();
+//!     // Waits only while 4 batches are in flight.
+//!     in_flight.push(producer.send_batch_async(messages).await?);
+//! }
+//! for sent in in_flight {
+//!     let sent = sent.await?;
+//!     println!("{} messages → {} from offset {}", sent.len(), sent.queue, sent.queue_offset(0));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
-//! `pool.rs`), typed requests (`api/`), name servers and the route cache (`namesrv.rs`),
-//! the stored-record decoder with CRC checks (`record.rs`), and the clients themselves.
-//! The wire protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
+//! `pool.rs`), typed requests (`api/`; a producer encodes its batches itself as runs of
+//! stored records, `api/records.rs`), name servers and the route cache (`namesrv.rs`), the
+//! stored-record decoder with CRC checks (`record.rs`), and the clients themselves. The wire
+//! protocol is `docs/protocol.md`; the record layout `docs/storage-format.md`.
 //!
 //! The modules are layered: each imports (`crate::…`) only modules to its left, so
-//! `error < host < route < subscription < message < compression < record < connection < pool
-//! < api < namesrv < instance < partial < send_back < admin < broker_admin < transaction <
-//! producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import cycle). The
+//! `error < host < message_id < route < subscription < message < compression < record <
+//! connection < pool < api < namesrv < instance < partial < send_back < admin < broker_admin <
+//! transaction < producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import
+//! cycle). The
 //! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
 //! above it.
 
@@ -54,6 +88,7 @@ mod error;
 mod host;
 mod instance;
 mod message;
+mod message_id;
 mod namesrv;
 mod partial;
 mod pool;
@@ -68,8 +103,8 @@ mod transaction;
 
 pub use admin::{Admin, AdminBuilder, QueueProgress};
 pub use api::{
-    PullResult, PullStatus, QueueStats, SendResult, SendStatus, TopicConfig, DEFAULT_TOPIC_QUEUES,
-    MAX_TOPIC_QUEUES,
+    BatchSendResult, BatchSendResults, PullResult, PullStatus, QueueStats, SendResult, SendStatus,
+    TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
     BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
@@ -80,15 +115,17 @@ pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};
 pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use message::{
-    check_group_name, check_topic_name, new_unique_id, now_ms, Delay, Message, MessageExt,
+    check_group_name, check_topic_name, now_ms, Delay, Message, MessageExt,
     DEFAULT_MAX_MESSAGE_BYTES, MAX_GROUP_NAME_BYTES, MAX_TOPIC_NAME_BYTES,
     PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
     RESERVED_PROPERTY_NAMES,
 };
+pub use message_id::{MessageId, MESSAGE_ID_HEX_LEN};
 pub use namesrv::ROUTE_REFRESH_INTERVAL;
 pub use partial::{BrokerFailure, Partial};
 pub use producer::{
-    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, DEFAULT_PRODUCER_GROUP,
+    java_string_hash, queue_index_for_key, Producer, ProducerBuilder, SendFuture,
+    DEFAULT_MAX_BYTES_IN_FLIGHT, DEFAULT_MAX_SENDS_IN_FLIGHT, DEFAULT_PRODUCER_GROUP,
     DEFAULT_SEND_RETRIES, DEFAULT_SEND_TIMEOUT, MAX_BATCH_MESSAGES,
 };
 pub use pull_consumer::{

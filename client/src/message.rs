@@ -1,6 +1,7 @@
 //! Messages: what a producer sends ([`Message`]) and what a consumer receives
-//! ([`MessageExt`]), the client-generated unique id ([`new_unique_id`]) and the checks a
-//! message passes before it leaves the client ([`check_topic_name`], [`Message::validate`]).
+//! ([`MessageExt`]), and the checks a message passes before it leaves the client
+//! ([`check_topic_name`], [`Message::validate`]). Its unique id is a [`MessageId`]
+//! (`message_id.rs`).
 //!
 //! Owns the naming and size rules as RocketMQ states them (docs/protocol.md, "Requests and
 //! responses"), which the broker checks again, and the stored properties' text form (the
@@ -8,14 +9,13 @@
 //! tests). Never: encoding to the wire (see `api`) or decoding stored records (see `record`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::host::local_ipv4;
+use crate::message_id::MessageId;
 
 /// Longest topic name, in bytes (RocketMQ's limit).
 pub const MAX_TOPIC_NAME_BYTES: usize = 127;
@@ -134,7 +134,7 @@ fn check_property_text(what: &str, text: &str) -> Result<()> {
 ///     .with_tags("created")
 ///     .with_keys(["order-42"])
 ///     .with_property("region", "eu");
-/// assert_eq!(message.unique_id().len(), 32);
+/// assert_eq!(message.unique_id().to_string().len(), 32);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -144,7 +144,7 @@ pub struct Message {
     keys: Vec<String>,
     properties: Vec<(String, String)>,
     flag: i32,
-    unique_id: String,
+    unique_id: MessageId,
     delay: Delay,
     /// The body is zlib-compressed (done by the producer above its threshold; the stored
     /// record's sys flag says so and consumers inflate it).
@@ -179,7 +179,7 @@ impl Message {
             keys: Vec::new(),
             properties: Vec::new(),
             flag: 0,
-            unique_id: new_unique_id(),
+            unique_id: MessageId::generate(),
             delay: Delay::None,
             is_body_compressed: false,
         }
@@ -272,9 +272,10 @@ impl Message {
         self
     }
 
-    /// Replaces the generated unique id (to resend a message under its original id).
+    /// Replaces the generated unique id (to resend a message under its original id; text is
+    /// taken as it is, see [`MessageId`]).
     #[must_use]
-    pub fn with_unique_id(mut self, unique_id: impl Into<String>) -> Self {
+    pub fn with_unique_id(mut self, unique_id: impl Into<MessageId>) -> Self {
         self.unique_id = unique_id.into();
         self
     }
@@ -310,16 +311,26 @@ impl Message {
         self.flag
     }
 
-    /// The client-generated unique id (32 hex characters; see [`new_unique_id`]).
+    /// The unique id (made with the message, 32 hex characters when shown; see [`MessageId`]).
     #[must_use]
-    pub fn unique_id(&self) -> &str {
+    pub fn unique_id(&self) -> &MessageId {
         &self.unique_id
+    }
+
+    /// Whether the message is sent with a delay level, delivery time or delay.
+    pub(crate) fn is_delayed(&self) -> bool {
+        self.delay != Delay::None
     }
 
     /// Checks everything the broker would refuse, so the error comes early and names the
     /// field: topic name, body size (`1..=max_body_bytes`), tag, keys and properties.
     pub fn validate(&self, max_body_bytes: usize) -> Result<()> {
         check_topic_name(&self.topic)?;
+        self.validate_content(max_body_bytes)
+    }
+
+    /// [`validate`](Self::validate) but for the topic name (a batch checks its topic once).
+    pub(crate) fn validate_content(&self, max_body_bytes: usize) -> Result<()> {
         if self.body.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "message to topic {}: the body is empty",
@@ -357,7 +368,9 @@ impl Message {
             check_property_text("property name", name)?;
             check_property_text("property value", value)?;
         }
-        check_property_text("unique id", &self.unique_id)?;
+        if let Some(text) = self.unique_id.as_text() {
+            check_property_text("unique id", text)?;
+        }
         match self.delay {
             Delay::Level(0) => Err(Error::InvalidArgument(
                 "delay level 0 is not a level; levels start at 1".to_owned(),
@@ -547,39 +560,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// What a unique id starts with in this process: local IPv4 address (4 bytes), process id
-/// (low 2 bytes) and a per-process salt (2 bytes) from the start time, so two processes that
-/// reuse a pid still differ.
-fn unique_id_prefix() -> &'static [u8; 8] {
-    static PREFIX: OnceLock<[u8; 8]> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        let mut prefix = [0u8; 8];
-        prefix[..4].copy_from_slice(&local_ipv4().octets());
-        prefix[4..6].copy_from_slice(&(std::process::id() as u16).to_be_bytes());
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|elapsed| elapsed.subsec_nanos())
-            .unwrap_or(0);
-        prefix[6..8].copy_from_slice(&((nanos >> 8) as u16).to_be_bytes());
-        prefix
-    })
-}
-
-/// A new unique message id: 32 upper-case hex characters of local IPv4 address (4 bytes),
-/// process id (2), a per-process salt (2), seconds since the epoch (4) and a per-process
-/// counter (4). Unique unless one process makes more than 2^32 ids within one second.
-#[must_use]
-pub fn new_unique_id() -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(unique_id_prefix());
-    let seconds = (now_ms() / 1000) as u32;
-    bytes[8..12].copy_from_slice(&seconds.to_be_bytes());
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    bytes[12..16].copy_from_slice(&count.to_be_bytes());
-    shardmq_schema::hex::upper_hex(&bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -635,15 +615,5 @@ mod tests {
     fn keys_text_is_split_on_spaces() {
         let message = Message::new("t", "x").with_keys_text(" a  b ");
         assert_eq!(message.keys(), ["a", "b"]);
-    }
-
-    #[test]
-    fn unique_ids_differ_and_are_hex() {
-        let first = new_unique_id();
-        let second = new_unique_id();
-        assert_ne!(first, second);
-        assert_eq!(first.len(), 32);
-        assert!(first.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(&first[..16], &second[..16], "same process, same prefix");
     }
 }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use crate::api::{encode_message, SendAnswer, SendResult};
+use crate::api::{encode_message, SendResult, Stored};
 use crate::connection::{RequestHandler, ServerAnswer};
 use crate::error::Result;
 use crate::message::{now_ms, Message, MessageExt};
@@ -110,7 +110,7 @@ pub(crate) struct EndRequest<'a> {
     pub producer_group: &'a str,
     pub half_queue_offset: i64,
     pub half_commit_log_offset: i64,
-    pub unique_id: &'a str,
+    pub unique_id: &'a crate::message_id::MessageId,
     pub state: TransactionState,
 }
 
@@ -124,7 +124,7 @@ impl ConnectionPool {
         queue_id: Option<u32>,
         producer_group: &str,
         message: &Message,
-    ) -> Result<SendAnswer> {
+    ) -> Result<Stored> {
         let frame = self
             .request(address, "send half message", timeout, |builder| {
                 let encoded = encode_message(builder, message, now_ms());
@@ -156,7 +156,7 @@ impl ConnectionPool {
         let frame = self
             .request(address, "end transaction", timeout, |builder| {
                 let group = builder.create_string(end.producer_group);
-                let unique_id = builder.create_string(end.unique_id);
+                let unique_id = builder.create_string(&end.unique_id.to_string());
                 let request = wire::EndTransactionRequest::create(
                     builder,
                     &wire::EndTransactionRequestArgs {

@@ -22,7 +22,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 
 /// Bytes of the header; `--size` must be at least this.
 pub const HEADER_BYTES: usize = 40;
@@ -42,18 +42,26 @@ pub struct Header {
 impl Header {
     /// A body of `HEADER_BYTES + filler.len()` bytes: this header, then `filler` (see
     /// [`filler`]; made once per producer so that building a body is two copies).
-    pub fn body(&self, filler: &[u8]) -> Bytes {
+    #[cfg(test)]
+    pub fn body(&self, filler: &[u8]) -> bytes::Bytes {
         let mut body = BytesMut::with_capacity(HEADER_BYTES + filler.len());
-        body.put_slice(MAGIC);
-        body.put_u32_le(self.run_id);
-        body.put_u32_le(self.producer);
-        body.put_u32_le(0);
-        body.put_u64_le(self.sequence);
-        body.put_u64_le(self.intended_ns);
-        body.put_u64_le(self.born_ns);
-        debug_assert_eq!(body.len(), HEADER_BYTES);
-        body.put_slice(filler);
+        self.write_body(filler, &mut body);
         body.freeze()
+    }
+
+    /// Appends the body ([`body`](Self::body)'s bytes) to `out`: the bodies of a call are
+    /// written into one buffer and handed out as slices of it, one allocation per call.
+    pub fn write_body(&self, filler: &[u8], out: &mut BytesMut) {
+        let start = out.len();
+        out.put_slice(MAGIC);
+        out.put_u32_le(self.run_id);
+        out.put_u32_le(self.producer);
+        out.put_u32_le(0);
+        out.put_u64_le(self.sequence);
+        out.put_u64_le(self.intended_ns);
+        out.put_u64_le(self.born_ns);
+        debug_assert_eq!(out.len() - start, HEADER_BYTES);
+        out.put_slice(filler);
     }
 
     /// The header at the start of `body`, or `None` when the body is not a benchmark message.

@@ -240,6 +240,7 @@ async fn fill(
         batch: args.fill_batch,
         stop: Stop::Messages(backlog),
         rate: None,
+        inflight: 1,
         run_id,
     };
     let ready = producers::prepare(plan).await?;

@@ -105,6 +105,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
         batch: args.batch,
         stop,
         rate: args.rate,
+        inflight: 1,
         run_id,
     })
     .await?;

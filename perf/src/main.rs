@@ -23,6 +23,7 @@ mod clients;
 mod cluster;
 mod consume;
 mod consumers;
+mod cpu;
 mod data_dir;
 mod e2e;
 mod executor;

@@ -4,6 +4,14 @@
 //! With `--verify`, every queue is read back afterwards from where it ended before the run,
 //! and each acknowledged message must be there exactly once (lost and duplicates are then
 //! reported; without it they are `null`). The read-back is not timed.
+//!
+//! `client_cpu_us_per_msg` is the CPU time (user + system, all threads, `getrusage`) this
+//! process spent over the timed part, per acknowledged message: the client crate's encoding and
+//! sending (the kernel's TCP send included, and on loopback the kernel's delivery to the
+//! broker's socket, which runs in the sender's context), plus the harness building the
+//! messages and its progress line. `client_user_cpu_us_per_msg` and `client_sys_cpu_us_per_msg`
+//! split it; `build_cpu_us_per_msg` is the harness's share, building the messages (bodies with
+//! the benchmark header, `Message::new`), measured on the producer threads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +35,13 @@ const READ_BACK_BATCH: u32 = 256;
 pub struct ProduceArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Producers (each its own client and connection, one send in flight each).
+    /// Producers (each its own client and connection).
     #[arg(long, default_value_t = 1)]
     pub producers: u32,
+    /// Sends each producer keeps in flight (`send_async`/`send_batch_async`, answers awaited
+    /// in call order); 1 waits for each answer before the next call.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub inflight: u32,
     /// Messages per send call (a batch is stored in one queue, all or nothing).
     #[arg(long, default_value_t = 1)]
     pub batch: u32,
@@ -106,6 +118,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         batch: args.batch,
         stop,
         rate: args.rate,
+        inflight: args.inflight,
         run_id,
     };
     let ready = producers::prepare(plan).await?;
@@ -131,11 +144,17 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         }
         None => (None, None),
     };
-    let latency_label = if args.rate.is_some() {
-        "send latency per call, from its intended time"
+    let mut latency_label = if args.rate.is_some() {
+        "send latency per call, from its intended time".to_owned()
     } else {
-        "send latency per call"
+        "send latency per call".to_owned()
     };
+    if args.inflight > 1 {
+        latency_label.push_str(&format!(
+            " ({} in flight, answers awaited in call order)",
+            args.inflight
+        ));
+    }
     let outcome = Outcome {
         scenario: "produce",
         parameters: vec![
@@ -143,6 +162,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
             ("size", json!(args.cluster.size)),
             ("producers", json!(args.producers)),
             ("batch", json!(args.batch)),
+            ("inflight", json!(args.inflight)),
             ("rate", json!(args.rate)),
             ("broker_flush", json!(broker_flush)),
         ],
@@ -151,7 +171,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         elapsed: load.elapsed,
         latencies: vec![Latency {
             key: "",
-            label: latency_label.to_owned(),
+            label: latency_label,
             histogram: load.latency_ns,
         }],
         lost,
@@ -162,6 +182,22 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
                 ("failed", json!(load.failed)),
                 ("flush_timeouts", json!(load.flush_timeouts)),
                 ("run_id", json!(format!("{run_id:08x}"))),
+                (
+                    "client_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu.total(), load.messages)),
+                ),
+                (
+                    "client_user_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu.user, load.messages)),
+                ),
+                (
+                    "client_sys_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.cpu.system, load.messages)),
+                ),
+                (
+                    "build_cpu_us_per_msg",
+                    json!(cpu_us_per_message(load.build_cpu, load.messages)),
+                ),
             ],
             crate::summary::rate_figures(args.rate, load.messages, load.elapsed),
         ]
@@ -169,6 +205,11 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         samples,
     };
     outcome.finish(args.cluster.json, args.cluster.report.as_deref())
+}
+
+/// The client process's CPU time per acknowledged message, in µs (`null` when none was).
+fn cpu_us_per_message(cpu: Duration, messages: u64) -> Option<f64> {
+    (messages > 0).then(|| crate::report::round(cpu.as_secs_f64() * 1e6 / messages as f64))
 }
 
 /// Every benchmark message of `run_id` in each queue from its start offset to its end now.

@@ -1,10 +1,12 @@
 //! The load generator: P producers, each its own `shardmq_client::Producer` (own client
 //! instance and connection, as P separate applications would have), each with one send in
-//! flight at a time, as RocketMQ's benchmark producer threads do.
+//! flight at a time, as RocketMQ's benchmark producer threads do, or `--inflight N` of them
+//! (`send_async`, RocketMQ's asynchronous send).
 //!
 //! Owns pacing and send-latency measurement. Without `--rate` a producer sends its next call
-//! as soon as the previous one is answered, and a call's latency runs from the moment it is
-//! made until its answer. With `--rate R` each producer follows a fixed schedule of `R / P`
+//! as soon as the previous one is answered (with `--inflight N`, as soon as fewer than N are
+//! in flight), and a call's latency runs from the moment it is made until its answer (with
+//! `--inflight N`, until the answer is awaited: answers are awaited in call order). With `--rate R` each producer follows a fixed schedule of `R / P`
 //! messages per second and a call's latency runs from its *intended* send time on that
 //! schedule: when the broker (or the harness) falls behind, the wait for the late call counts,
 //! so queueing is not hidden (no coordinated omission, as in wrk2). The schedule uses tokio's
@@ -14,13 +16,17 @@
 //! Every message carries a benchmark header (`body.rs`); acknowledged sequences are kept per
 //! producer so that consumers can count what was lost. Data leaves as a [`LoadResult`].
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use bytes::BytesMut;
 use hdrhistogram::Histogram;
-use shardmq_client::{Message, Producer, SendStatus, MAX_BATCH_MESSAGES};
+use shardmq_client::{
+    BatchSendResult, Message, Producer, SendFuture, SendResult, SendStatus, MAX_BATCH_MESSAGES,
+};
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -63,6 +69,8 @@ pub struct LoadPlan {
     pub stop: Stop,
     /// Messages per second, all producers together; `None` sends as fast as answers come.
     pub rate: Option<f64>,
+    /// Calls each producer keeps in flight (1: each waits for its answer).
+    pub inflight: u32,
     pub run_id: u32,
 }
 
@@ -74,6 +82,9 @@ impl LoadPlan {
         }
         if self.batch == 0 || self.batch as usize > MAX_BATCH_MESSAGES {
             bail!("--batch must be 1..={MAX_BATCH_MESSAGES}");
+        }
+        if self.inflight == 0 {
+            bail!("--inflight must be at least 1");
         }
         if let Some(rate) = self.rate {
             if !(rate.is_finite() && rate > 0.0) {
@@ -113,6 +124,11 @@ pub struct LoadResult {
     pub acknowledged: Vec<SequenceSet>,
     /// From the first call until the last answer.
     pub elapsed: Duration,
+    /// CPU time the whole process used over `elapsed`.
+    pub cpu: crate::cpu::CpuTime,
+    /// Of it, the CPU time the producers spent building the messages they sent (the
+    /// harness's share, not the client's).
+    pub build_cpu: Duration,
 }
 
 /// Starts the producers of `plan` and fetches the topic's route in each.
@@ -123,6 +139,7 @@ pub async fn prepare(plan: LoadPlan) -> Result<ReadyProducers> {
         let producer = Producer::builder()
             .namesrv(&plan.namesrv)
             .group(PRODUCER_GROUP)
+            .max_sends_in_flight(plan.inflight as usize)
             .build()
             .await
             .context("cannot start a producer")?;
@@ -142,6 +159,7 @@ impl ReadyProducers {
         let ReadyProducers { plan, producers } = self;
         let started = Instant::now();
         let started_wall_ns = wall_clock_ns();
+        let cpu_before = crate::cpu::process_cpu_time();
         let count = u64::from(plan.producers);
         let tasks: Vec<_> = producers
             .iter()
@@ -176,6 +194,8 @@ impl ReadyProducers {
             flush_timeouts: 0,
             acknowledged: Vec::with_capacity(tasks.len()),
             elapsed: Duration::ZERO,
+            cpu: crate::cpu::CpuTime::default(),
+            build_cpu: Duration::ZERO,
         };
         let mut first_error = None;
         for task in tasks {
@@ -189,6 +209,7 @@ impl ReadyProducers {
                     result.calls += worker.calls;
                     result.failed += worker.failed;
                     result.flush_timeouts += worker.flush_timeouts;
+                    result.build_cpu += worker.build_cpu;
                     result.acknowledged.push(worker.acknowledged);
                 }
                 Err(error) => {
@@ -198,6 +219,7 @@ impl ReadyProducers {
             }
         }
         result.elapsed = started.elapsed();
+        result.cpu = crate::cpu::process_cpu_time().since(&cpu_before);
         for producer in &producers {
             producer.shutdown().await;
         }
@@ -230,6 +252,34 @@ struct WorkerResult {
     failed: u64,
     flush_timeouts: u64,
     acknowledged: SequenceSet,
+    /// Since when every call has failed (`None` after a success).
+    failing_since: Option<std::time::Instant>,
+    /// CPU time spent building messages.
+    build_cpu: Duration,
+}
+
+/// A call of `--inflight N` on its way.
+struct CallInFlight {
+    sent: Sent,
+    /// The call's start, or its intended time under `--rate`.
+    latency_from: Instant,
+    first_sequence: u64,
+    messages: u64,
+}
+
+/// What a call returned once admitted.
+enum Sent {
+    One(SendFuture<SendResult>),
+    Batch(SendFuture<BatchSendResult>),
+}
+
+impl Sent {
+    async fn status(self) -> shardmq_client::Result<SendStatus> {
+        match self {
+            Sent::One(sent) => sent.await.map(|result| result.status),
+            Sent::Batch(sent) => sent.await.map(|result| result.status),
+        }
+    }
 }
 
 impl Worker {
@@ -242,6 +292,8 @@ impl Worker {
             failed: 0,
             flush_timeouts: 0,
             acknowledged: SequenceSet::default(),
+            failing_since: None,
+            build_cpu: Duration::ZERO,
         };
         // Seconds between two calls of this producer on the --rate schedule.
         let call_interval_s = plan
@@ -251,8 +303,8 @@ impl Worker {
             Stop::After(duration) => Some(self.started + duration),
             Stop::Messages(_) => None,
         };
+        let mut in_flight: VecDeque<CallInFlight> = VecDeque::new();
         let mut sequence = 0u64;
-        let mut failing_since: Option<std::time::Instant> = None;
         for call in 0u64.. {
             let messages_in_call = match self.quota {
                 Some(quota) if sequence >= quota => break,
@@ -277,67 +329,149 @@ impl Worker {
             let intended_ns = intended.map_or(born_ns, |intended| {
                 self.started_wall_ns + intended.duration_since(self.started).as_nanos() as u64
             });
+            let build_started = crate::cpu::thread_cpu_time();
             let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
-            let sent = if batch.len() == 1 {
-                let message = batch.into_iter().next().expect("one message");
-                self.producer.send(message).await.map(|result| vec![result])
+            result.build_cpu += crate::cpu::thread_cpu_time().saturating_sub(build_started);
+            let latency_from = intended.unwrap_or(call_started);
+            if plan.inflight == 1 {
+                let status = if batch.len() == 1 {
+                    let message = batch.into_iter().next().expect("one message");
+                    self.producer.send(message).await.map(|sent| sent.status)
+                } else {
+                    self.producer
+                        .send_batch(batch)
+                        .await
+                        .map(|sent| sent.status)
+                };
+                self.account(
+                    &mut result,
+                    status,
+                    latency_from,
+                    sequence,
+                    messages_in_call,
+                )
+                .await?;
             } else {
-                self.producer.send_batch(batch).await
-            };
-            let answered = Instant::now();
-            report::record_latency(
-                &mut result.latency_ns,
-                answered.duration_since(intended.unwrap_or(call_started)),
-            );
-            result.calls += 1;
-            match sent {
-                Ok(results) => {
-                    failing_since = None;
-                    result.acknowledged.insert_range(sequence, messages_in_call);
-                    result.messages += messages_in_call;
-                    result.flush_timeouts += results
-                        .iter()
-                        .filter(|sent| sent.status != SendStatus::SendOk)
-                        .count() as u64;
-                    self.counters
-                        .sent
-                        .fetch_add(messages_in_call, Ordering::Relaxed);
+                let admitted = if batch.len() == 1 {
+                    let message = batch.into_iter().next().expect("one message");
+                    self.producer.send_async(message).await.map(Sent::One)
+                } else {
+                    self.producer.send_batch_async(batch).await.map(Sent::Batch)
+                };
+                match admitted {
+                    Ok(sent) => in_flight.push_back(CallInFlight {
+                        sent,
+                        latency_from,
+                        first_sequence: sequence,
+                        messages: messages_in_call,
+                    }),
+                    Err(error) => {
+                        self.account(
+                            &mut result,
+                            Err(error),
+                            latency_from,
+                            sequence,
+                            messages_in_call,
+                        )
+                        .await?;
+                    }
                 }
-                Err(error) => {
-                    result.failed += messages_in_call;
-                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
-                    if result.failed <= MAX_LOGGED_FAILURES * u64::from(plan.batch) {
-                        warn!(producer = self.index, %error, "send failed");
-                    }
-                    if since.elapsed() >= GIVE_UP_AFTER {
-                        return Err(error).with_context(|| {
-                            format!(
-                                "producer {} gave up after every send failed for {} s",
-                                self.index,
-                                GIVE_UP_AFTER.as_secs()
-                            )
-                        });
-                    }
-                    tokio::time::sleep(FAILED_CALL_PAUSE).await;
+                while in_flight.len() >= plan.inflight as usize {
+                    let call = in_flight.pop_front().expect("a call in flight");
+                    self.settle(&mut result, call).await?;
                 }
             }
             sequence += messages_in_call;
         }
+        while let Some(call) = in_flight.pop_front() {
+            self.settle(&mut result, call).await?;
+        }
         Ok(result)
     }
 
-    /// The messages of one call: sequences `first..first + count`.
+    /// Awaits a call in flight and accounts for its answer.
+    async fn settle(&self, result: &mut WorkerResult, call: CallInFlight) -> Result<()> {
+        let status = call.sent.status().await;
+        self.account(
+            result,
+            status,
+            call.latency_from,
+            call.first_sequence,
+            call.messages,
+        )
+        .await
+    }
+
+    /// Counts a call of `messages` messages from `first_sequence` that ended with `status`,
+    /// answered now; after a failure pauses a little, and gives up once every call has failed
+    /// for [`GIVE_UP_AFTER`].
+    async fn account(
+        &self,
+        result: &mut WorkerResult,
+        status: shardmq_client::Result<SendStatus>,
+        latency_from: Instant,
+        first_sequence: u64,
+        messages: u64,
+    ) -> Result<()> {
+        let answered = Instant::now();
+        report::record_latency(
+            &mut result.latency_ns,
+            answered.duration_since(latency_from),
+        );
+        result.calls += 1;
+        match status {
+            Ok(status) => {
+                result.failing_since = None;
+                result.acknowledged.insert_range(first_sequence, messages);
+                result.messages += messages;
+                if status != SendStatus::SendOk {
+                    result.flush_timeouts += messages;
+                }
+                self.counters.sent.fetch_add(messages, Ordering::Relaxed);
+            }
+            Err(error) => {
+                result.failed += messages;
+                let since = *result
+                    .failing_since
+                    .get_or_insert_with(std::time::Instant::now);
+                if result.failed <= MAX_LOGGED_FAILURES * u64::from(self.plan.batch) {
+                    warn!(producer = self.index, %error, "send failed");
+                }
+                if since.elapsed() >= GIVE_UP_AFTER {
+                    return Err(error).with_context(|| {
+                        format!(
+                            "producer {} gave up after every send failed for {} s",
+                            self.index,
+                            GIVE_UP_AFTER.as_secs()
+                        )
+                    });
+                }
+                tokio::time::sleep(FAILED_CALL_PAUSE).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The messages of one call: sequences `first..first + count`, their bodies slices of one
+    /// buffer.
     fn messages(&self, first: u64, count: u64, intended_ns: u64, born_ns: u64) -> Vec<Message> {
-        (first..first + count)
-            .map(|sequence| {
-                let header = Header {
-                    run_id: self.plan.run_id,
-                    producer: self.index,
-                    sequence,
-                    intended_ns,
-                    born_ns,
-                };
-                Message::new(self.plan.topic.clone(), header.body(&self.filler))
+        let body_bytes = self.plan.size;
+        let mut bodies = BytesMut::with_capacity(body_bytes * count as usize);
+        for sequence in first..first + count {
+            let header = Header {
+                run_id: self.plan.run_id,
+                producer: self.index,
+                sequence,
+                intended_ns,
+                born_ns,
+            };
+            header.write_body(&self.filler, &mut bodies);
+        }
+        let bodies = bodies.freeze();
+        (0..count as usize)
+            .map(|index| {
+                let body = bodies.slice(index * body_bytes..(index + 1) * body_bytes);
+                Message::new(self.plan.topic.as_str(), body)
             })
             .collect()
     }

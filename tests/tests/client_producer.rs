@@ -80,12 +80,12 @@ async fn sent_messages_come_back_whole_from_every_queue() {
             .with_property("index", index.to_string());
         let result = producer.send(message.clone()).await.expect("send");
         assert_eq!(result.status, SendStatus::SendOk);
-        assert_eq!(result.msg_id, message.unique_id());
-        assert_eq!(result.offset_msg_id.len(), 32);
+        assert_eq!(&result.msg_id, message.unique_id());
+        assert_eq!(result.offset_msg_id().len(), 32);
         if index == 1 {
             first_odd_queue = Some(result.queue.clone());
         }
-        sent.insert(result.msg_id.clone(), (message, result));
+        sent.insert(result.msg_id.to_string(), (message, result));
     }
     // Round-robin over 4 queues: 4 messages each, offsets 0..4.
     let per_queue: BTreeMap<u32, BTreeSet<i64>> =
@@ -155,7 +155,7 @@ async fn batches_ordered_and_concurrent_sends() {
         .collect();
     let results = producer.send_batch(batch).await.expect("batch");
     assert_eq!(results.len(), 10);
-    let queue = results[0].queue.clone();
+    let queue = results.queue.clone();
     assert!(results.iter().all(|r| r.queue == queue), "one queue");
     let offsets: Vec<i64> = results.iter().map(|r| r.queue_offset).collect();
     assert_eq!(offsets, (0..10).collect::<Vec<_>>(), "contiguous");

@@ -112,7 +112,7 @@ async fn two_members_split_eight_queues_and_consume_each_message_once() {
             .send(Message::new("Shared", format!("message {index}")))
             .await
             .unwrap();
-        sent.insert(result.msg_id);
+        sent.insert(result.msg_id.to_string());
     }
     eventually("all 80 messages", || async {
         seen_len(&seen_a) + seen_len(&seen_b) >= 80
@@ -220,7 +220,7 @@ async fn broadcasting_members_each_get_every_message() {
             .send(Message::new("Broadcast", format!("news {index}")))
             .await
             .unwrap();
-        sent.insert(result.msg_id);
+        sent.insert(result.msg_id.to_string());
     }
     for seen in [&seen_a, &seen_b] {
         eventually("every message at each member", || async {

@@ -260,9 +260,9 @@ async fn timer_messages_arrive_at_their_time_and_beyond_the_horizon_is_refused()
     assert_eq!(refused.status(), Some(wire::Status::INVALID_ARGUMENT));
 
     let due: BTreeMap<String, i64> = [
-        (at.msg_id.clone(), start_ms + 1_500),
-        (after.msg_id.clone(), start_ms + 700),
-        (past.msg_id.clone(), 0),
+        (at.msg_id.to_string(), start_ms + 1_500),
+        (after.msg_id.to_string(), start_ms + 700),
+        (past.msg_id.to_string(), 0),
     ]
     .into_iter()
     .collect();
@@ -328,7 +328,14 @@ async fn scheduled_messages_survive_kill9_and_restart() {
             Message::new("Survive", format!("timer {index}"))
                 .with_delay(Duration::from_millis(2_500)),
         ] {
-            sent.push(producer.send(message).await.expect("send").msg_id);
+            sent.push(
+                producer
+                    .send(message)
+                    .await
+                    .expect("send")
+                    .msg_id
+                    .to_string(),
+            );
         }
     }
     producer.shutdown().await;

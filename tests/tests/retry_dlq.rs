@@ -140,7 +140,7 @@ async fn failed_messages_are_retried_then_dead_lettered_and_can_be_resent() {
     let mut ids = BTreeMap::new();
     for body in ["poison", "panic once", "slow once", "fine"] {
         let sent = producer.send(Message::new("Orders", body)).await.unwrap();
-        ids.insert(body, sent.msg_id);
+        ids.insert(body, sent.msg_id.to_string());
     }
 
     // The poison message: delivered with reconsume counts 0, 1, 2, 3, then dead-lettered.

@@ -5,8 +5,9 @@
 //! statuses and [`Error`]s. Never: choosing a server or retrying; every function takes the
 //! address to ask and the time to wait.
 //!
-//! The requests are methods of [`ConnectionPool`](crate::pool::ConnectionPool), one file per
-//! family: `send.rs`, `pull.rs`, `offsets.rs` (group and queue offsets), `clients.rs`
+//! The requests are methods of [`ConnectionPool`](crate::pool::ConnectionPool) (or, where the
+//! caller needs the connection itself, of `Connection`), one file per family: `send.rs` and
+//! `records.rs` (a producer's run of records, protocol 2), `pull.rs`, `offsets.rs` (group and queue offsets), `clients.rs`
 //! (heartbeat, membership), `topics.rs` (topic admin at one broker), `query.rs` (message
 //! queries) and `namesrv.rs` (routes, clusters, topic list). This file holds the answer checks
 //! they share (and other modules' requests use too).
@@ -16,14 +17,16 @@ mod namesrv;
 mod offsets;
 mod pull;
 mod query;
+mod records;
 mod send;
 mod topics;
 
 pub(crate) use clients::HeartbeatGroup;
 pub(crate) use pull::{Pending, PullArgs, UndecodedPull};
 pub use pull::{PullResult, PullStatus};
-pub(crate) use send::{encode_message, send_answer, SendAnswer};
-pub use send::{SendResult, SendStatus};
+pub(crate) use records::{RecordRun, RunSettings};
+pub(crate) use send::{encode_message, send_answer, Stored};
+pub use send::{BatchSendResult, BatchSendResults, SendResult, SendStatus};
 pub use topics::{QueueStats, TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES};
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};

@@ -1,12 +1,15 @@
-//! Send requests: a batch of messages to one queue (SendRequest), or one message as a ONE_WAY
-//! frame, and the broker's answer.
+//! Send requests of protocol 1: a batch of messages to one queue as wire `Message` tables
+//! (SendRequest), or one message as a ONE_WAY frame, and the broker's answer; and the
+//! application's view of a stored send, whatever the request.
 //!
-//! Owns: encoding a [`Message`] as the wire's `Message` table (the half-message request of
-//! `transaction.rs` reuses it), reading a send's answer into where each message was stored,
-//! and the application's view of a stored send ([`SendResult`], [`SendStatus`], which the
-//! producer and the transaction types hand out). Never: choosing the queue or retrying
-//! (`producer/`).
+//! Owns: encoding a [`Message`] as the wire's `Message` table (sends with a delay or a timer,
+//! brokers of protocol 1, and the half-message request of `transaction.rs`), reading a send's
+//! answer into where each message was stored ([`Stored`]), and the results the producer hands
+//! out ([`SendResult`], [`BatchSendResult`], [`SendStatus`]), which format their ids only when
+//! asked. The run of records of protocol 2 is `records.rs`. Never: choosing the queue or
+//! retrying (`producer/`).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
@@ -15,6 +18,7 @@ use shardmq_schema::{wire, VerifiedFrame};
 use super::{missing_body, strings};
 use crate::error::{Error, Result};
 use crate::message::{now_ms, Delay, Message};
+use crate::message_id::{MessageId, OffsetMessageId};
 use crate::pool::ConnectionPool;
 use crate::route::MessageQueue;
 
@@ -60,88 +64,326 @@ impl std::fmt::Display for SendStatus {
 }
 
 /// Where a sent message was stored.
+///
+/// Compact: the ids are kept as values ([`MessageId`] and the store position) and made into
+/// text only when asked ([`msg_id`](Self::msg_id)'s `to_string()`,
+/// [`offset_msg_id`](Self::offset_msg_id)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendResult {
     pub status: SendStatus,
     /// The client-generated unique id (the id users see).
-    pub msg_id: String,
-    /// The broker's offset id (store host and physical offset, hex).
-    pub offset_msg_id: String,
+    pub msg_id: MessageId,
     pub queue: MessageQueue,
     /// Index of the message in its queue; -1 for a scheduled message (delay level, delay or
     /// deliver-at time), which gets its index when it is delivered into the queue.
     pub queue_offset: i64,
+    /// Where the broker stored the record: its offset id.
+    stored_at: OffsetMessageId,
 }
 
 impl SendResult {
     /// The message waits for its delivery time and has no queue offset yet.
+    #[must_use]
     pub fn is_scheduled(&self) -> bool {
         self.queue_offset < 0
     }
+
+    /// The broker's offset id (RocketMQ's `offsetMsgId`): store host and physical offset (with
+    /// the storage shard in its top byte) as upper-case hex, 32 characters for an IPv4 store
+    /// host; exactly what the broker would have answered. A query by id finds the message by
+    /// it. For a scheduled message it names the scheduled copy.
+    #[must_use]
+    pub fn offset_msg_id(&self) -> String {
+        self.stored_at.to_string()
+    }
+
+    /// Physical offset of the record in its storage shard's CommitLog (the scheduled copy's,
+    /// for a scheduled message).
+    #[must_use]
+    pub fn commit_log_offset(&self) -> i64 {
+        self.stored_at.physical_offset as i64
+    }
+
+    /// The broker's address as its records name it.
+    #[must_use]
+    pub fn store_host(&self) -> SocketAddr {
+        self.stored_at.store_host
+    }
 }
 
-/// One stored message of a send, as the broker reports it.
-#[derive(Debug, Clone)]
-pub(crate) struct StoredMessage {
-    pub unique_id: String,
-    pub offset_msg_id: String,
-    pub queue_offset: i64,
-    /// Physical offset of the stored record (names a half message when ending a transaction).
-    pub commit_log_offset: i64,
+/// Where a batch was stored: one queue, the messages one after another. Constant in size
+/// however large the batch, but for the ids the client made (16 bytes each) and one physical
+/// offset per message; each message's [`SendResult`] is made when asked ([`get`](Self::get),
+/// [`iter`](Self::iter), or by iterating the result itself).
+///
+/// ```no_run
+/// # async fn example(producer: shardmq_client::Producer) -> shardmq_client::Result<()> {
+/// use shardmq_client::Message;
+/// let batch = (0..3).map(|i| Message::new("orders", format!("order {i}"))).collect();
+/// let sent = producer.send_batch(batch).await?;
+/// println!("{} messages in {} from offset {}", sent.len(), sent.queue, sent.queue_offset(0));
+/// for result in &sent {
+///     println!("{} at {}", result.msg_id, result.offset_msg_id());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchSendResult {
+    pub status: SendStatus,
+    /// The queue that stored the batch.
+    pub queue: MessageQueue,
+    /// The messages' unique ids, in the order sent.
+    ids: Vec<MessageId>,
+    /// Queue offset of the first message; -1 for a scheduled batch.
+    first_queue_offset: i64,
+    store_host: SocketAddr,
+    storage_shard: u32,
+    /// Each message's physical offset in its storage shard's CommitLog.
+    physical_offsets: Vec<u64>,
 }
 
-/// A send's answer: the status (OK or one of the "stored, but" statuses) and where each
-/// message went.
+impl BatchSendResult {
+    /// The result of a send whose answer is `stored`, for messages with `ids` sent to `queue`
+    /// (whose queue id the broker's answer replaces: it may have chosen it). A message sent
+    /// without an id is named by its offset id, as the broker names it.
+    pub(crate) fn new(stored: Stored, queue: MessageQueue, mut ids: Vec<MessageId>) -> Self {
+        debug_assert_eq!(ids.len(), stored.physical_offsets.len());
+        for (id, &physical_offset) in ids.iter_mut().zip(&stored.physical_offsets) {
+            if id.is_empty() {
+                let offset_id = OffsetMessageId {
+                    store_host: stored.store_host,
+                    storage_shard: stored.storage_shard,
+                    physical_offset,
+                };
+                *id = MessageId::from(offset_id.to_string());
+            }
+        }
+        Self {
+            status: SendStatus::from_wire(stored.status),
+            queue: MessageQueue {
+                queue_id: stored.queue_id,
+                ..queue
+            },
+            ids,
+            first_queue_offset: stored.first_queue_offset,
+            store_host: stored.store_host,
+            storage_shard: stored.storage_shard,
+            physical_offsets: stored.physical_offsets,
+        }
+    }
+
+    /// How many messages the batch held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The unique ids, in the order sent.
+    #[must_use]
+    pub fn msg_ids(&self) -> &[MessageId] {
+        &self.ids
+    }
+
+    /// Whether the batch waits for its delivery time (and has no queue offsets yet).
+    #[must_use]
+    pub fn is_scheduled(&self) -> bool {
+        self.first_queue_offset < 0
+    }
+
+    /// Queue offset of message `index` (-1 for a scheduled batch).
+    #[must_use]
+    pub fn queue_offset(&self, index: usize) -> i64 {
+        if self.is_scheduled() {
+            -1
+        } else {
+            self.first_queue_offset + index as i64
+        }
+    }
+
+    /// Physical offset of message `index`'s record (see [`SendResult::commit_log_offset`]).
+    #[must_use]
+    pub fn commit_log_offset(&self, index: usize) -> Option<i64> {
+        self.physical_offsets
+            .get(index)
+            .map(|&offset| offset as i64)
+    }
+
+    /// The broker's offset id of message `index` (see [`SendResult::offset_msg_id`]).
+    #[must_use]
+    pub fn offset_msg_id(&self, index: usize) -> Option<String> {
+        self.stored_at(index).map(|stored_at| stored_at.to_string())
+    }
+
+    fn stored_at(&self, index: usize) -> Option<OffsetMessageId> {
+        self.physical_offsets
+            .get(index)
+            .map(|&physical_offset| OffsetMessageId {
+                store_host: self.store_host,
+                storage_shard: self.storage_shard,
+                physical_offset,
+            })
+    }
+
+    /// The result of message `index`.
+    #[must_use]
+    pub fn get(&self, index: usize) -> Option<SendResult> {
+        Some(SendResult {
+            status: self.status,
+            msg_id: self.ids.get(index)?.clone(),
+            queue: self.queue.clone(),
+            queue_offset: self.queue_offset(index),
+            stored_at: self.stored_at(index)?,
+        })
+    }
+
+    /// Each message's result, in the order sent.
+    #[must_use]
+    pub fn iter(&self) -> BatchSendResults<'_> {
+        BatchSendResults {
+            batch: self,
+            next: 0,
+        }
+    }
+
+    /// The result of a batch of one, without copying the queue.
+    pub(crate) fn into_single(mut self) -> Option<SendResult> {
+        let stored_at = self.stored_at(0)?;
+        let queue_offset = self.queue_offset(0);
+        let msg_id = self.ids.swap_remove(0);
+        Some(SendResult {
+            status: self.status,
+            msg_id,
+            queue: self.queue,
+            queue_offset,
+            stored_at,
+        })
+    }
+}
+
+/// The results of a batch's messages, made one by one ([`BatchSendResult::iter`]).
 #[derive(Debug, Clone)]
-pub(crate) struct SendAnswer {
+pub struct BatchSendResults<'a> {
+    batch: &'a BatchSendResult,
+    next: usize,
+}
+
+impl Iterator for BatchSendResults<'_> {
+    type Item = SendResult;
+
+    fn next(&mut self) -> Option<SendResult> {
+        let result = self.batch.get(self.next)?;
+        self.next += 1;
+        Some(result)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.batch.len().saturating_sub(self.next);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for BatchSendResults<'_> {}
+
+impl<'a> IntoIterator for &'a BatchSendResult {
+    type Item = SendResult;
+    type IntoIter = BatchSendResults<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl IntoIterator for BatchSendResult {
+    type Item = SendResult;
+    type IntoIter = std::vec::IntoIter<SendResult>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter().collect::<Vec<_>>().into_iter()
+    }
+}
+
+/// What a broker's answer says about a stored send (any protocol): where each record went.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    /// OK, or one of the "stored, but" statuses.
     pub status: wire::Status,
     pub queue_id: u32,
-    pub stored: Vec<StoredMessage>,
+    /// -1 for a scheduled send.
+    pub first_queue_offset: i64,
+    pub store_host: SocketAddr,
+    pub storage_shard: u32,
+    pub physical_offsets: Vec<u64>,
 }
 
-/// The stored outcome of a send (or half-message) answer for `expected` messages, or the
-/// broker's refusal as an error.
-pub(crate) fn send_answer(
-    address: &str,
-    frame: &VerifiedFrame,
-    expected: usize,
-) -> Result<SendAnswer> {
-    let header = frame.frame();
-    let status = header.status();
-    let is_stored = matches!(
+/// Whether `status` says the send was stored (with or without a flush or replica).
+pub(crate) fn is_stored(status: wire::Status) -> bool {
+    matches!(
         status,
         wire::Status::OK
             | wire::Status::FLUSH_DISK_TIMEOUT
             | wire::Status::FLUSH_SLAVE_TIMEOUT
             | wire::Status::SLAVE_NOT_AVAILABLE
-    );
-    if !is_stored {
+    )
+}
+
+fn unexpected(address: &str, detail: String) -> Error {
+    Error::UnexpectedResponse {
+        address: address.to_owned(),
+        detail,
+    }
+}
+
+/// The stored outcome of a send (or half-message) answer for `expected` messages, or the
+/// broker's refusal as an error. The per-message results' offset ids are read back into
+/// store host, storage shard and physical offsets.
+pub(crate) fn send_answer(address: &str, frame: &VerifiedFrame, expected: usize) -> Result<Stored> {
+    let header = frame.frame();
+    let status = header.status();
+    if !is_stored(status) {
         return Err(Error::from_status(address, status, header.message()));
     }
     let response = header
         .body_as_send_response()
         .ok_or_else(|| missing_body(address, "SendResponse"))?;
-    let stored: Vec<StoredMessage> = response
-        .results()
-        .iter()
-        .flat_map(|results| results.iter())
-        .map(|result| StoredMessage {
-            unique_id: result.unique_id().unwrap_or_default().to_owned(),
-            offset_msg_id: result.offset_msg_id().unwrap_or_default().to_owned(),
-            queue_offset: result.queue_offset(),
-            commit_log_offset: result.commit_log_offset(),
-        })
-        .collect();
-    if stored.len() != expected {
-        return Err(Error::UnexpectedResponse {
-            address: address.to_owned(),
-            detail: format!("{} results for a send of {expected} messages", stored.len()),
-        });
+    let results = response.results().unwrap_or_default();
+    if results.len() != expected || expected == 0 {
+        return Err(unexpected(
+            address,
+            format!(
+                "{} results for a send of {expected} messages",
+                results.len()
+            ),
+        ));
     }
-    Ok(SendAnswer {
+    let mut physical_offsets = Vec::with_capacity(expected);
+    let mut first: Option<(SocketAddr, u32)> = None;
+    for result in results.iter() {
+        let text = result.offset_msg_id().unwrap_or_default();
+        let stored_at = OffsetMessageId::parse(text)
+            .ok_or_else(|| unexpected(address, format!("offset id `{text}` does not parse")))?;
+        let place = (stored_at.store_host, stored_at.storage_shard);
+        if *first.get_or_insert(place) != place {
+            return Err(unexpected(
+                address,
+                "a batch stored on two storage shards or hosts".to_owned(),
+            ));
+        }
+        physical_offsets.push(stored_at.physical_offset);
+    }
+    let (store_host, storage_shard) = first.expect("at least one result");
+    Ok(Stored {
         status,
         queue_id: u32::try_from(response.queue_id()).unwrap_or(0),
-        stored,
+        first_queue_offset: results.get(0).queue_offset(),
+        store_host,
+        storage_shard,
+        physical_offsets,
     })
 }
 
@@ -153,7 +395,7 @@ pub(crate) fn encode_message<'b>(
     let body = builder.create_vector(message.body());
     let tags = message.tags().map(|tags| builder.create_string(tags));
     let keys = strings(builder, message.keys());
-    let unique_id = builder.create_string(message.unique_id());
+    let unique_id = builder.create_string(&message.unique_id().to_string());
     let properties = if message.properties().is_empty() {
         None
     } else {
@@ -239,7 +481,7 @@ impl ConnectionPool {
         queue_id: Option<u32>,
         producer_group: &str,
         messages: &[Message],
-    ) -> Result<SendAnswer> {
+    ) -> Result<Stored> {
         let frame = self
             .request(address, "send", timeout, |builder| {
                 let request = send_request(builder, topic, queue_id, producer_group, messages);

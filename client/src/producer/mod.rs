@@ -2,27 +2,35 @@
 //!
 //! Owns: the producer's settings and public calls (this file), queue selection (`select.rs`:
 //! round-robin over the route's write queues per topic, avoiding the broker that just failed;
-//! or by key for ordered sends), retries within the send timeout (`send.rs`), and the
-//! producer's heartbeat (this file). Never: encoding frames (see `api/send.rs`) or keeping
-//! routes (see `namesrv.rs`).
+//! or by key for ordered sends), the send window and the order of ordered sends
+//! (`window.rs`), retries within the send timeout and the choice of request (`send.rs`), and
+//! the producer's heartbeat (this file). Never: encoding frames (see `api/`) or keeping routes
+//! (see `namesrv.rs`).
 //!
 //! A [`Producer`] is cheap to clone and every method takes `&self`: many sends may be in flight
-//! at once over the same pipelined connections (spawn them, or join their futures).
+//! at once over the same pipelined connections ([`Producer::send_async`] and its siblings, or
+//! spawned sends), within the producer's window.
 
 mod select;
 mod send;
+mod window;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::BytesMut;
+use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 pub use select::{java_string_hash, queue_index_for_key};
+pub use window::{DEFAULT_MAX_BYTES_IN_FLIGHT, DEFAULT_MAX_SENDS_IN_FLIGHT};
 
-use crate::api::SendResult;
+use crate::api::{BatchSendResult, SendResult};
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, Message, MessageExt, DEFAULT_MAX_MESSAGE_BYTES};
@@ -32,6 +40,8 @@ use crate::transaction::{
     TransactionSendResult, TransactionState,
 };
 use select::{master_address, QueueChoice};
+use send::Choice;
+use window::Window;
 
 /// Default producer group (RocketMQ's `DEFAULT_PRODUCER`).
 pub const DEFAULT_PRODUCER_GROUP: &str = "DEFAULT_PRODUCER";
@@ -59,6 +69,8 @@ pub struct ProducerBuilder {
     heartbeat_interval: Duration,
     check_local_transaction: Option<CheckFn>,
     compress_over_bytes: usize,
+    max_sends_in_flight: usize,
+    max_bytes_in_flight: usize,
 }
 
 impl std::fmt::Debug for ProducerBuilder {
@@ -72,6 +84,8 @@ impl std::fmt::Debug for ProducerBuilder {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("compress_over_bytes", &self.compress_over_bytes)
+            .field("max_sends_in_flight", &self.max_sends_in_flight)
+            .field("max_bytes_in_flight", &self.max_bytes_in_flight)
             .field(
                 "check_local_transaction",
                 &self.check_local_transaction.is_some(),
@@ -120,6 +134,25 @@ impl ProducerBuilder {
         self
     }
 
+    /// Most sends (calls, a batch counting once) the producer has in flight at once, across
+    /// all its connections (default [`DEFAULT_MAX_SENDS_IN_FLIGHT`], 1,024; RocketMQ's
+    /// `backPressureForAsyncSendNum`). A send beyond it waits to be admitted: `send_async`
+    /// returns once there is room, so a loop of them runs at the pace of the answers.
+    #[must_use]
+    pub fn max_sends_in_flight(mut self, sends: usize) -> Self {
+        self.max_sends_in_flight = sends;
+        self
+    }
+
+    /// Most body bytes the producer's sends in flight hold together (default
+    /// [`DEFAULT_MAX_BYTES_IN_FLIGHT`], 64 MiB; RocketMQ's `backPressureForAsyncSendSize`). A
+    /// send larger than the whole window is admitted alone.
+    #[must_use]
+    pub fn max_bytes_in_flight(mut self, bytes: usize) -> Self {
+        self.max_bytes_in_flight = bytes;
+        self
+    }
+
     /// How often the producer tells its brokers it is alive (default 30 s). A broker checks
     /// back transactions only with producers it has heard from.
     #[must_use]
@@ -152,9 +185,11 @@ impl ProducerBuilder {
         if self.send_timeout.is_zero()
             || self.max_message_bytes == 0
             || self.heartbeat_interval.is_zero()
+            || self.max_sends_in_flight == 0
+            || self.max_bytes_in_flight == 0
         {
             return Err(Error::Config(
-                "send_timeout, max_message_bytes and heartbeat_interval must be positive"
+                "send_timeout, max_message_bytes, heartbeat_interval, max_sends_in_flight and max_bytes_in_flight must be positive"
                     .to_owned(),
             ));
         }
@@ -171,6 +206,8 @@ impl ProducerBuilder {
             retries: self.retries,
             max_message_bytes: self.max_message_bytes,
             compress_over_bytes: self.compress_over_bytes,
+            window: Window::new(self.max_sends_in_flight, self.max_bytes_in_flight),
+            run_buffers: Mutex::new(Vec::new()),
             next_queue: Mutex::new(HashMap::new()),
             is_shut_down: AtomicBool::new(false),
             heartbeated: Mutex::new(HashSet::new()),
@@ -191,7 +228,7 @@ impl ProducerBuilder {
     }
 }
 
-/// Sends messages. Cheap to clone; clones share connections and routes.
+/// Sends messages. Cheap to clone; clones share connections, routes and the send window.
 ///
 /// ```no_run
 /// # async fn example() -> shardmq_client::Result<()> {
@@ -203,6 +240,47 @@ impl ProducerBuilder {
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Several sends in flight
+///
+/// Each `send*` call has an `_async` sibling (RocketMQ's asynchronous send): awaiting it
+/// admits the send into the producer's **window** and puts it on its way, and returns a
+/// [`SendFuture`] that resolves to the result once the broker has answered (retries
+/// included, exactly as the plain call would have retried). The window is bounded in sends
+/// ([`max_sends_in_flight`](ProducerBuilder::max_sends_in_flight)) and in body bytes
+/// ([`max_bytes_in_flight`](ProducerBuilder::max_bytes_in_flight)); a send that does not fit
+/// waits to be admitted, so a loop of `send_async` calls slows to the pace of the answers
+/// instead of queueing without bound. Plain sends take their place in the same window.
+///
+/// ```no_run
+/// # async fn example(producer: shardmq_client::Producer) -> shardmq_client::Result<()> {
+/// use shardmq_client::Message;
+/// let mut in_flight = Vec::new();
+/// for i in 0..100 {
+///     in_flight.push(producer.send_async(Message::new("orders", format!("order {i}"))).await?);
+/// }
+/// for sent in in_flight {
+///     let result = sent.await?;
+///     println!("{} → {}", result.msg_id, result.queue);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// **Order.** Sends by key ([`send_ordered_async`](Self::send_ordered_async)) and to a given
+/// queue ([`send_to_queue_async`](Self::send_to_queue_async)) keep their order per queue: a
+/// send to a queue is not put on the wire before the previous such send to that queue has been
+/// answered (stored, or failed after its retries), so the queue stores them in the order their
+/// `_async` calls were admitted (for one task awaiting each call in turn, the order of the
+/// calls). Why this holds whatever happens on the way: the broker stores a queue's sends in
+/// the order their requests reach it, and the next request to the queue does not exist on
+/// the wire until the previous send has ended, including its retries (a retry of an earlier
+/// send can never land behind a later one, and requests racing on the connection or the
+/// broker's tasks cannot overtake). [`send_ordered`](Self::send_ordered) and
+/// [`send_to_queue`](Self::send_to_queue) take their turn in the same order. An ordered
+/// send's queue is chosen when it is admitted, and its send timeout runs from when its turn
+/// comes. Ordered sends to one queue therefore go one at a time; sends to different queues,
+/// and round-robin sends, overlap freely. Round-robin sends keep no order.
 #[derive(Clone)]
 pub struct Producer {
     inner: Arc<ProducerInner>,
@@ -225,6 +303,10 @@ struct ProducerInner {
     retries: u32,
     max_message_bytes: usize,
     compress_over_bytes: usize,
+    /// Sends in flight, and the order of ordered sends.
+    window: Window,
+    /// Buffers of finished runs of records, reused by the next sends.
+    run_buffers: Mutex<Vec<BytesMut>>,
     /// Per topic, the round-robin position in its write queues.
     next_queue: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     is_shut_down: AtomicBool,
@@ -234,7 +316,7 @@ struct ProducerInner {
 
 impl Producer {
     /// A builder with RocketMQ's defaults: group `DEFAULT_PRODUCER`, send timeout 3 s, 2
-    /// retries, 4 MiB bodies.
+    /// retries, 4 MiB bodies, a window of 1,024 sends and 64 MiB.
     #[must_use]
     pub fn builder() -> ProducerBuilder {
         ProducerBuilder {
@@ -246,6 +328,8 @@ impl Producer {
             heartbeat_interval: HEARTBEAT_INTERVAL,
             check_local_transaction: None,
             compress_over_bytes: crate::compression::DEFAULT_COMPRESS_OVER_BYTES,
+            max_sends_in_flight: DEFAULT_MAX_SENDS_IN_FLIGHT,
+            max_bytes_in_flight: DEFAULT_MAX_BYTES_IN_FLIGHT,
         }
     }
 
@@ -259,11 +343,13 @@ impl Producer {
     /// retrying on a retriable failure on another broker when there is one, within the send
     /// timeout.
     pub async fn send(&self, message: Message) -> Result<SendResult> {
-        let mut results = self
-            .inner
-            .send(std::slice::from_ref(&message), QueueChoice::RoundRobin)
-            .await?;
-        Ok(results.remove(0))
+        self.send_one(message, Choice::RoundRobin).await
+    }
+
+    /// [`send`](Self::send) with the answer awaited later: returns once the send is admitted
+    /// into the window (see [several sends in flight](Self#several-sends-in-flight)).
+    pub async fn send_async(&self, message: Message) -> Result<SendFuture<SendResult>> {
+        self.spawn_one(message, Choice::RoundRobin).await
     }
 
     /// Sends one message to the queue chosen by `key`, so that every message of one key goes
@@ -272,11 +358,17 @@ impl Producer {
     /// write queues sorted by broker name and queue id: stable while the route is. Retries go
     /// to the same queue.
     pub async fn send_ordered(&self, message: Message, key: &str) -> Result<SendResult> {
-        let mut results = self
-            .inner
-            .send(std::slice::from_ref(&message), QueueChoice::ByKey(key))
-            .await?;
-        Ok(results.remove(0))
+        self.send_one(message, Choice::ByKey(key)).await
+    }
+
+    /// [`send_ordered`](Self::send_ordered) with the answer awaited later, in order with the
+    /// other ordered sends to its queue (see [order](Self#several-sends-in-flight)).
+    pub async fn send_ordered_async(
+        &self,
+        message: Message,
+        key: &str,
+    ) -> Result<SendFuture<SendResult>> {
+        self.spawn_one(message, Choice::ByKey(key)).await
     }
 
     /// Sends one message to exactly `queue` (which must be of the message's topic).
@@ -285,40 +377,76 @@ impl Producer {
         message: Message,
         queue: &MessageQueue,
     ) -> Result<SendResult> {
-        let mut results = self
-            .inner
-            .send(std::slice::from_ref(&message), QueueChoice::Fixed(queue))
-            .await?;
-        Ok(results.remove(0))
+        self.send_one(message, Choice::Fixed(queue)).await
+    }
+
+    /// [`send_to_queue`](Self::send_to_queue) with the answer awaited later, in order with
+    /// the other ordered sends to `queue` (see [order](Self#several-sends-in-flight)).
+    pub async fn send_to_queue_async(
+        &self,
+        message: Message,
+        queue: &MessageQueue,
+    ) -> Result<SendFuture<SendResult>> {
+        self.spawn_one(message, Choice::Fixed(queue)).await
     }
 
     /// Sends messages of one topic as one batch: stored together in one queue, all or none.
     /// At most [`MAX_BATCH_MESSAGES`], and the whole request within the broker's frame limit.
-    pub async fn send_batch(&self, messages: Vec<Message>) -> Result<Vec<SendResult>> {
-        let Some(first) = messages.first() else {
-            return Err(Error::InvalidArgument(
-                "a batch needs at least one message".to_owned(),
-            ));
-        };
-        if messages.len() > MAX_BATCH_MESSAGES {
-            return Err(Error::InvalidArgument(format!(
-                "batch has {} messages, over MAX_BATCH_MESSAGES ({MAX_BATCH_MESSAGES})",
-                messages.len()
-            )));
-        }
-        if let Some(other) = messages.iter().find(|m| m.topic() != first.topic()) {
-            return Err(Error::InvalidArgument(format!(
-                "a batch goes to one topic; it has {} and {}",
-                first.topic(),
-                other.topic()
-            )));
-        }
-        self.inner.send(&messages, QueueChoice::RoundRobin).await
+    /// The result holds where each message went, made into a [`SendResult`] when asked.
+    pub async fn send_batch(&self, messages: Vec<Message>) -> Result<BatchSendResult> {
+        check_batch_size(&messages)?;
+        let (target, admission) = self.inner.admit(&messages, Choice::RoundRobin).await?;
+        self.inner
+            .send_admitted(&messages, &target, admission)
+            .await
+    }
+
+    /// [`send_batch`](Self::send_batch) with the answer awaited later (see [several sends in
+    /// flight](Self#several-sends-in-flight)).
+    pub async fn send_batch_async(
+        &self,
+        messages: Vec<Message>,
+    ) -> Result<SendFuture<BatchSendResult>> {
+        check_batch_size(&messages)?;
+        let (target, admission) = self.inner.admit(&messages, Choice::RoundRobin).await?;
+        let inner = Arc::clone(&self.inner);
+        Ok(SendFuture::spawn(async move {
+            inner.send_admitted(&messages, &target, admission).await
+        }))
+    }
+
+    async fn send_one(&self, message: Message, choice: Choice<'_>) -> Result<SendResult> {
+        let messages = std::slice::from_ref(&message);
+        let (target, admission) = self.inner.admit(messages, choice).await?;
+        let sent = self
+            .inner
+            .send_admitted(messages, &target, admission)
+            .await?;
+        Ok(single(sent))
+    }
+
+    async fn spawn_one(
+        &self,
+        message: Message,
+        choice: Choice<'_>,
+    ) -> Result<SendFuture<SendResult>> {
+        let (target, admission) = self
+            .inner
+            .admit(std::slice::from_ref(&message), choice)
+            .await?;
+        let inner = Arc::clone(&self.inner);
+        Ok(SendFuture::spawn(async move {
+            let messages = std::slice::from_ref(&message);
+            inner
+                .send_admitted(messages, &target, admission)
+                .await
+                .map(single)
+        }))
     }
 
     /// Sends one message without waiting for the broker's answer (a ONE_WAY frame): fastest,
     /// but a failure at the broker is never reported and nothing is retried. Returns once the
-    /// message is queued on the connection.
+    /// message is queued on the connection. One-way sends take no place in the window.
     pub async fn send_oneway(&self, message: Message) -> Result<()> {
         let inner = &self.inner;
         inner.check_running()?;
@@ -327,15 +455,7 @@ impl Producer {
         let queue = inner.select_queue(&route, QueueChoice::RoundRobin, None)?;
         let address = master_address(&route, &queue)?;
         inner
-            .instance
-            .pool
-            .send_one_way(
-                &address,
-                inner.send_timeout,
-                &inner.group,
-                &message,
-                Some(queue.queue_id),
-            )
+            .send_one_way_to(&address, queue.queue_id, &message)
             .await
     }
 
@@ -385,13 +505,13 @@ impl Producer {
         let inner = &self.inner;
         inner.check_running()?;
         message.validate(inner.max_message_bytes)?;
-        let (address, sent, half_commit_log_offset) = inner.send_half(&message).await?;
+        let (address, sent) = inner.send_half(&message).await?;
         inner.make_known_to(&address).await;
         let state = run_local_transaction(local_transaction, sent.clone()).await;
         let end = EndRequest {
             producer_group: &inner.group,
             half_queue_offset: sent.queue_offset,
-            half_commit_log_offset,
+            half_commit_log_offset: sent.commit_log_offset(),
             unique_id: &sent.msg_id,
             state,
         };
@@ -432,6 +552,7 @@ impl Producer {
         if inner.is_shut_down.swap(true, Ordering::AcqRel) {
             return;
         }
+        inner.window.close();
         for address in inner.broker_addresses() {
             if let Err(error) = inner
                 .instance
@@ -449,6 +570,68 @@ impl Producer {
         }
         inner.instance.shut_down();
     }
+}
+
+/// A send in flight, from [`Producer::send_async`] and its siblings: resolves to the send's
+/// result once the broker has answered (after retries), or to the error the plain send would
+/// have returned. The send runs on its own task: dropping this future does not cancel it, it
+/// only forgoes its result (the send keeps its place in the window until it ends).
+#[must_use = "the send goes on without it; await it to learn whether the message was stored"]
+pub struct SendFuture<T> {
+    task: JoinHandle<Result<T>>,
+}
+
+impl<T: Send + 'static> SendFuture<T> {
+    fn spawn<F>(send: F) -> Self
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        Self {
+            task: tokio::spawn(send),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SendFuture<T> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SendFuture")
+            .field("is_finished", &self.task.is_finished())
+            .finish()
+    }
+}
+
+impl<T> Future for SendFuture<T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Result<T>> {
+        match Pin::new(&mut self.task).poll(context) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(result)) => Poll::Ready(result),
+            Poll::Ready(Err(error)) if error.is_panic() => {
+                std::panic::resume_unwind(error.into_panic())
+            }
+            // Cancelled: the runtime is shutting down.
+            Poll::Ready(Err(_)) => Poll::Ready(Err(Error::ShutDown)),
+        }
+    }
+}
+
+/// The result of a send of one message.
+fn single(sent: BatchSendResult) -> SendResult {
+    sent.into_single()
+        .expect("a stored send of one message has one result")
+}
+
+/// Refuses a batch over [`MAX_BATCH_MESSAGES`] (an empty one is refused when admitted).
+fn check_batch_size(messages: &[Message]) -> Result<()> {
+    if messages.len() > MAX_BATCH_MESSAGES {
+        return Err(Error::InvalidArgument(format!(
+            "batch has {} messages, over MAX_BATCH_MESSAGES ({MAX_BATCH_MESSAGES})",
+            messages.len()
+        )));
+    }
+    Ok(())
 }
 
 impl ProducerInner {

@@ -16,8 +16,8 @@ pub fn print_json(value: &serde_json::Value) {
 pub fn send_result_json(result: &SendResult) -> Value {
     json!({
         "status": result.status.as_str(),
-        "msg_id": result.msg_id,
-        "offset_msg_id": result.offset_msg_id,
+        "msg_id": result.msg_id.to_string(),
+        "offset_msg_id": result.offset_msg_id(),
         "topic": result.queue.topic,
         "broker_name": result.queue.broker_name,
         "queue_id": result.queue.queue_id,
@@ -34,7 +34,10 @@ pub fn send_result_text(result: &SendResult) -> String {
     };
     format!(
         "{} msg_id={} queue={} offset={offset} offset_msg_id={}",
-        result.status, result.msg_id, result.queue, result.offset_msg_id
+        result.status,
+        result.msg_id,
+        result.queue,
+        result.offset_msg_id()
     )
 }
 
