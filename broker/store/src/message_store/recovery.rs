@@ -17,6 +17,7 @@ use crate::consume_queue::ConsumeQueue;
 use crate::format::{StoreFormat, FORMAT_VERSION};
 use crate::index::{IndexEntry, MessageIndex};
 use crate::notify::LocalNotify;
+use crate::read_ahead::ReadAhead;
 use crate::record::{RecordView, BLANK_MIN_BYTES};
 
 use super::state::{
@@ -294,6 +295,7 @@ impl Inner {
             commit_log,
             queues: queue_map,
             index,
+            read_ahead: ReadAhead::new(config.readahead_bytes),
             dispatched_offset: Cell::new(end),
             records_end: Cell::new(end),
             pending_dispatch: RefCell::new(PendingDispatch::default()),
