@@ -66,6 +66,8 @@ pub struct SpanRead {
     pub bytes: Bytes,
     /// Physical offsets of the records validated when the span was read, ascending.
     checked: Rc<[u64]>,
+    /// Where in `checked` the next record is likely to be (a pull asks in order).
+    next_checked: Cell<usize>,
 }
 
 impl SpanRead {
@@ -75,12 +77,21 @@ impl SpanRead {
             from,
             bytes,
             checked: Rc::from(Vec::new()),
+            next_checked: Cell::new(0),
         }
     }
 
     /// Whether the record starting at `offset` was validated when the span was read.
     pub fn is_checked(&self, offset: u64) -> bool {
-        self.checked.binary_search(&offset).is_ok()
+        let hint = self.next_checked.get();
+        let found = match self.checked.get(hint) {
+            Some(&at) if at == offset => Some(hint),
+            _ => self.checked.binary_search(&offset).ok(),
+        };
+        if let Some(index) = found {
+            self.next_checked.set(index + 1);
+        }
+        found.is_some()
     }
 }
 
@@ -140,6 +151,7 @@ impl Span {
             from,
             bytes: Bytes::from_owner(slice),
             checked: held.checked.clone(),
+            next_checked: Cell::new(held.checked.partition_point(|&at| at < from)),
         })
     }
 }
