@@ -4,8 +4,9 @@
 //!
 //! Owns the cached spans (the O_DIRECT read buffers themselves, handed to readers as `Bytes`
 //! slices without a copy), which record starts of each span were validated when it was read,
-//! and the byte bound (`readahead_bytes`): it counts spans being read, spans cached, and
-//! spans evicted while a reader (a pull answer on its way out) still holds a slice of them.
+//! the ConsumeQueue entries read ahead for a queue's next pull (one run per queue), and the
+//! byte bound (`readahead_bytes`): it counts spans being read, spans cached, spans evicted
+//! while a reader (a pull answer on its way out) still holds a slice of them, and entries.
 //! Never: reading files, deciding what to read ahead, or cross-checking a record against its
 //! ConsumeQueue entry (the message store's read path does these); it never holds a byte the
 //! caller did not read below the CommitLog's written offset.
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::consume_queue::ConsumeQueueEntry;
 use crate::notify::{LocalNotify, Notified};
 
 /// The smallest useful bound: a 1 MiB span being served and the next one read ahead.
@@ -45,6 +47,8 @@ pub struct ReadAheadStats {
     pub refused: u64,
     /// Spans dropped to make room or because the log no longer holds them.
     pub evicted: u64,
+    /// Pulls that found their ConsumeQueue entries read ahead.
+    pub entry_hits: u64,
 }
 
 /// What [`ReadAhead::lookup`] found for a range.
@@ -161,12 +165,23 @@ struct Evicted {
     charged: u64,
 }
 
+/// ConsumeQueue entries of one queue from queue offset `from`, read for its next pull.
+struct EntriesAhead {
+    topic: String,
+    queue_id: u32,
+    from: u64,
+    entries: Vec<ConsumeQueueEntry>,
+    charged: u64,
+}
+
 #[derive(Default)]
 struct State {
     /// Oldest first (the eviction order).
     spans: VecDeque<Span>,
     /// Spans evicted while a reader held a slice; freed once it lets go.
     evicted: Vec<Evicted>,
+    /// At most one run per queue, oldest first.
+    entries: VecDeque<EntriesAhead>,
     /// Bytes charged by reading, cached and evicted-but-held spans.
     used_bytes: u64,
     next_id: u64,
@@ -313,19 +328,7 @@ impl ReadAhead {
         {
             return None;
         }
-        release_evicted(&mut state);
-        while state.used_bytes + len > shared.limit_bytes {
-            let Some(index) = state
-                .spans
-                .iter()
-                .position(|s| matches!(s.content, Content::Ready(_)))
-            else {
-                break;
-            };
-            let span = state.spans.remove(index).expect("index found above");
-            evict(&mut state, span);
-        }
-        if state.used_bytes + len > shared.limit_bytes {
+        if !make_room(&mut state, len, shared.limit_bytes) {
             state.stats.refused += 1;
             return None;
         }
@@ -349,6 +352,61 @@ impl ReadAhead {
         })
     }
 
+    /// Keeps `entries`, the ConsumeQueue entries of (topic, queue) from queue offset `from`,
+    /// for the queue's next pull (replacing what was kept for it); dropped when there is no
+    /// room.
+    pub fn put_entries(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        from: u64,
+        entries: Vec<ConsumeQueueEntry>,
+    ) {
+        let mut state = self.shared.state.borrow_mut();
+        if let Some(index) = state
+            .entries
+            .iter()
+            .position(|e| e.queue_id == queue_id && e.topic == topic)
+        {
+            let old = state.entries.remove(index).expect("index found above");
+            state.used_bytes -= old.charged;
+        }
+        let charged = (entries.len() * std::mem::size_of::<ConsumeQueueEntry>()) as u64;
+        if entries.is_empty() || !make_room(&mut state, charged, self.shared.limit_bytes) {
+            return;
+        }
+        state.used_bytes += charged;
+        state.entries.push_back(EntriesAhead {
+            topic: topic.to_owned(),
+            queue_id,
+            from,
+            entries,
+            charged,
+        });
+    }
+
+    /// The entries kept for (topic, queue) from queue offset `from` on, taken out of the cache.
+    pub fn take_entries(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        from: u64,
+    ) -> Option<Vec<ConsumeQueueEntry>> {
+        let mut state = self.shared.state.borrow_mut();
+        let index = state.entries.iter().position(|e| {
+            e.queue_id == queue_id
+                && e.topic == topic
+                && from >= e.from
+                && from < e.from + e.entries.len() as u64
+        })?;
+        let taken = state.entries.remove(index).expect("index found above");
+        state.used_bytes -= taken.charged;
+        state.stats.entry_hits += 1;
+        let mut entries = taken.entries;
+        entries.drain(..(from - taken.from) as usize);
+        Some(entries)
+    }
+
     /// Drops every span that does not lie wholly in `[min, end)`: bytes retention deleted
     /// (below the log's new start) or a cut took away (past its new end). A read in flight
     /// over such bytes is discarded when it completes.
@@ -364,6 +422,9 @@ impl ReadAhead {
             }
         }
         state.spans = kept;
+        // Entries are cheap to read again; those of deleted records would only be skipped.
+        let dropped: u64 = state.entries.drain(..).map(|e| e.charged).sum();
+        state.used_bytes -= dropped;
         release_evicted(&mut state);
     }
 }
@@ -418,6 +479,29 @@ impl Drop for ReadTicket {
         drop(state);
         self.shared.finished.notify_all();
     }
+}
+
+/// Frees room for `len` more bytes under `limit_bytes`: evicted buffers readers let go, then
+/// the oldest entries kept, then the oldest cached spans (never one being read). False when
+/// that is not enough.
+fn make_room(state: &mut State, len: u64, limit_bytes: u64) -> bool {
+    release_evicted(state);
+    while state.used_bytes + len > limit_bytes {
+        if let Some(entries) = state.entries.pop_front() {
+            state.used_bytes -= entries.charged;
+            continue;
+        }
+        let Some(index) = state
+            .spans
+            .iter()
+            .position(|s| matches!(s.content, Content::Ready(_)))
+        else {
+            return false;
+        };
+        let span = state.spans.remove(index).expect("index found above");
+        evict(state, span);
+    }
+    true
 }
 
 /// Removes the reading span `id`, giving back its charge; false if it is not there.
@@ -568,6 +652,32 @@ mod tests {
         );
         assert!(hit(&cache, 12_288, 1).is_none());
         assert_eq!(cache.used_bytes(), 4096);
+    }
+
+    #[test]
+    fn entries_read_ahead_are_taken_once_from_any_offset_they_hold() {
+        let cache = ReadAhead::new(2 << 20);
+        let entry = |offset: u64| ConsumeQueueEntry {
+            commitlog_offset: offset * 100,
+            size: 100,
+            tags_hash: 0,
+        };
+        cache.put_entries("t", 1, 10, (10..20).map(entry).collect());
+        assert!(cache.take_entries("t", 2, 10).is_none(), "another queue");
+        assert!(cache.take_entries("t", 1, 20).is_none(), "past them");
+        assert!(cache.used_bytes() > 0);
+        let taken = cache.take_entries("t", 1, 12).expect("held from 10");
+        assert_eq!(taken.first(), Some(&entry(12)));
+        assert_eq!(taken.len(), 8);
+        assert!(cache.take_entries("t", 1, 12).is_none(), "taken once");
+        assert_eq!(cache.used_bytes(), 0);
+        assert_eq!(cache.stats().entry_hits, 1);
+        // Newer entries of a queue replace older ones; spans make room by dropping them.
+        cache.put_entries("t", 1, 0, (0..5).map(entry).collect());
+        cache.put_entries("t", 1, 5, (5..10).map(entry).collect());
+        assert!(cache.take_entries("t", 1, 0).is_none());
+        assert!(cache.reserve(0, 2 << 20).is_some(), "entries gave way");
+        assert!(cache.take_entries("t", 1, 5).is_none());
     }
 
     #[test]

@@ -29,6 +29,9 @@ use super::MessageStore;
 const READ_SPAN_BYTES: u64 = 1 << 20;
 const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
 
+/// ConsumeQueue entries read ahead for a queue's next pull (as many as one pull scans at once).
+const ENTRIES_AHEAD: u64 = 1024;
+
 /// A glommio read buffer as a span of the read-ahead cache.
 struct DirectRead(ReadResult);
 
@@ -96,10 +99,16 @@ impl MessageStore {
         let mut scanned = 0u64;
         'scan: while next < max_offset && scanned < self.inner.config.max_scanned_entries_per_read {
             let want = (self.inner.config.max_scanned_entries_per_read - scanned).min(1024);
-            let entries = queue
-                .read(next, want)
-                .await
-                .map_err(io_error(queue.dir().display().to_string()))?;
+            let entries = match self.inner.read_ahead.take_entries(topic, queue_id, next) {
+                Some(mut entries) => {
+                    entries.truncate(want as usize);
+                    entries
+                }
+                None => queue
+                    .read(next, want)
+                    .await
+                    .map_err(io_error(queue.dir().display().to_string()))?,
+            };
             if entries.is_empty() {
                 break;
             }
@@ -175,7 +184,15 @@ impl MessageStore {
         // A consumer reading from segment files is draining a backlog: read the span its next
         // pull will want while this answer is on its way.
         if is_from_segment && next < max_offset && self.inner.read_ahead.is_enabled() {
-            Inner::start_read_ahead(&self.inner, queue, next, next_entry, max_bytes);
+            Inner::start_read_ahead(
+                &self.inner,
+                queue,
+                topic,
+                queue_id,
+                next,
+                next_entry,
+                max_bytes,
+            );
         }
         Ok(result)
     }
@@ -386,39 +403,46 @@ impl Inner {
     }
 
     /// Reads ahead for a consumer of `queue` whose next pull starts at queue offset `next`
-    /// (`next_entry` is that entry when the pull saw it) and has `room` bytes. The read is
-    /// reserved before this returns when the entry is known, so the next pull waits for it
-    /// rather than reading the same bytes itself.
+    /// (`next_entry` is that entry when the pull saw it) and has `room` bytes: the queue's
+    /// entries from `next` (an O_DIRECT read once they are out of the queue's memory tail) and
+    /// the CommitLog span from the next record, both at once. The span's read is reserved
+    /// before this returns when the entry is known, so the next pull waits for it rather than
+    /// reading the same bytes itself.
     fn start_read_ahead(
         inner: &Rc<Inner>,
         queue: Rc<ConsumeQueue>,
+        topic: &str,
+        queue_id: u32,
         next: u64,
         next_entry: Option<ConsumeQueueEntry>,
         room: u64,
     ) {
-        match next_entry {
-            Some(entry) => {
-                if let Some(ticket) = inner.reserve_read_ahead(&entry, room) {
-                    let inner = inner.clone();
-                    glommio::spawn_local(async move {
-                        let _ = inner.fill_span(ticket).await;
-                    })
-                    .detach();
+        let ticket = next_entry.and_then(|entry| inner.reserve_read_ahead(&entry, room));
+        let inner = inner.clone();
+        let topic = topic.to_owned();
+        glommio::spawn_local(async move {
+            let read_entries = async {
+                let entries = queue.read(next, ENTRIES_AHEAD).await.unwrap_or_default();
+                // Unknown until now: the span from the first of them.
+                let ticket = match (next_entry, entries.first()) {
+                    (None, Some(first)) => inner.reserve_read_ahead(first, room),
+                    _ => None,
+                };
+                inner
+                    .read_ahead
+                    .put_entries(&topic, queue_id, next, entries);
+                if let Some(ticket) = ticket {
+                    let _ = inner.fill_span(ticket).await;
                 }
-            }
-            None => {
-                let inner = inner.clone();
-                glommio::spawn_local(async move {
-                    let Ok(Some(entry)) = queue.get(next).await else {
-                        return;
-                    };
-                    if let Some(ticket) = inner.reserve_read_ahead(&entry, room) {
-                        let _ = inner.fill_span(ticket).await;
-                    }
-                })
-                .detach();
-            }
-        }
+            };
+            let read_span = async {
+                if let Some(ticket) = ticket {
+                    let _ = inner.fill_span(ticket).await;
+                }
+            };
+            futures_lite::future::zip(read_entries, read_span).await;
+        })
+        .detach();
     }
 
     /// Room in the read-ahead cache for the span from `entry`'s record, `room` bytes long
