@@ -341,11 +341,16 @@ fn take_answer(
     if process_queue.is_dropped() {
         return Ok(());
     }
-    let matching: Vec<_> = result
-        .messages
-        .into_iter()
-        .filter(|message| tags.matches(message.tags()))
-        .collect();
+    // With `*` no message's tag needs finding among its properties.
+    let matching: Vec<_> = if tags.is_all() {
+        result.messages
+    } else {
+        result
+            .messages
+            .into_iter()
+            .filter(|message| tags.matches(message.tags()))
+            .collect()
+    };
     let added = process_queue.put(matching, result.next_begin_offset);
     core.offsets
         .advance(queue, process_queue.committable_offset());
