@@ -34,6 +34,13 @@ use crate::notify::{LocalNotify, Notified};
 /// The smallest useful bound: a 1 MiB span being served and the next one read ahead.
 pub const MIN_READAHEAD_BYTES: u64 = 2 << 20;
 
+/// Most ConsumeQueue entries kept for one queue (four pulls' worth at a pull's most).
+pub const MAX_ENTRIES_PER_QUEUE: usize = 4096;
+
+fn entries_bytes(count: usize) -> u64 {
+    (count * std::mem::size_of::<ConsumeQueueEntry>()) as u64
+}
+
 /// Counters of the cache's work since the store opened.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ReadAheadStats {
@@ -41,6 +48,10 @@ pub struct ReadAheadStats {
     pub hits: u64,
     /// Lookups that found nothing cached or being read.
     pub misses: u64,
+    /// Lookups that found their range still being read (and waited for it).
+    pub waits: u64,
+    /// Time pulls spent waiting for reads in flight, µs.
+    pub waited_us: u64,
     /// Reads reserved (for a pull that missed, or ahead of one).
     pub reads: u64,
     /// Reservations refused for want of room under the bound.
@@ -60,6 +71,17 @@ pub enum Lookup {
     Reading,
     /// Neither.
     Miss,
+}
+
+/// Where the records of a span end, asked by a reader walking ahead.
+pub enum RecordsEnd {
+    /// The span is read: its whole records end there (`None`: at a segment's end, or not
+    /// where a record starts).
+    Known(Option<u64>),
+    /// The span is being read: wait for [`ReadAhead::finished`] and ask again.
+    Reading,
+    /// No span holds the offset.
+    NotHeld,
 }
 
 /// Bytes of a cached span from a looked-up offset to the span's end.
@@ -108,6 +130,9 @@ struct Held {
     /// One reference here; every slice handed out holds another.
     pin: Arc<()>,
     checked: Rc<[u64]>,
+    /// Where the records wholly in the span end, when the next one starts there (the span
+    /// after this one, for a sequential reader).
+    records_end: Option<u64>,
 }
 
 impl Held {
@@ -285,7 +310,10 @@ impl ReadAhead {
                 state.stats.hits += 1;
                 Lookup::Hit(read)
             }
-            None if is_reading => Lookup::Reading,
+            None if is_reading => {
+                state.stats.waits += 1;
+                Lookup::Reading
+            }
             None => {
                 state.stats.misses += 1;
                 Lookup::Miss
@@ -303,6 +331,28 @@ impl ReadAhead {
             .spans
             .iter()
             .any(|span| span.covers(from, to))
+    }
+
+    /// Where the records of the span holding `at` end (see [`RecordsEnd`]).
+    pub fn records_end_at(&self, at: u64) -> RecordsEnd {
+        let state = self.shared.state.borrow();
+        let mut is_reading = false;
+        for span in state.spans.iter().filter(|s| s.covers(at, at + 1)) {
+            match &span.content {
+                Content::Ready(held) => return RecordsEnd::Known(held.records_end),
+                Content::Reading => is_reading = true,
+            }
+        }
+        if is_reading {
+            RecordsEnd::Reading
+        } else {
+            RecordsEnd::NotHeld
+        }
+    }
+
+    /// Counts `waited` against [`ReadAheadStats::waited_us`].
+    pub fn add_wait(&self, waited: std::time::Duration) {
+        self.shared.state.borrow_mut().stats.waited_us += waited.as_micros() as u64;
     }
 
     /// Completes when a read next finishes or is abandoned (after [`Lookup::Reading`]).
@@ -353,8 +403,9 @@ impl ReadAhead {
     }
 
     /// Keeps `entries`, the ConsumeQueue entries of (topic, queue) from queue offset `from`,
-    /// for the queue's next pull (replacing what was kept for it); dropped when there is no
-    /// room.
+    /// for the queue's next pulls: after the run kept for the queue when they continue it,
+    /// else instead of it. At most [`MAX_ENTRIES_PER_QUEUE`] are kept (the oldest go first);
+    /// none when there is no room.
     pub fn put_entries(
         &self,
         topic: &str,
@@ -363,48 +414,81 @@ impl ReadAhead {
         entries: Vec<ConsumeQueueEntry>,
     ) {
         let mut state = self.shared.state.borrow_mut();
-        if let Some(index) = state
+        let mut run = match state
             .entries
             .iter()
             .position(|e| e.queue_id == queue_id && e.topic == topic)
         {
-            let old = state.entries.remove(index).expect("index found above");
-            state.used_bytes -= old.charged;
+            Some(index) => {
+                let old = state.entries.remove(index).expect("index found above");
+                state.used_bytes -= old.charged;
+                old
+            }
+            None => EntriesAhead {
+                topic: topic.to_owned(),
+                queue_id,
+                from,
+                entries: Vec::new(),
+                charged: 0,
+            },
+        };
+        if run.from + run.entries.len() as u64 == from {
+            run.entries.extend(entries);
+        } else {
+            run.from = from;
+            run.entries = entries;
         }
-        let charged = (entries.len() * std::mem::size_of::<ConsumeQueueEntry>()) as u64;
-        if entries.is_empty() || !make_room(&mut state, charged, self.shared.limit_bytes) {
+        let excess = run.entries.len().saturating_sub(MAX_ENTRIES_PER_QUEUE);
+        run.entries.drain(..excess);
+        run.from += excess as u64;
+        run.charged = entries_bytes(run.entries.len());
+        if run.entries.is_empty() || !make_room(&mut state, run.charged, self.shared.limit_bytes) {
             return;
         }
-        state.used_bytes += charged;
-        state.entries.push_back(EntriesAhead {
-            topic: topic.to_owned(),
-            queue_id,
-            from,
-            entries,
-            charged,
-        });
+        state.used_bytes += run.charged;
+        state.entries.push_back(run);
     }
 
-    /// The entries kept for (topic, queue) from queue offset `from` on, taken out of the cache.
+    /// Up to `max` entries kept for (topic, queue) from queue offset `from` on (those before
+    /// `from` are dropped: a queue is pulled forwards).
     pub fn take_entries(
         &self,
         topic: &str,
         queue_id: u32,
         from: u64,
+        max: usize,
     ) -> Option<Vec<ConsumeQueueEntry>> {
         let mut state = self.shared.state.borrow_mut();
-        let index = state.entries.iter().position(|e| {
+        let State {
+            entries: runs,
+            used_bytes,
+            stats,
+            ..
+        } = &mut *state;
+        let run = runs.iter_mut().find(|e| {
             e.queue_id == queue_id
                 && e.topic == topic
                 && from >= e.from
                 && from < e.from + e.entries.len() as u64
         })?;
-        let taken = state.entries.remove(index).expect("index found above");
-        state.used_bytes -= taken.charged;
-        state.stats.entry_hits += 1;
-        let mut entries = taken.entries;
-        entries.drain(..(from - taken.from) as usize);
-        Some(entries)
+        run.entries.drain(..(from - run.from) as usize);
+        run.from = from;
+        let charged = entries_bytes(run.entries.len());
+        *used_bytes -= run.charged - charged;
+        run.charged = charged;
+        stats.entry_hits += 1;
+        Some(run.entries[..max.min(run.entries.len())].to_vec())
+    }
+
+    /// Where the entries kept for (topic, queue) that hold queue offset `from` end.
+    pub fn entries_end(&self, topic: &str, queue_id: u32, from: u64) -> Option<u64> {
+        let state = self.shared.state.borrow();
+        state
+            .entries
+            .iter()
+            .find(|e| e.queue_id == queue_id && e.topic == topic)
+            .map(|e| e.from + e.entries.len() as u64)
+            .filter(|&end| end > from)
     }
 
     /// Drops every span that does not lie wholly in `[min, end)`: bytes retention deleted
@@ -432,9 +516,15 @@ impl ReadAhead {
 impl ReadTicket {
     /// The read filled `buffer` with `[from, from + buffer.len())` (at most `len`, at least the
     /// bytes the caller will look up); `checked` holds the physical offsets, ascending, of the
-    /// records the caller validated in it. Returns the span from `from` (unless the range was
-    /// forgotten meanwhile, when the buffer is dropped).
-    pub fn complete(self, buffer: SpanBuffer, checked: Vec<u64>) -> Option<SpanRead> {
+    /// records the caller validated in it, `records_end` where the records wholly in it end
+    /// when a record starts there. Returns the span from `from` (unless the range was forgotten
+    /// meanwhile, when the buffer is dropped).
+    pub fn complete(
+        self,
+        buffer: SpanBuffer,
+        checked: Vec<u64>,
+        records_end: Option<u64>,
+    ) -> Option<SpanRead> {
         self.is_done.set(true);
         let shared = self.shared.clone();
         let len = (buffer.as_ref().as_ref().len() as u64).min(self.len);
@@ -447,6 +537,7 @@ impl ReadTicket {
                     buffer,
                     pin: Arc::new(()),
                     checked: checked.into(),
+                    records_end,
                 });
                 span.read_from(self.from)
             }
@@ -482,24 +573,24 @@ impl Drop for ReadTicket {
 }
 
 /// Frees room for `len` more bytes under `limit_bytes`: evicted buffers readers let go, then
-/// the oldest entries kept, then the oldest cached spans (never one being read). False when
-/// that is not enough.
+/// the oldest cached spans (never one being read), then the oldest entries kept (small, and
+/// wanted by the next pulls). False when that is not enough.
 fn make_room(state: &mut State, len: u64, limit_bytes: u64) -> bool {
     release_evicted(state);
     while state.used_bytes + len > limit_bytes {
-        if let Some(entries) = state.entries.pop_front() {
-            state.used_bytes -= entries.charged;
-            continue;
-        }
-        let Some(index) = state
+        if let Some(index) = state
             .spans
             .iter()
             .position(|s| matches!(s.content, Content::Ready(_)))
-        else {
+        {
+            let span = state.spans.remove(index).expect("index found above");
+            evict(state, span);
+            continue;
+        }
+        let Some(entries) = state.entries.pop_front() else {
             return false;
         };
-        let span = state.spans.remove(index).expect("index found above");
-        evict(state, span);
+        state.used_bytes -= entries.charged;
     }
     true
 }
@@ -553,7 +644,7 @@ mod tests {
 
     fn filled(ticket: ReadTicket, byte: u8) -> Option<SpanRead> {
         let len = ticket.len as usize;
-        ticket.complete(Box::new(vec![byte; len]), Vec::new())
+        ticket.complete(Box::new(vec![byte; len]), Vec::new(), None)
     }
 
     fn hit(cache: &ReadAhead, from: u64, len: u64) -> Option<SpanRead> {
@@ -570,12 +661,17 @@ mod tests {
         let ticket = cache.reserve(1000, 4096).expect("room");
         assert!(matches!(cache.lookup(1000, 10), Lookup::Reading));
         assert!(cache.reserve(1000, 100).is_none(), "already being read");
-        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]), vec![1000, 1500]);
+        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]), vec![1000, 1500], Some(5096));
         assert_eq!(ticket_read.expect("the span").bytes.len(), 4096);
         let read = hit(&cache, 1500, 100).expect("inside the span");
         assert_eq!((read.from, read.bytes.len()), (1500, 4096 - 500));
         assert!(read.bytes.iter().all(|&b| b == 7));
         assert!(read.is_checked(1500) && !read.is_checked(1600));
+        assert!(matches!(
+            cache.records_end_at(4000),
+            RecordsEnd::Known(Some(5096))
+        ));
+        assert!(matches!(cache.records_end_at(5096), RecordsEnd::NotHeld));
         assert!(hit(&cache, 1000 + 4090, 10).is_none(), "runs past the span");
         assert!(hit(&cache, 999, 10).is_none(), "starts before the span");
         let stats = cache.stats();
@@ -655,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_read_ahead_are_taken_once_from_any_offset_they_hold() {
+    fn entries_read_ahead_are_kept_for_the_pulls_that_follow() {
         let cache = ReadAhead::new(2 << 20);
         let entry = |offset: u64| ConsumeQueueEntry {
             commitlog_offset: offset * 100,
@@ -663,21 +759,39 @@ mod tests {
             tags_hash: 0,
         };
         cache.put_entries("t", 1, 10, (10..20).map(entry).collect());
-        assert!(cache.take_entries("t", 2, 10).is_none(), "another queue");
-        assert!(cache.take_entries("t", 1, 20).is_none(), "past them");
-        assert!(cache.used_bytes() > 0);
-        let taken = cache.take_entries("t", 1, 12).expect("held from 10");
-        assert_eq!(taken.first(), Some(&entry(12)));
-        assert_eq!(taken.len(), 8);
-        assert!(cache.take_entries("t", 1, 12).is_none(), "taken once");
-        assert_eq!(cache.used_bytes(), 0);
-        assert_eq!(cache.stats().entry_hits, 1);
-        // Newer entries of a queue replace older ones; spans make room by dropping them.
-        cache.put_entries("t", 1, 0, (0..5).map(entry).collect());
-        cache.put_entries("t", 1, 5, (5..10).map(entry).collect());
-        assert!(cache.take_entries("t", 1, 0).is_none());
-        assert!(cache.reserve(0, 2 << 20).is_some(), "entries gave way");
-        assert!(cache.take_entries("t", 1, 5).is_none());
+        assert!(
+            cache.take_entries("t", 2, 10, 100).is_none(),
+            "another queue"
+        );
+        assert!(cache.take_entries("t", 1, 20, 100).is_none(), "past them");
+        assert_eq!(cache.entries_end("t", 1, 12), Some(20));
+        let taken = cache.take_entries("t", 1, 12, 3).expect("held from 10");
+        assert_eq!(taken, vec![entry(12), entry(13), entry(14)]);
+        // The next pull finds the rest; those before it are gone.
+        assert!(cache.take_entries("t", 1, 11, 1).is_none());
+        assert_eq!(cache.take_entries("t", 1, 15, 100).unwrap().len(), 5);
+        // Entries that continue the run are kept after it; others replace it.
+        cache.put_entries("t", 1, 20, (20..25).map(entry).collect());
+        assert_eq!(cache.entries_end("t", 1, 15), Some(25));
+        assert_eq!(cache.take_entries("t", 1, 19, 100).unwrap().len(), 6);
+        cache.put_entries("t", 1, 40, (40..45).map(entry).collect());
+        assert!(cache.take_entries("t", 1, 20, 100).is_none());
+        assert_eq!(cache.stats().entry_hits, 3);
+        // At most MAX_ENTRIES_PER_QUEUE per queue, the newest kept.
+        let many = MAX_ENTRIES_PER_QUEUE as u64 + 10;
+        cache.put_entries("t", 1, 45, (45..45 + many).map(entry).collect());
+        assert!(cache.take_entries("t", 1, 45, 1).is_none());
+        assert_eq!(cache.entries_end("t", 1, 60), Some(45 + many));
+        assert!(cache.used_bytes() <= entries_bytes(MAX_ENTRIES_PER_QUEUE));
+        // Cached spans give way first; entries only when nothing else can.
+        filled(cache.reserve(0, 1 << 20).unwrap(), 1);
+        let reading = cache.reserve(1 << 20, 1 << 20);
+        assert!(reading.is_some(), "the span gave way");
+        assert!(cache.take_entries("t", 1, 60, 1).is_some());
+        let second = cache.reserve(2 << 20, 1 << 20);
+        assert!(second.is_some(), "then the entries did");
+        assert!(cache.take_entries("t", 1, 60, 1).is_none());
+        drop((reading, second));
     }
 
     #[test]

@@ -12,11 +12,11 @@ use tracing::warn;
 use crate::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
 use crate::filter::TagFilter;
 use crate::index::{index_hash, IndexKind};
-use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, SpanRead};
+use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, RecordsEnd, SpanRead};
 use crate::record::{
     decode_message, peek_total_size, RecordView, MESSAGE_MAGIC_CODE, MIN_RECORD_BYTES,
 };
-use crate::scan::scan_window;
+use crate::scan::{scan_window, ScanStop};
 
 use super::state::Inner;
 use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
@@ -29,8 +29,15 @@ use super::MessageStore;
 const READ_SPAN_BYTES: u64 = 1 << 20;
 const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
 
-/// ConsumeQueue entries read ahead for a queue's next pull (as many as one pull scans at once).
-const ENTRIES_AHEAD: u64 = 1024;
+/// ConsumeQueue entries kept read ahead of a queue's next pull (two pulls' worth at a pull's
+/// most): when fewer are kept, [`ENTRIES_PER_READ`] more are read.
+const ENTRIES_AHEAD: u64 = 2048;
+const ENTRIES_PER_READ: u64 = 1024;
+
+/// CommitLog spans kept read ahead of a consumer draining a backlog: the one its next pull
+/// wants and the one after (a 1 MiB O_DIRECT read takes about as long as a pull's round trip
+/// here, so with one span ahead about half the pulls still waited for theirs).
+const SPANS_AHEAD: usize = 2;
 
 /// A glommio read buffer as a span of the read-ahead cache.
 struct DirectRead(ReadResult);
@@ -99,16 +106,18 @@ impl MessageStore {
         let mut scanned = 0u64;
         'scan: while next < max_offset && scanned < self.inner.config.max_scanned_entries_per_read {
             let want = (self.inner.config.max_scanned_entries_per_read - scanned).min(1024);
-            let entries = match self.inner.read_ahead.take_entries(topic, queue_id, next) {
-                Some(mut entries) => {
-                    entries.truncate(want as usize);
-                    entries
-                }
-                None => queue
-                    .read(next, want)
-                    .await
-                    .map_err(io_error(queue.dir().display().to_string()))?,
-            };
+            let entries =
+                match self
+                    .inner
+                    .read_ahead
+                    .take_entries(topic, queue_id, next, want as usize)
+                {
+                    Some(entries) => entries,
+                    None => queue
+                        .read(next, want)
+                        .await
+                        .map_err(io_error(queue.dir().display().to_string()))?,
+                };
             if entries.is_empty() {
                 break;
             }
@@ -359,7 +368,11 @@ impl Inner {
         loop {
             match self.read_ahead.lookup(start, min_len) {
                 Lookup::Hit(read) => return Some(read),
-                Lookup::Reading => self.read_ahead.finished().await,
+                Lookup::Reading => {
+                    let began = std::time::Instant::now();
+                    self.read_ahead.finished().await;
+                    self.read_ahead.add_wait(began.elapsed());
+                }
                 Lookup::Miss => break,
             }
         }
@@ -376,6 +389,12 @@ impl Inner {
     /// every whole record in it (both CRCs and its physical offset, as recovery does), so that
     /// a pull served from it only cross-checks records against their ConsumeQueue entries.
     async fn fill_span(&self, ticket: ReadTicket) -> Option<SpanRead> {
+        self.fill_span_to(ticket).await.0
+    }
+
+    /// [`fill_span`](Self::fill_span), also returning where the span's whole records end
+    /// when the next record starts there (where the span after it starts).
+    async fn fill_span_to(&self, ticket: ReadTicket) -> (Option<SpanRead>, Option<u64>) {
         let read = match self
             .commit_log
             .read_from_segment(ticket.from, ticket.len)
@@ -385,13 +404,13 @@ impl Inner {
             Err(error) => {
                 // The pull reads its records one by one and reports what fails.
                 tracing::debug!(from = ticket.from, len = ticket.len, %error, "CommitLog span read failed");
-                return None;
+                return (None, None);
             }
         };
         let segment_bytes = self.commit_log.segment_bytes();
         let base = ticket.from - ticket.from % segment_bytes;
         let mut checked = Vec::new();
-        scan_window(
+        let stop = scan_window(
             &read,
             base,
             ticket.from - base,
@@ -399,7 +418,12 @@ impl Inner {
             false,
             &mut |position, _| checked.push(base + position),
         );
-        ticket.complete(Box::new(DirectRead(read)), checked)
+        let records_end = match stop {
+            ScanStop::NeedMore { position } => Some(base + position),
+            _ => None,
+        };
+        let read = ticket.complete(Box::new(DirectRead(read)), checked, records_end);
+        (read, records_end)
     }
 
     /// Reads ahead for a consumer of `queue` whose next pull starts at queue offset `next`
@@ -422,38 +446,85 @@ impl Inner {
         let topic = topic.to_owned();
         glommio::spawn_local(async move {
             let read_entries = async {
-                let entries = queue.read(next, ENTRIES_AHEAD).await.unwrap_or_default();
+                // Entries kept for the queue reach this far already: read on from there.
+                let from = inner
+                    .read_ahead
+                    .entries_end(&topic, queue_id, next)
+                    .unwrap_or(next);
+                if from >= next + ENTRIES_AHEAD {
+                    return;
+                }
+                let entries = queue.read(from, ENTRIES_PER_READ).await.unwrap_or_default();
                 // Unknown until now: the span from the first of them.
                 let ticket = match (next_entry, entries.first()) {
-                    (None, Some(first)) => inner.reserve_read_ahead(first, room),
+                    (None, Some(first)) if from == next => inner.reserve_read_ahead(first, room),
                     _ => None,
                 };
                 inner
                     .read_ahead
-                    .put_entries(&topic, queue_id, next, entries);
+                    .put_entries(&topic, queue_id, from, entries);
                 if let Some(ticket) = ticket {
                     let _ = inner.fill_span(ticket).await;
                 }
             };
-            let read_span = async {
-                if let Some(ticket) = ticket {
-                    let _ = inner.fill_span(ticket).await;
+            let read_spans = async {
+                if let Some(entry) = next_entry {
+                    inner
+                        .read_spans_ahead(entry.commitlog_offset, ticket, room)
+                        .await;
                 }
             };
-            futures_lite::future::zip(read_entries, read_span).await;
+            futures_lite::future::zip(read_entries, read_spans).await;
         })
         .detach();
+    }
+
+    /// Makes sure [`SPANS_AHEAD`] spans from `start` (a record's offset) are cached or being
+    /// read, each starting where the records of the one before end: `first` is the span from
+    /// `start` when this call reserved it. Stops at a segment's end, the write ring, or when
+    /// the cache has no room.
+    async fn read_spans_ahead(&self, start: u64, first: Option<ReadTicket>, room: u64) {
+        let mut at = start;
+        let mut ticket = first;
+        for depth in 0..SPANS_AHEAD {
+            let records_end = match ticket.take() {
+                Some(ticket) => self.fill_span_to(ticket).await.1,
+                None => loop {
+                    match self.read_ahead.records_end_at(at) {
+                        RecordsEnd::Known(end) => break end,
+                        RecordsEnd::Reading => self.read_ahead.finished().await,
+                        RecordsEnd::NotHeld => return,
+                    }
+                },
+            };
+            let Some(end) = records_end else {
+                return;
+            };
+            if depth + 1 < SPANS_AHEAD {
+                at = end;
+                ticket = self.reserve_span(at, 0, room);
+            }
+        }
     }
 
     /// Room in the read-ahead cache for the span from `entry`'s record, `room` bytes long
     /// within its segment's written bytes; `None` when the write ring or the cache holds it, a
     /// read of it is in flight, or the cache has no room.
     fn reserve_read_ahead(&self, entry: &ConsumeQueueEntry, room: u64) -> Option<ReadTicket> {
-        let start = entry.commitlog_offset;
-        if *entry == ConsumeQueueEntry::HOLE
-            || start < self.commit_log.min_offset()
-            || self.commit_log.ring_chunk_end(start).is_some()
-        {
+        if *entry == ConsumeQueueEntry::HOLE {
+            return None;
+        }
+        // A record the span cannot hold is read alone by its pull.
+        let record_len = u64::from(entry.size).min(self.record_cap());
+        self.reserve_span(entry.commitlog_offset, record_len, room)
+    }
+
+    /// Room in the read-ahead cache for the span from physical offset `start` (where a record
+    /// starts), `room` bytes long within its segment's written bytes and at least `min_len`;
+    /// `None` when the write ring or the cache holds it, a read of it is in flight, or the
+    /// cache has no room.
+    fn reserve_span(&self, start: u64, min_len: u64, room: u64) -> Option<ReadTicket> {
+        if start < self.commit_log.min_offset() || self.commit_log.ring_chunk_end(start).is_some() {
             return None;
         }
         let limit = self
@@ -463,11 +534,7 @@ impl Inner {
         let len = room
             .clamp(MIN_READ_SPAN_BYTES, READ_SPAN_BYTES)
             .min(limit.saturating_sub(start));
-        // A record the span cannot hold is read alone by its pull.
-        if len == 0 || len < u64::from(entry.size).min(self.record_cap()) {
-            return None;
-        }
-        if self.read_ahead.holds(start, len) {
+        if len == 0 || len < min_len || self.read_ahead.holds(start, len) {
             return None;
         }
         self.read_ahead.reserve(start, len)
