@@ -73,17 +73,6 @@ pub enum Lookup {
     Miss,
 }
 
-/// Where the records of a span end, asked by a reader walking ahead.
-pub enum RecordsEnd {
-    /// The span is read: its whole records end there (`None`: at a segment's end, or not
-    /// where a record starts).
-    Known(Option<u64>),
-    /// The span is being read: wait for [`ReadAhead::finished`] and ask again.
-    Reading,
-    /// No span holds the offset.
-    NotHeld,
-}
-
 /// Bytes of a cached span from a looked-up offset to the span's end.
 #[derive(Clone)]
 pub struct SpanRead {
@@ -130,9 +119,6 @@ struct Held {
     /// One reference here; every slice handed out holds another.
     pin: Arc<()>,
     checked: Rc<[u64]>,
-    /// Where the records wholly in the span end, when the next one starts there (the span
-    /// after this one, for a sequential reader).
-    records_end: Option<u64>,
 }
 
 impl Held {
@@ -333,23 +319,6 @@ impl ReadAhead {
             .any(|span| span.covers(from, to))
     }
 
-    /// Where the records of the span holding `at` end (see [`RecordsEnd`]).
-    pub fn records_end_at(&self, at: u64) -> RecordsEnd {
-        let state = self.shared.state.borrow();
-        let mut is_reading = false;
-        for span in state.spans.iter().filter(|s| s.covers(at, at + 1)) {
-            match &span.content {
-                Content::Ready(held) => return RecordsEnd::Known(held.records_end),
-                Content::Reading => is_reading = true,
-            }
-        }
-        if is_reading {
-            RecordsEnd::Reading
-        } else {
-            RecordsEnd::NotHeld
-        }
-    }
-
     /// Counts `waited` against [`ReadAheadStats::waited_us`].
     pub fn add_wait(&self, waited: std::time::Duration) {
         self.shared.state.borrow_mut().stats.waited_us += waited.as_micros() as u64;
@@ -480,6 +449,25 @@ impl ReadAhead {
         Some(run.entries[..max.min(run.entries.len())].to_vec())
     }
 
+    /// A copy of up to `max` entries kept for (topic, queue) from queue offset `from` on (none
+    /// when they do not hold `from`), leaving them kept.
+    pub fn peek_entries(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        from: u64,
+        max: usize,
+    ) -> Vec<ConsumeQueueEntry> {
+        let state = self.shared.state.borrow();
+        state
+            .entries
+            .iter()
+            .find(|e| e.queue_id == queue_id && e.topic == topic)
+            .and_then(|e| e.entries.get((from.checked_sub(e.from)?) as usize..))
+            .map(|entries| entries[..max.min(entries.len())].to_vec())
+            .unwrap_or_default()
+    }
+
     /// Where the entries kept for (topic, queue) that hold queue offset `from` end.
     pub fn entries_end(&self, topic: &str, queue_id: u32, from: u64) -> Option<u64> {
         let state = self.shared.state.borrow();
@@ -516,15 +504,9 @@ impl ReadAhead {
 impl ReadTicket {
     /// The read filled `buffer` with `[from, from + buffer.len())` (at most `len`, at least the
     /// bytes the caller will look up); `checked` holds the physical offsets, ascending, of the
-    /// records the caller validated in it, `records_end` where the records wholly in it end
-    /// when a record starts there. Returns the span from `from` (unless the range was forgotten
-    /// meanwhile, when the buffer is dropped).
-    pub fn complete(
-        self,
-        buffer: SpanBuffer,
-        checked: Vec<u64>,
-        records_end: Option<u64>,
-    ) -> Option<SpanRead> {
+    /// records the caller validated in it. Returns the span from `from` (unless the range was
+    /// forgotten meanwhile, when the buffer is dropped).
+    pub fn complete(self, buffer: SpanBuffer, checked: Vec<u64>) -> Option<SpanRead> {
         self.is_done.set(true);
         let shared = self.shared.clone();
         let len = (buffer.as_ref().as_ref().len() as u64).min(self.len);
@@ -537,7 +519,6 @@ impl ReadTicket {
                     buffer,
                     pin: Arc::new(()),
                     checked: checked.into(),
-                    records_end,
                 });
                 span.read_from(self.from)
             }
@@ -644,7 +625,7 @@ mod tests {
 
     fn filled(ticket: ReadTicket, byte: u8) -> Option<SpanRead> {
         let len = ticket.len as usize;
-        ticket.complete(Box::new(vec![byte; len]), Vec::new(), None)
+        ticket.complete(Box::new(vec![byte; len]), Vec::new())
     }
 
     fn hit(cache: &ReadAhead, from: u64, len: u64) -> Option<SpanRead> {
@@ -661,17 +642,12 @@ mod tests {
         let ticket = cache.reserve(1000, 4096).expect("room");
         assert!(matches!(cache.lookup(1000, 10), Lookup::Reading));
         assert!(cache.reserve(1000, 100).is_none(), "already being read");
-        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]), vec![1000, 1500], Some(5096));
+        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]), vec![1000, 1500]);
         assert_eq!(ticket_read.expect("the span").bytes.len(), 4096);
         let read = hit(&cache, 1500, 100).expect("inside the span");
         assert_eq!((read.from, read.bytes.len()), (1500, 4096 - 500));
         assert!(read.bytes.iter().all(|&b| b == 7));
         assert!(read.is_checked(1500) && !read.is_checked(1600));
-        assert!(matches!(
-            cache.records_end_at(4000),
-            RecordsEnd::Known(Some(5096))
-        ));
-        assert!(matches!(cache.records_end_at(5096), RecordsEnd::NotHeld));
         assert!(hit(&cache, 1000 + 4090, 10).is_none(), "runs past the span");
         assert!(hit(&cache, 999, 10).is_none(), "starts before the span");
         let stats = cache.stats();
@@ -765,6 +741,12 @@ mod tests {
         );
         assert!(cache.take_entries("t", 1, 20, 100).is_none(), "past them");
         assert_eq!(cache.entries_end("t", 1, 12), Some(20));
+        assert_eq!(
+            cache.peek_entries("t", 1, 18, 100),
+            vec![entry(18), entry(19)]
+        );
+        assert!(cache.peek_entries("t", 1, 9, 100).is_empty());
+        assert!(cache.peek_entries("t", 1, 20, 100).is_empty());
         let taken = cache.take_entries("t", 1, 12, 3).expect("held from 10");
         assert_eq!(taken, vec![entry(12), entry(13), entry(14)]);
         // The next pull finds the rest; those before it are gone.

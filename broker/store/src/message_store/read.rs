@@ -12,11 +12,11 @@ use tracing::warn;
 use crate::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
 use crate::filter::TagFilter;
 use crate::index::{index_hash, IndexKind};
-use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, RecordsEnd, SpanRead};
+use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, SpanRead};
 use crate::record::{
     decode_message, peek_total_size, RecordView, MESSAGE_MAGIC_CODE, MIN_RECORD_BYTES,
 };
-use crate::scan::{scan_window, ScanStop};
+use crate::scan::scan_window;
 
 use super::state::Inner;
 use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
@@ -30,14 +30,51 @@ const READ_SPAN_BYTES: u64 = 1 << 20;
 const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
 
 /// ConsumeQueue entries kept read ahead of a queue's next pull (two pulls' worth at a pull's
-/// most): when fewer are kept, [`ENTRIES_PER_READ`] more are read.
+/// most); when fewer are kept, the rest are read.
 const ENTRIES_AHEAD: u64 = 2048;
-const ENTRIES_PER_READ: u64 = 1024;
 
-/// CommitLog spans kept read ahead of a consumer draining a backlog: the one its next pull
-/// wants and the one after (a 1 MiB O_DIRECT read takes about as long as a pull's round trip
-/// here, so with one span ahead about half the pulls still waited for theirs).
-const SPANS_AHEAD: usize = 2;
+/// Pulls whose CommitLog spans are read ahead of a consumer draining a backlog: its next pull
+/// and the one after (a 1 MiB O_DIRECT read takes about as long as a pull's round trip here,
+/// so with one span ahead about half the pulls still waited for theirs).
+const PULLS_AHEAD: usize = 2;
+
+/// What a pull asks for, to find where the pulls after it will start.
+struct PullShape {
+    max_messages: u32,
+    max_bytes: u64,
+    filter: TagFilter,
+}
+
+impl PullShape {
+    /// Where each of the next [`PULLS_AHEAD`] pulls shaped like this one will start reading,
+    /// as `(physical offset, its first record's size)`, found from the queue's `entries` from
+    /// the next pull's offset on with the pull's own rules (entries gone or filtered out are
+    /// skipped; a pull ends at `max_messages` records or before passing `max_bytes`).
+    fn starts(&self, entries: &[ConsumeQueueEntry], commitlog_min: u64) -> Vec<(u64, u64)> {
+        let mut starts = Vec::with_capacity(PULLS_AHEAD);
+        let (mut records, mut bytes) = (0u32, 0u64);
+        for entry in entries {
+            let size = u64::from(entry.size);
+            if records > 0 && (records >= self.max_messages || bytes + size > self.max_bytes) {
+                (records, bytes) = (0, 0);
+            }
+            let is_gone =
+                *entry == ConsumeQueueEntry::HOLE || entry.commitlog_offset < commitlog_min;
+            if is_gone || !self.filter.matches_hash(entry.tags_hash) {
+                continue;
+            }
+            if records == 0 {
+                if starts.len() == PULLS_AHEAD {
+                    break;
+                }
+                starts.push((entry.commitlog_offset, size));
+            }
+            records += 1;
+            bytes += size;
+        }
+        starts
+    }
+}
 
 /// A glommio read buffer as a span of the read-ahead cache.
 struct DirectRead(ReadResult);
@@ -190,18 +227,15 @@ impl MessageStore {
         } else {
             GetStatus::Found
         };
-        // A consumer reading from segment files is draining a backlog: read the span its next
-        // pull will want while this answer is on its way.
+        // A consumer reading from segment files is draining a backlog: read what its next
+        // pulls will want while this answer is on its way.
         if is_from_segment && next < max_offset && self.inner.read_ahead.is_enabled() {
-            Inner::start_read_ahead(
-                &self.inner,
-                queue,
-                topic,
-                queue_id,
-                next,
-                next_entry,
+            let pull = PullShape {
+                max_messages,
                 max_bytes,
-            );
+                filter: filter.clone(),
+            };
+            Inner::start_read_ahead(&self.inner, queue, topic, queue_id, next, next_entry, pull);
         }
         Ok(result)
     }
@@ -389,12 +423,6 @@ impl Inner {
     /// every whole record in it (both CRCs and its physical offset, as recovery does), so that
     /// a pull served from it only cross-checks records against their ConsumeQueue entries.
     async fn fill_span(&self, ticket: ReadTicket) -> Option<SpanRead> {
-        self.fill_span_to(ticket).await.0
-    }
-
-    /// [`fill_span`](Self::fill_span), also returning where the span's whole records end
-    /// when the next record starts there (where the span after it starts).
-    async fn fill_span_to(&self, ticket: ReadTicket) -> (Option<SpanRead>, Option<u64>) {
         let read = match self
             .commit_log
             .read_from_segment(ticket.from, ticket.len)
@@ -404,13 +432,13 @@ impl Inner {
             Err(error) => {
                 // The pull reads its records one by one and reports what fails.
                 tracing::debug!(from = ticket.from, len = ticket.len, %error, "CommitLog span read failed");
-                return (None, None);
+                return None;
             }
         };
         let segment_bytes = self.commit_log.segment_bytes();
         let base = ticket.from - ticket.from % segment_bytes;
         let mut checked = Vec::new();
-        let stop = scan_window(
+        scan_window(
             &read,
             base,
             ticket.from - base,
@@ -418,20 +446,16 @@ impl Inner {
             false,
             &mut |position, _| checked.push(base + position),
         );
-        let records_end = match stop {
-            ScanStop::NeedMore { position } => Some(base + position),
-            _ => None,
-        };
-        let read = ticket.complete(Box::new(DirectRead(read)), checked, records_end);
-        (read, records_end)
+        ticket.complete(Box::new(DirectRead(read)), checked)
     }
 
     /// Reads ahead for a consumer of `queue` whose next pull starts at queue offset `next`
-    /// (`next_entry` is that entry when the pull saw it) and has `room` bytes: the queue's
-    /// entries from `next` (an O_DIRECT read once they are out of the queue's memory tail) and
-    /// the CommitLog span from the next record, both at once. The span's read is reserved
-    /// before this returns when the entry is known, so the next pull waits for it rather than
-    /// reading the same bytes itself.
+    /// (`next_entry` is that entry when the pull saw it) and is shaped like `pull`: the queue's
+    /// entries up to [`ENTRIES_AHEAD`] past `next` (an O_DIRECT read once they are out of the
+    /// queue's memory tail), and the CommitLog spans of its next [`PULLS_AHEAD`] pulls, found
+    /// from those entries as the pulls will find them and read at once. The next pull's span
+    /// is reserved before this returns when its entry is known, so that pull waits for it
+    /// rather than reading the same bytes itself.
     fn start_read_ahead(
         inner: &Rc<Inner>,
         queue: Rc<ConsumeQueue>,
@@ -439,72 +463,62 @@ impl Inner {
         queue_id: u32,
         next: u64,
         next_entry: Option<ConsumeQueueEntry>,
-        room: u64,
+        pull: PullShape,
     ) {
-        let ticket = next_entry.and_then(|entry| inner.reserve_read_ahead(&entry, room));
+        let first = next_entry.and_then(|entry| inner.reserve_read_ahead(&entry, pull.max_bytes));
         let inner = inner.clone();
         let topic = topic.to_owned();
         glommio::spawn_local(async move {
-            let read_entries = async {
-                // Entries kept for the queue reach this far already: read on from there.
-                let from = inner
-                    .read_ahead
-                    .entries_end(&topic, queue_id, next)
-                    .unwrap_or(next);
-                if from >= next + ENTRIES_AHEAD {
-                    return;
-                }
-                let entries = queue.read(from, ENTRIES_PER_READ).await.unwrap_or_default();
-                // Unknown until now: the span from the first of them.
-                let ticket = match (next_entry, entries.first()) {
-                    (None, Some(first)) if from == next => inner.reserve_read_ahead(first, room),
-                    _ => None,
-                };
-                inner
-                    .read_ahead
-                    .put_entries(&topic, queue_id, from, entries);
-                if let Some(ticket) = ticket {
+            let read_first = async {
+                if let Some(ticket) = first {
                     let _ = inner.fill_span(ticket).await;
                 }
             };
-            let read_spans = async {
-                if let Some(entry) = next_entry {
+            let read_others = async {
+                inner
+                    .keep_entries_ahead(&queue, &topic, queue_id, next)
+                    .await;
+                let entries =
                     inner
-                        .read_spans_ahead(entry.commitlog_offset, ticket, room)
-                        .await;
+                        .read_ahead
+                        .peek_entries(&topic, queue_id, next, ENTRIES_AHEAD as usize);
+                let commitlog_min = inner.commit_log.min_offset();
+                for (start, min_len) in pull.starts(&entries, commitlog_min) {
+                    if let Some(ticket) = inner.reserve_span(start, min_len, pull.max_bytes) {
+                        let inner = inner.clone();
+                        glommio::spawn_local(async move {
+                            let _ = inner.fill_span(ticket).await;
+                        })
+                        .detach();
+                    }
                 }
             };
-            futures_lite::future::zip(read_entries, read_spans).await;
+            futures_lite::future::zip(read_first, read_others).await;
         })
         .detach();
     }
 
-    /// Makes sure [`SPANS_AHEAD`] spans from `start` (a record's offset) are cached or being
-    /// read, each starting where the records of the one before end: `first` is the span from
-    /// `start` when this call reserved it. Stops at a segment's end, the write ring, or when
-    /// the cache has no room.
-    async fn read_spans_ahead(&self, start: u64, first: Option<ReadTicket>, room: u64) {
-        let mut at = start;
-        let mut ticket = first;
-        for depth in 0..SPANS_AHEAD {
-            let records_end = match ticket.take() {
-                Some(ticket) => self.fill_span_to(ticket).await.1,
-                None => loop {
-                    match self.read_ahead.records_end_at(at) {
-                        RecordsEnd::Known(end) => break end,
-                        RecordsEnd::Reading => self.read_ahead.finished().await,
-                        RecordsEnd::NotHeld => return,
-                    }
-                },
-            };
-            let Some(end) = records_end else {
-                return;
-            };
-            if depth + 1 < SPANS_AHEAD {
-                at = end;
-                ticket = self.reserve_span(at, 0, room);
-            }
+    /// Reads `queue`'s entries on from where those kept for it end, when fewer than
+    /// [`ENTRIES_AHEAD`] past `next` are kept.
+    async fn keep_entries_ahead(
+        &self,
+        queue: &ConsumeQueue,
+        topic: &str,
+        queue_id: u32,
+        next: u64,
+    ) {
+        let from = self
+            .read_ahead
+            .entries_end(topic, queue_id, next)
+            .unwrap_or(next);
+        if from >= next + ENTRIES_AHEAD {
+            return;
         }
+        let entries = queue
+            .read(from, ENTRIES_AHEAD - (from - next))
+            .await
+            .unwrap_or_default();
+        self.read_ahead.put_entries(topic, queue_id, from, entries);
     }
 
     /// Room in the read-ahead cache for the span from `entry`'s record, `room` bytes long
@@ -750,5 +764,60 @@ impl Inner {
             }
         }
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(offset: u64, tags_hash: u64) -> ConsumeQueueEntry {
+        ConsumeQueueEntry {
+            commitlog_offset: offset * 100,
+            size: 100,
+            tags_hash,
+        }
+    }
+
+    #[test]
+    fn the_next_pulls_start_where_the_pulls_will_start() {
+        let entries: Vec<_> = (10..20).map(|offset| entry(offset, 7)).collect();
+        let shape = |max_messages, max_bytes| PullShape {
+            max_messages,
+            max_bytes,
+            filter: TagFilter::All,
+        };
+        // 250 bytes: two records a pull.
+        assert_eq!(
+            shape(100, 250).starts(&entries, 0),
+            vec![(1000, 100), (1200, 100)]
+        );
+        // One message a pull.
+        assert_eq!(
+            shape(1, 1 << 20).starts(&entries, 0),
+            vec![(1000, 100), (1100, 100)]
+        );
+        // Entries gone (below the log's start, or holes) are skipped as a pull skips them.
+        let mut holed = entries.clone();
+        holed[0] = ConsumeQueueEntry::HOLE;
+        assert_eq!(
+            shape(100, 250).starts(&holed, 1050),
+            vec![(1100, 100), (1300, 100)]
+        );
+        // So are entries the pull's filter leaves out.
+        let mut tagged = entries.clone();
+        tagged[1].tags_hash = 9;
+        let filtered = PullShape {
+            max_messages: 1,
+            max_bytes: 1 << 20,
+            filter: TagFilter::parse("a"),
+        };
+        let wanted = match &filtered.filter {
+            TagFilter::Tags { hashes, .. } => hashes[0],
+            TagFilter::All => unreachable!("a tag was given"),
+        };
+        tagged[3].tags_hash = wanted;
+        tagged[5].tags_hash = wanted;
+        assert_eq!(filtered.starts(&tagged, 0), vec![(1300, 100), (1500, 100)]);
     }
 }
