@@ -76,6 +76,10 @@ struct ServeArgs {
     /// off. A multiple of 4096. [default: 67108864]
     #[arg(long)]
     journal_bytes: Option<u64>,
+    /// Bytes of CommitLog spans each storage shard reads ahead for consumers draining a
+    /// backlog and keeps for their next pulls; 0 turns read-ahead off. [default: 33554432]
+    #[arg(long)]
+    readahead_bytes: Option<u64>,
     /// Cores of the storage shards, comma separated; one shard per entry. [default: 0]
     #[arg(long, value_delimiter = ',')]
     storage_cores: Option<Vec<usize>>,
@@ -251,6 +255,7 @@ impl ServeArgs {
             segment_bytes,
             preallocate_ahead_bytes,
             journal_bytes,
+            readahead_bytes,
             storage_cores,
             network_cores,
             cluster_name,

@@ -651,6 +651,11 @@ async fn read_frames(
                 }
             }
         }
+        // Room for the whole frame once its length is known (a pull answer is about 1 MiB):
+        // its bytes are then read into place, not moved each time the buffer grows.
+        if let Some(frame_bytes) = decoder.pending_frame_bytes(&buffer) {
+            buffer.reserve(frame_bytes.saturating_sub(buffer.len()));
+        }
         if buffer.capacity() - buffer.len() < READ_BUFFER_BYTES / 4 {
             buffer.reserve(READ_BUFFER_BYTES);
         }

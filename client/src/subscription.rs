@@ -61,6 +61,12 @@ impl TagExpression {
         &self.text
     }
 
+    /// Whether every message is wanted (no tag needs looking at).
+    #[must_use]
+    pub fn is_all(&self) -> bool {
+        self.tags.is_none()
+    }
+
     /// Whether a message with `tag` is wanted.
     #[must_use]
     pub fn matches(&self, tag: Option<&str>) -> bool {
@@ -80,8 +86,10 @@ mod tests {
         let all = TagExpression::parse(" * ").unwrap();
         assert!(all.matches(None));
         assert!(all.matches(Some("x")));
+        assert!(all.is_all());
         let some = TagExpression::parse("TagA||TagB ||  ").unwrap();
         assert_eq!(some.as_str(), "TagA || TagB");
+        assert!(!some.is_all());
         assert!(some.matches(Some("TagA")));
         assert!(some.matches(Some("TagB")));
         assert!(!some.matches(Some("TagC")));

@@ -119,6 +119,10 @@ pub struct ConsumerTuning {
     /// Most messages per listener call.
     #[arg(long, default_value_t = 32)]
     pub consume_batch: usize,
+    /// While a queue has a backlog, its flow limits rise to this many pulls (the client's
+    /// `FlowLimits::backlog_pulls`; 0: RocketMQ's fixed 1000 messages).
+    #[arg(long, default_value_t = shardmq_client::FlowLimits::default().backlog_pulls)]
+    pub backlog_pulls: u32,
 }
 
 /// Which consumers to start.
@@ -186,6 +190,10 @@ impl ConsumerGroup {
                 .pull_batch(plan.tuning.pull_batch)
                 .pull_max_bytes(plan.tuning.pull_max_bytes)
                 .consume_batch_max(plan.tuning.consume_batch)
+                .flow_limits(shardmq_client::FlowLimits {
+                    backlog_pulls: plan.tuning.backlog_pulls,
+                    ..shardmq_client::FlowLimits::default()
+                })
                 .listen_concurrently(move |messages| {
                     let shared = Arc::clone(&listener_shared);
                     let owned = Arc::clone(&owned);

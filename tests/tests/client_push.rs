@@ -2,7 +2,8 @@
 //! splits 8 queues 4/4 and together consumes every message exactly once, committing its
 //! offsets; broadcasting members each get everything and keep local offsets; an orderly
 //! listener sees each key's messages in send order; `ReconsumeLater` redelivers (through the
-//! group's retry topic) instead of losing. Each test starts its own namesrv and broker.
+//! group's retry topic) instead of losing; a backlogged queue's flow limits leave room for a pull
+//! beside the answer being consumed, and no more. Each test starts its own namesrv and broker.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
 
@@ -12,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shardmq_client::{
-    Admin, ConsumeFrom, ConsumeResult, Message, MessageExt, MessageModel, Producer, PushConsumer,
-    PushConsumerBuilder,
+    Admin, ConsumeFrom, ConsumeResult, FlowLimits, Message, MessageExt, MessageModel, Producer,
+    PushConsumer, PushConsumerBuilder,
 };
 use shardmq_tests::LocalCluster;
 use tempfile::TempDir;
@@ -615,4 +616,94 @@ async fn the_consumer_example_stops_cleanly_on_sigterm() {
         .recv_timeout(Duration::from_secs(5))
         .expect("the example's closing line");
     assert!(last.starts_with("consumed "), "{last}");
+}
+
+/// A backlog raises a queue's message limit to `backlog_pulls` pulls (so one pull travels while
+/// the previous answer is consumed), and the consumer still never holds more than that plus
+/// the one pull a pipelined loop may have beyond it; every message arrives once. The listener
+/// holds every call until the test lets go, so what is cached is what the listener holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlogged_queue_holds_two_pulls_beyond_a_smaller_limit_and_no_more() {
+    const MESSAGES: usize = 400;
+    const PULL_BATCH: u32 = 16;
+    const MAX_CACHED: usize = 8;
+    let setup = cluster_with_topic("Backlog", 1);
+    let producer = producer(&setup).await;
+    for first in (0..MESSAGES).step_by(50) {
+        let batch = (first..first + 50)
+            .map(|index| Message::new("Backlog", format!("backlog {index}")))
+            .collect();
+        producer.send_batch(batch).await.expect("a batch");
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most_held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen: Seen = Arc::default();
+    let consumer = {
+        let (gate, held, most_held, seen) = (
+            Arc::clone(&gate),
+            Arc::clone(&held),
+            Arc::clone(&most_held),
+            Arc::clone(&seen),
+        );
+        consumer(&setup, "backlog-group", "backlog", "Backlog")
+            // More listener calls than can be cached: every cached message is in a call.
+            .consume_threads(MESSAGES)
+            .consume_batch_max(1)
+            .pull_batch(PULL_BATCH)
+            .flow_limits(FlowLimits {
+                max_cached_messages: MAX_CACHED,
+                backlog_pulls: 2,
+                ..FlowLimits::default()
+            })
+            .listen_concurrently(move |messages| {
+                let (gate, held, most_held, seen) = (
+                    Arc::clone(&gate),
+                    Arc::clone(&held),
+                    Arc::clone(&most_held),
+                    Arc::clone(&seen),
+                );
+                async move {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    let now = held.fetch_add(messages.len(), SeqCst) + messages.len();
+                    most_held.fetch_max(now, SeqCst);
+                    gate.acquire().await.expect("the gate stays open").forget();
+                    seen.lock().unwrap().extend(messages.iter().cloned());
+                    held.fetch_sub(messages.len(), SeqCst);
+                    ConsumeResult::Success
+                }
+            })
+            .start()
+            .await
+            .expect("a push consumer")
+    };
+    let raised = 2 * PULL_BATCH as usize;
+    // More than the fixed limit plus one pull can only be held under the raised limit.
+    eventually(
+        "the consumer to hold more than its fixed limit allows",
+        || async {
+            held.load(std::sync::atomic::Ordering::SeqCst) > MAX_CACHED + PULL_BATCH as usize
+        },
+    )
+    .await;
+    gate.add_permits(MESSAGES);
+    eventually("every message", || async { seen_len(&seen) >= MESSAGES }).await;
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    let most = most_held.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        most <= raised + PULL_BATCH as usize,
+        "held {most} messages at once, over two pulls ({raised}) plus one pull in flight"
+    );
+    let bodies: BTreeSet<Vec<u8>> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|message| message.body.to_vec())
+        .collect();
+    assert_eq!(
+        (seen_len(&seen), bodies.len()),
+        (MESSAGES, MESSAGES),
+        "every message exactly once"
+    );
 }

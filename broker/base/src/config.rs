@@ -36,6 +36,9 @@ pub struct BrokerConfig {
     /// send is acknowledged once its bytes are in it (the kernel's page cache), not once its
     /// O_DIRECT write completes; 0 turns it off. A multiple of 4096.
     pub journal_bytes: u64,
+    /// Bytes of CommitLog spans a storage shard reads ahead for consumers draining a backlog
+    /// and keeps for their next pulls (0: no read-ahead); per storage shard.
+    pub readahead_bytes: u64,
     pub consume_queue_entries_per_file: u64,
     pub file_reserved_hours: u64,
     pub disk_max_used_ratio: f64,
@@ -190,6 +193,7 @@ impl Default for BrokerConfig {
             segment_bytes: 1 << 30,
             preallocate_ahead_bytes: 64 << 20,
             journal_bytes: 64 << 20,
+            readahead_bytes: 32 << 20,
             consume_queue_entries_per_file: 300_000,
             file_reserved_hours: 72,
             disk_max_used_ratio: 0.75,
@@ -466,6 +470,7 @@ impl BrokerConfig {
         config.segment_bytes = self.segment_bytes;
         config.preallocate_ahead_bytes = self.preallocate_ahead_bytes;
         config.journal_bytes = self.journal_bytes;
+        config.readahead_bytes = self.readahead_bytes;
         config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
         config.file_reserved_hours = self.file_reserved_hours;
         config.disk_max_used_ratio = self.disk_max_used_ratio;
@@ -519,5 +524,10 @@ mod tests {
         config.segment_bytes = 1 << 30;
         config.storage_cores = vec![4096];
         assert!(config.validate().unwrap_err().contains("core 4096"));
+        config.storage_cores = vec![0];
+        config.readahead_bytes = 4096;
+        assert!(config.validate().unwrap_err().contains("readahead_bytes"));
+        config.readahead_bytes = 0;
+        config.validate().unwrap();
     }
 }

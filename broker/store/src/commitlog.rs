@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use bytes::Bytes;
-use glommio::io::{DmaBuffer, DmaFile};
+use glommio::io::{DmaBuffer, DmaFile, ReadResult};
 use tracing::{info, warn};
 
 use super::append_file::{
@@ -89,6 +89,9 @@ struct Segment {
     file: RefCell<Option<Rc<DmaFile>>>,
     /// Bytes the file is known to have allocated (written or pre-allocated).
     allocated_len: Cell<Option<u64>>,
+    /// Opens of the file in flight: retention does not delete the segment meanwhile (an open
+    /// that completes after the unlink would create the file again, or fail inside glommio).
+    opens_in_flight: Cell<u32>,
 }
 
 impl Segment {
@@ -98,6 +101,7 @@ impl Segment {
             path,
             file: RefCell::new(None),
             allocated_len: Cell::new(None),
+            opens_in_flight: Cell::new(0),
         }
     }
 
@@ -106,7 +110,10 @@ impl Segment {
             return Ok(file.clone());
         }
         let is_new = !self.path.exists();
-        let file = Rc::new(open_read_write(&self.path).await?);
+        self.opens_in_flight.set(self.opens_in_flight.get() + 1);
+        let opened = open_read_write(&self.path).await;
+        self.opens_in_flight.set(self.opens_in_flight.get() - 1);
+        let file = Rc::new(opened?);
         if is_new {
             // The new name must survive a crash as well as the data written under it.
             if let Some(dir) = self.path.parent() {
@@ -683,18 +690,54 @@ impl CommitLog {
         if let Some(bytes) = self.ring.borrow().read(offset, end) {
             return Ok(bytes);
         }
-        let segment = {
-            let segments = self.segments.borrow();
-            let (_, segment) = segments.range(..=offset).next_back().ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("physical offset {offset} is before the oldest segment"),
-                )
-            })?;
-            segment.clone()
-        };
+        let segment = self.segment_holding(offset)?;
         let file = segment.file().await?;
         read_exact_at(&file, offset - segment.base, len, &segment.path).await
+    }
+
+    /// Reads `[offset, offset + len)` from its segment file with one O_DIRECT read and returns
+    /// the read's own buffer (no copy; it stays on this core): for the read-ahead cache. The
+    /// range must lie in one segment and below the written offset.
+    pub async fn read_from_segment(&self, offset: u64, len: u64) -> io::Result<ReadResult> {
+        let end = offset.checked_add(len);
+        if end.is_none_or(|end| {
+            end > self.written.get() || end > self.segment_end(offset).unwrap_or(0)
+        }) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "read of {len} bytes at {offset} is not within one segment's written bytes"
+                ),
+            ));
+        }
+        let segment = self.segment_holding(offset)?;
+        let file = segment.file().await?;
+        let read = file
+            .read_at(offset - segment.base, len as usize)
+            .await
+            .map_err(io::Error::from)?;
+        if (read.len() as u64) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} is shorter than expected: wanted {len} bytes at {}",
+                    segment.path.display(),
+                    offset - segment.base
+                ),
+            ));
+        }
+        Ok(read)
+    }
+
+    fn segment_holding(&self, offset: u64) -> io::Result<Rc<Segment>> {
+        let segments = self.segments.borrow();
+        let (_, segment) = segments.range(..=offset).next_back().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("physical offset {offset} is before the oldest segment"),
+            )
+        })?;
+        Ok(segment.clone())
     }
 
     /// End offset of the data of the segment holding `offset` (a read must not cross it).
@@ -715,7 +758,8 @@ impl CommitLog {
             .collect()
     }
 
-    /// Deletes the oldest segment if it is sealed and synced. Returns its end offset.
+    /// Deletes the oldest segment if it is sealed and synced and no reader is opening its file.
+    /// Returns its end offset.
     pub async fn delete_oldest_segment(&self) -> io::Result<Option<u64>> {
         let segment = {
             let segments = self.segments.borrow();
@@ -724,7 +768,10 @@ impl CommitLog {
             };
             let is_sealed = base + self.segment_bytes <= self.write_offset.get()
                 && self.segment_base(self.write_offset.get()) > base;
-            if !is_sealed || base + self.segment_bytes > self.synced.get() {
+            if !is_sealed
+                || base + self.segment_bytes > self.synced.get()
+                || segment.opens_in_flight.get() > 0
+            {
                 return Ok(None);
             }
             segment.clone()

@@ -3,7 +3,8 @@
 //! `message_store` is the entry point and joins the parts: `commitlog` (the only source of
 //! truth), `consume_queue` and `index` (derived, rebuildable), `checkpoint`, and the pieces
 //! they share: `append_file` (O_DIRECT appends with a hot tail), `record` (the stored message
-//! layout), `scan` (validating walks), `filter`, `notify`, `atomic_file`. `verify` checks a data
+//! layout), `scan` (validating walks), `read_ahead` (CommitLog spans read for pulls, kept for
+//! the next ones), `filter`, `notify`, `atomic_file`. `verify` checks a data
 //! directory offline. Nothing here knows about sockets.
 
 pub mod append_file;
@@ -18,6 +19,7 @@ pub mod index;
 pub mod journal;
 pub mod message_store;
 pub mod notify;
+pub mod read_ahead;
 pub mod scan;
 pub mod verify;
 pub mod write_ring;

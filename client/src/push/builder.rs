@@ -118,7 +118,10 @@ impl PushConsumerBuilder {
         self
     }
 
-    /// When a queue's pulling pauses (default 1000 messages, 100 MiB, span 2000).
+    /// When a queue's pulling pauses (default 1000 messages, 100 MiB, span 2000; while the
+    /// queue has a backlog the message and span limits rise to two pulls of `pull_batch`, so
+    /// that a pull travels while the previous answer is consumed). RocketMQ's fixed
+    /// thresholds: [`FlowLimits::rocketmq`].
     #[must_use]
     pub fn flow_limits(mut self, limits: FlowLimits) -> Self {
         self.config.flow_limits = limits;

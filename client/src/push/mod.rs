@@ -442,8 +442,9 @@ impl std::fmt::Debug for PushConsumer {
 
 impl PushConsumer {
     /// A builder with RocketMQ's defaults: clustering, from the last offset, 20 listener
-    /// calls at once, one message per call, 32 per pull, flow limits 1000 messages / 100 MiB /
-    /// span 2000, rebalance every 20 s, offsets persisted every 5 s.
+    /// calls at once, one message per call, flow limits 1000 messages / 100 MiB / span 2000
+    /// (raised to two pulls while a queue has a backlog), rebalance every 20 s, offsets
+    /// persisted every 5 s; pulls of up to 1024 messages and 1 MiB.
     #[must_use]
     pub fn builder() -> PushConsumerBuilder {
         PushConsumerBuilder {

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use crate::api::Pending;
 use crate::message::MessageExt;
 
-/// Limits above which the puller pauses a queue (RocketMQ's pull thresholds).
+/// Limits above which the puller pauses a queue (RocketMQ's pull thresholds), and how far they
+/// rise while the queue has a backlog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowLimits {
     /// Most messages cached (`pullThresholdForQueue`, 1000).
@@ -27,6 +28,13 @@ pub struct FlowLimits {
     /// Largest distance between the first and last cached offsets, concurrent mode only
     /// (`consumeConcurrentlyMaxSpan`, 2000).
     pub max_offset_span: i64,
+    /// While the broker holds at least one more pull of the queue (a backlog), the message
+    /// and span limits rise to this many pulls of `pull_batch` messages when that is more
+    /// (default 2): one pull then travels while the answer before it is decoded and consumed,
+    /// instead of each pull waiting for the cache to drain (with 1,000 messages and pulls of
+    /// about 900, the fixed limit left room for one). The byte limit stays. 0 keeps
+    /// RocketMQ's fixed limits.
+    pub backlog_pulls: u32,
 }
 
 impl Default for FlowLimits {
@@ -35,6 +43,34 @@ impl Default for FlowLimits {
             max_cached_messages: 1000,
             max_cached_bytes: 100 * 1024 * 1024,
             max_offset_span: 2000,
+            backlog_pulls: 2,
+        }
+    }
+}
+
+impl FlowLimits {
+    /// RocketMQ's fixed thresholds (1000 messages, 100 MiB, span 2000), backlog or not.
+    #[must_use]
+    pub fn rocketmq() -> Self {
+        Self {
+            backlog_pulls: 0,
+            ..Self::default()
+        }
+    }
+
+    /// The limits in force for a queue pulled `pull_batch` messages at a time, with a backlog
+    /// of at least one more pull or not.
+    pub(crate) fn in_force(&self, pull_batch: u32, is_backlogged: bool) -> FlowLimits {
+        if !is_backlogged || self.backlog_pulls == 0 {
+            return *self;
+        }
+        let room = (self.backlog_pulls as usize).saturating_mul(pull_batch as usize);
+        FlowLimits {
+            max_cached_messages: self.max_cached_messages.max(room),
+            max_offset_span: self
+                .max_offset_span
+                .max(i64::try_from(room).unwrap_or(i64::MAX)),
+            ..*self
         }
     }
 }
@@ -349,6 +385,7 @@ mod tests {
             max_cached_messages: 3,
             max_cached_bytes: 1000,
             max_offset_span: 2,
+            backlog_pulls: 0,
         };
         let queue = ProcessQueue::new(0);
         queue.put(messages(0..3), 3);
@@ -381,6 +418,7 @@ mod tests {
             max_cached_messages: 4,
             max_cached_bytes: 1000,
             max_offset_span: 10,
+            backlog_pulls: 0,
         };
         let queue = ProcessQueue::new(0);
         queue.put(messages(0..3), 3);
@@ -404,6 +442,38 @@ mod tests {
             .over_limit_with(&limits, true, pending(1, 10, 11))
             .unwrap()
             .contains("span 11"));
+    }
+
+    #[test]
+    fn a_backlog_raises_the_message_and_span_limits_to_the_pulls_it_allows() {
+        let limits = FlowLimits {
+            max_cached_messages: 4,
+            max_cached_bytes: 1000,
+            max_offset_span: 5,
+            backlog_pulls: 2,
+        };
+        assert_eq!(limits.in_force(3, false), limits, "no backlog: as set");
+        let raised = limits.in_force(3, true);
+        assert_eq!((raised.max_cached_messages, raised.max_offset_span), (6, 6));
+        assert_eq!(raised.max_cached_bytes, 1000, "the byte limit stays");
+        assert_eq!(
+            limits.in_force(1, true),
+            limits,
+            "never lowered below the limits set"
+        );
+        let queue = ProcessQueue::new(0);
+        queue.put(messages(0..3), 3);
+        let pending = Pending {
+            messages: 3,
+            bytes: 10,
+            last_offset: Some(5),
+        };
+        // Three cached and three arriving: over the four set, within two pulls of three.
+        assert!(queue.over_limit_with(&limits, true, pending).is_some());
+        assert!(queue.over_limit_with(&raised, true, pending).is_none());
+        let fixed = FlowLimits::rocketmq();
+        assert_eq!(fixed.in_force(1024, true), fixed);
+        assert_eq!(fixed.max_cached_messages, 1000);
     }
 
     #[test]

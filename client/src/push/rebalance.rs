@@ -188,8 +188,12 @@ impl ConsumerCore {
 ///
 /// Pipelined: an answer with messages is decoded, cached and handed to the listener while the
 /// next pull (from the answer's next offset, known before decoding) is already on its way, so
-/// one queue's round trips overlap the client's decoding. Flow control and the order of the
-/// messages are as with one pull at a time.
+/// one queue's round trips overlap the client's decoding. The order of the messages is as with
+/// one pull at a time; the answer waiting to be decoded counts against the flow limits, which
+/// rise while the queue has a backlog ([`FlowLimits::backlog_pulls`]) so that the next pull
+/// can travel while the cache still holds the previous answer.
+///
+/// [`FlowLimits::backlog_pulls`]: super::FlowLimits::backlog_pulls
 async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: Arc<ProcessQueue>) {
     let is_span_limited = matches!(core.listener, Listener::Concurrently(_));
     let tags = core
@@ -201,6 +205,9 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
     let uses_queue_locks = core.uses_queue_locks();
     // An answer with messages, not yet decoded (taken in the next turn, beside the next pull).
     let mut undecoded: Option<UndecodedPull> = None;
+    // Whether the last answer left at least one more pull at the broker: the flow limits then
+    // leave room for a pull in flight beside the answer being consumed.
+    let mut is_backlogged = false;
     while !process_queue.is_dropped() && !core.is_stopping() {
         if uses_queue_locks && !take_lock(&core, &queue, &process_queue).await {
             undecoded = None;
@@ -213,9 +220,11 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             .as_ref()
             .map(UndecodedPull::pending)
             .unwrap_or_default();
-        if let Some(reason) =
-            process_queue.over_limit_with(&core.config.flow_limits, is_span_limited, pending)
-        {
+        let limits = core
+            .config
+            .flow_limits
+            .in_force(core.config.pull_batch, is_backlogged);
+        if let Some(reason) = process_queue.over_limit_with(&limits, is_span_limited, pending) {
             if let Some(answer) = undecoded.take() {
                 // Already here: cache it, then wait for room.
                 if let Err(error) = take_answer(&core, &queue, &process_queue, &tags, answer) {
@@ -279,6 +288,10 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
             tokio::time::sleep(PULL_ERROR_PAUSE).await;
             continue;
         }
+        if let Ok(answer) = &outcome {
+            let backlog = answer.max_offset.saturating_sub(answer.next_begin_offset);
+            is_backlogged = backlog >= i64::from(core.config.pull_batch);
+        }
         match outcome {
             Ok(answer) => match answer.status {
                 PullStatus::Found => undecoded = Some(answer),
@@ -328,11 +341,16 @@ fn take_answer(
     if process_queue.is_dropped() {
         return Ok(());
     }
-    let matching: Vec<_> = result
-        .messages
-        .into_iter()
-        .filter(|message| tags.matches(message.tags()))
-        .collect();
+    // With `*` no message's tag needs finding among its properties.
+    let matching: Vec<_> = if tags.is_all() {
+        result.messages
+    } else {
+        result
+            .messages
+            .into_iter()
+            .filter(|message| tags.matches(message.tags()))
+            .collect()
+    };
     let added = process_queue.put(matching, result.next_begin_offset);
     core.offsets
         .advance(queue, process_queue.committable_offset());

@@ -177,6 +177,8 @@ impl Inner {
             }
         }
         if deleted > 0 {
+            self.read_ahead
+                .forget_outside(self.commit_log.min_offset(), self.commit_log.write_offset());
             self.apply_retention_to_derived().await?;
             self.refresh_disk_usage();
         }

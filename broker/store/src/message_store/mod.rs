@@ -219,6 +219,20 @@ impl MessageStore {
             journal.set_end(inner.commit_log.written_offset());
         }
         inner.checkpoint().await?;
+        let read_ahead = inner.read_ahead.stats();
+        if read_ahead.reads > 0 {
+            info!(
+                hits = read_ahead.hits,
+                misses = read_ahead.misses,
+                waits = read_ahead.waits,
+                waited_us = read_ahead.waited_us,
+                reads = read_ahead.reads,
+                refused = read_ahead.refused,
+                evicted = read_ahead.evicted,
+                entry_hits = read_ahead.entry_hits,
+                "read-ahead since the store opened"
+            );
+        }
         info!(end_offset = end, "store closed");
         Ok(())
     }

@@ -3,15 +3,20 @@
 //! ids), and the CommitLog bytes served to a replica. Every size read from disk is bounded
 //! before it is used; a record read from disk is validated before it is served.
 
+use std::rc::Rc;
+
 use bytes::Bytes;
+use glommio::io::ReadResult;
 use tracing::warn;
 
-use crate::consume_queue::ConsumeQueueEntry;
+use crate::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
 use crate::filter::TagFilter;
 use crate::index::{index_hash, IndexKind};
+use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, SpanRead};
 use crate::record::{
     decode_message, peek_total_size, RecordView, MESSAGE_MAGIC_CODE, MIN_RECORD_BYTES,
 };
+use crate::scan::scan_window;
 
 use super::state::Inner;
 use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
@@ -19,9 +24,66 @@ use super::MessageStore;
 
 /// Most bytes one pull reads from the CommitLog at once (records of the batch inside it are
 /// sliced out of one read); a read asks for what the pull still has room for, at least
-/// [`MIN_READ_SPAN_BYTES`]. A 1 MiB pull of one queue's backlog is one O_DIRECT read.
+/// [`MIN_READ_SPAN_BYTES`]. A 1 MiB pull of one queue's backlog is one O_DIRECT read, and the
+/// read ahead of its next pull another.
 const READ_SPAN_BYTES: u64 = 1 << 20;
 const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
+
+/// ConsumeQueue entries kept read ahead of a queue's next pull (two pulls' worth at a pull's
+/// most); when fewer are kept, the rest are read.
+const ENTRIES_AHEAD: u64 = 2048;
+
+/// Pulls whose CommitLog spans are read ahead of a consumer draining a backlog: its next pull
+/// and the one after (a 1 MiB O_DIRECT read takes about as long as a pull's round trip here,
+/// so with one span ahead about half the pulls still waited for theirs).
+const PULLS_AHEAD: usize = 2;
+
+/// What a pull asks for, to find where the pulls after it will start.
+struct PullShape {
+    max_messages: u32,
+    max_bytes: u64,
+    filter: TagFilter,
+}
+
+impl PullShape {
+    /// Where each of the next [`PULLS_AHEAD`] pulls shaped like this one will start reading,
+    /// as `(physical offset, its first record's size)`, found from the queue's `entries` from
+    /// the next pull's offset on with the pull's own rules (entries gone or filtered out are
+    /// skipped; a pull ends at `max_messages` records or before passing `max_bytes`).
+    fn starts(&self, entries: &[ConsumeQueueEntry], commitlog_min: u64) -> Vec<(u64, u64)> {
+        let mut starts = Vec::with_capacity(PULLS_AHEAD);
+        let (mut records, mut bytes) = (0u32, 0u64);
+        for entry in entries {
+            let size = u64::from(entry.size);
+            if records > 0 && (records >= self.max_messages || bytes + size > self.max_bytes) {
+                (records, bytes) = (0, 0);
+            }
+            let is_gone =
+                *entry == ConsumeQueueEntry::HOLE || entry.commitlog_offset < commitlog_min;
+            if is_gone || !self.filter.matches_hash(entry.tags_hash) {
+                continue;
+            }
+            if records == 0 {
+                if starts.len() == PULLS_AHEAD {
+                    break;
+                }
+                starts.push((entry.commitlog_offset, size));
+            }
+            records += 1;
+            bytes += size;
+        }
+        starts
+    }
+}
+
+/// A glommio read buffer as a span of the read-ahead cache.
+struct DirectRead(ReadResult);
+
+impl AsRef<[u8]> for DirectRead {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 /// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
@@ -73,16 +135,26 @@ impl MessageStore {
         let commitlog_min = self.inner.commit_log.min_offset();
         // One CommitLog read serves every record of the batch that falls inside it: a queue's
         // records sit close together, so a pull costs a read or two, not one per record.
-        let mut span: Option<(u64, Bytes)> = None;
+        let mut span: Option<SpanRead> = None;
         let mut next = offset;
+        let mut next_entry = None;
+        let mut is_from_segment = false;
         let mut bytes_total = 0u64;
         let mut scanned = 0u64;
         'scan: while next < max_offset && scanned < self.inner.config.max_scanned_entries_per_read {
             let want = (self.inner.config.max_scanned_entries_per_read - scanned).min(1024);
-            let entries = queue
-                .read(next, want)
-                .await
-                .map_err(io_error(queue.dir().display().to_string()))?;
+            let entries =
+                match self
+                    .inner
+                    .read_ahead
+                    .take_entries(topic, queue_id, next, want as usize)
+                {
+                    Some(entries) => entries,
+                    None => queue
+                        .read(next, want)
+                        .await
+                        .map_err(io_error(queue.dir().display().to_string()))?,
+                };
             if entries.is_empty() {
                 break;
             }
@@ -91,6 +163,7 @@ impl MessageStore {
                     || (!result.records.is_empty()
                         && bytes_total + u64::from(entry.size) > max_bytes)
                 {
+                    next_entry = Some(entry);
                     break 'scan;
                 }
                 scanned += 1;
@@ -103,12 +176,15 @@ impl MessageStore {
                 }
                 let start = entry.commitlog_offset;
                 let end = start + u64::from(entry.size);
-                let cached = span.as_ref().and_then(|(at, bytes)| {
-                    (start >= *at && end <= at + bytes.len() as u64)
-                        .then(|| bytes.slice((start - at) as usize..(end - at) as usize))
+                let cached = span.as_ref().and_then(|read| {
+                    (start >= read.from && end <= read.from + read.bytes.len() as u64).then(|| {
+                        let within = (start - read.from) as usize;
+                        let record = read.bytes.slice(within..within + entry.size as usize);
+                        (record, read.is_checked(start))
+                    })
                 });
-                let first_read = match cached {
-                    Some(bytes) => Some(bytes),
+                let (first_read, is_checked) = match cached {
+                    Some((record, is_checked)) => (Some(record), is_checked),
                     None => match self
                         .inner
                         .read_span(
@@ -118,17 +194,28 @@ impl MessageStore {
                         )
                         .await
                     {
-                        Some(bytes) => {
-                            let record = bytes.slice(..(entry.size as usize).min(bytes.len()));
-                            span = Some((start, bytes));
-                            Some(record)
+                        Some(read) => {
+                            let record = read
+                                .bytes
+                                .slice(..(entry.size as usize).min(read.bytes.len()));
+                            let is_checked = read.is_checked(start);
+                            is_from_segment |= !self.inner.commit_log.is_in_ring(start, end);
+                            span = Some(read);
+                            (Some(record), is_checked)
                         }
-                        None => None,
+                        None => (None, false),
                     },
                 };
                 let record = self
                     .inner
-                    .read_queue_record_from(topic, queue_id, queue_offset, &entry, first_read)
+                    .read_queue_record_from(
+                        topic,
+                        queue_id,
+                        queue_offset,
+                        &entry,
+                        first_read,
+                        is_checked,
+                    )
                     .await?;
                 bytes_total += record.len() as u64;
                 result.records.push(record);
@@ -140,7 +227,28 @@ impl MessageStore {
         } else {
             GetStatus::Found
         };
+        // A consumer reading from segment files is draining a backlog: read what its next
+        // pulls will want while this answer is on its way.
+        if is_from_segment && next < max_offset && self.inner.read_ahead.is_enabled() {
+            let pull = PullShape {
+                max_messages,
+                max_bytes,
+                filter: filter.clone(),
+            };
+            Inner::start_read_ahead(&self.inner, queue, topic, queue_id, next, next_entry, pull);
+        }
         Ok(result)
+    }
+
+    /// What the read-ahead cache did since the store opened.
+    pub fn read_ahead_stats(&self) -> ReadAheadStats {
+        self.inner.read_ahead.stats()
+    }
+
+    /// Bytes the read-ahead cache holds now (spans being read, cached, or still held by
+    /// answers on their way out); at most `readahead_bytes`.
+    pub fn read_ahead_bytes(&self) -> u64 {
+        self.inner.read_ahead.used_bytes()
     }
 
     /// `(min, max)` queue offsets of (topic, queue), if the queue exists on this shard.
@@ -269,9 +377,12 @@ impl MessageStore {
 
 impl Inner {
     /// Bytes from `start`: what the pull has `room` for, between [`MIN_READ_SPAN_BYTES`] and
-    /// [`READ_SPAN_BYTES`] (at least `min_len`), within its segment and the visible data; `None`
-    /// when that cannot be had in one read (the caller reads the record alone).
-    async fn read_span(&self, start: u64, min_len: u64, room: u64) -> Option<Bytes> {
+    /// [`READ_SPAN_BYTES`] (at least `min_len`), within its segment and the written data;
+    /// `None` when that cannot be had in one read (the caller reads the record alone). From the
+    /// write ring when it holds `start`, else from the read-ahead cache (waiting for a read of
+    /// it in flight), else with one O_DIRECT read kept in the cache (or copied, when the cache
+    /// has no room).
+    async fn read_span(&self, start: u64, min_len: u64, room: u64) -> Option<SpanRead> {
         let limit = self
             .commit_log
             .segment_end(start)?
@@ -285,8 +396,162 @@ impl Inner {
         // In the write ring, stop at the chunk's end so the span is a slice, not a copy.
         if let Some(chunk_end) = self.commit_log.ring_chunk_end(start) {
             len = len.min(chunk_end - start).max(min_len);
+            let bytes = self.commit_log.read(start, len).await.ok()?;
+            return Some(SpanRead::unchecked(start, bytes));
         }
-        self.commit_log.read(start, len).await.ok()
+        loop {
+            match self.read_ahead.lookup(start, min_len) {
+                Lookup::Hit(read) => return Some(read),
+                Lookup::Reading => {
+                    let began = std::time::Instant::now();
+                    self.read_ahead.finished().await;
+                    self.read_ahead.add_wait(began.elapsed());
+                }
+                Lookup::Miss => break,
+            }
+        }
+        match self.read_ahead.reserve(start, len) {
+            Some(ticket) => self.fill_span(ticket).await,
+            None => {
+                let bytes = self.commit_log.read(start, len).await.ok()?;
+                Some(SpanRead::unchecked(start, bytes))
+            }
+        }
+    }
+
+    /// Reads the ticket's range from its segment file into the read-ahead cache, validating
+    /// every whole record in it (both CRCs and its physical offset, as recovery does), so that
+    /// a pull served from it only cross-checks records against their ConsumeQueue entries.
+    async fn fill_span(&self, ticket: ReadTicket) -> Option<SpanRead> {
+        let read = match self
+            .commit_log
+            .read_from_segment(ticket.from, ticket.len)
+            .await
+        {
+            Ok(read) => read,
+            Err(error) => {
+                // The pull reads its records one by one and reports what fails.
+                tracing::debug!(from = ticket.from, len = ticket.len, %error, "CommitLog span read failed");
+                return None;
+            }
+        };
+        let segment_bytes = self.commit_log.segment_bytes();
+        let base = ticket.from - ticket.from % segment_bytes;
+        let mut checked = Vec::new();
+        scan_window(
+            &read,
+            base,
+            ticket.from - base,
+            segment_bytes,
+            false,
+            &mut |position, _| checked.push(base + position),
+        );
+        ticket.complete(Box::new(DirectRead(read)), checked)
+    }
+
+    /// Reads ahead for a consumer of `queue` whose next pull starts at queue offset `next`
+    /// (`next_entry` is that entry when the pull saw it) and is shaped like `pull`: the queue's
+    /// entries up to [`ENTRIES_AHEAD`] past `next` (an O_DIRECT read once they are out of the
+    /// queue's memory tail), and the CommitLog spans of its next [`PULLS_AHEAD`] pulls, found
+    /// from those entries as the pulls will find them and read at once. The next pull's span
+    /// is reserved before this returns when its entry is known, so that pull waits for it
+    /// rather than reading the same bytes itself.
+    fn start_read_ahead(
+        inner: &Rc<Inner>,
+        queue: Rc<ConsumeQueue>,
+        topic: &str,
+        queue_id: u32,
+        next: u64,
+        next_entry: Option<ConsumeQueueEntry>,
+        pull: PullShape,
+    ) {
+        let first = next_entry.and_then(|entry| inner.reserve_read_ahead(&entry, pull.max_bytes));
+        let inner = inner.clone();
+        let topic = topic.to_owned();
+        glommio::spawn_local(async move {
+            let read_first = async {
+                if let Some(ticket) = first {
+                    let _ = inner.fill_span(ticket).await;
+                }
+            };
+            let read_others = async {
+                inner
+                    .keep_entries_ahead(&queue, &topic, queue_id, next)
+                    .await;
+                let entries =
+                    inner
+                        .read_ahead
+                        .peek_entries(&topic, queue_id, next, ENTRIES_AHEAD as usize);
+                let commitlog_min = inner.commit_log.min_offset();
+                for (start, min_len) in pull.starts(&entries, commitlog_min) {
+                    if let Some(ticket) = inner.reserve_span(start, min_len, pull.max_bytes) {
+                        let inner = inner.clone();
+                        glommio::spawn_local(async move {
+                            let _ = inner.fill_span(ticket).await;
+                        })
+                        .detach();
+                    }
+                }
+            };
+            futures_lite::future::zip(read_first, read_others).await;
+        })
+        .detach();
+    }
+
+    /// Reads `queue`'s entries on from where those kept for it end, when fewer than
+    /// [`ENTRIES_AHEAD`] past `next` are kept.
+    async fn keep_entries_ahead(
+        &self,
+        queue: &ConsumeQueue,
+        topic: &str,
+        queue_id: u32,
+        next: u64,
+    ) {
+        let from = self
+            .read_ahead
+            .entries_end(topic, queue_id, next)
+            .unwrap_or(next);
+        if from >= next + ENTRIES_AHEAD {
+            return;
+        }
+        let entries = queue
+            .read(from, ENTRIES_AHEAD - (from - next))
+            .await
+            .unwrap_or_default();
+        self.read_ahead.put_entries(topic, queue_id, from, entries);
+    }
+
+    /// Room in the read-ahead cache for the span from `entry`'s record, `room` bytes long
+    /// within its segment's written bytes; `None` when the write ring or the cache holds it, a
+    /// read of it is in flight, or the cache has no room.
+    fn reserve_read_ahead(&self, entry: &ConsumeQueueEntry, room: u64) -> Option<ReadTicket> {
+        if *entry == ConsumeQueueEntry::HOLE {
+            return None;
+        }
+        // A record the span cannot hold is read alone by its pull.
+        let record_len = u64::from(entry.size).min(self.record_cap());
+        self.reserve_span(entry.commitlog_offset, record_len, room)
+    }
+
+    /// Room in the read-ahead cache for the span from physical offset `start` (where a record
+    /// starts), `room` bytes long within its segment's written bytes and at least `min_len`;
+    /// `None` when the write ring or the cache holds it, a read of it is in flight, or the
+    /// cache has no room.
+    fn reserve_span(&self, start: u64, min_len: u64, room: u64) -> Option<ReadTicket> {
+        if start < self.commit_log.min_offset() || self.commit_log.ring_chunk_end(start).is_some() {
+            return None;
+        }
+        let limit = self
+            .commit_log
+            .segment_end(start)?
+            .min(self.commit_log.written_offset());
+        let len = room
+            .clamp(MIN_READ_SPAN_BYTES, READ_SPAN_BYTES)
+            .min(limit.saturating_sub(start));
+        if len == 0 || len < min_len || self.read_ahead.holds(start, len) {
+            return None;
+        }
+        self.read_ahead.reserve(start, len)
     }
 
     /// Reads the record a ConsumeQueue entry points to and checks that it is that record.
@@ -297,12 +562,13 @@ impl Inner {
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
     ) -> Result<Bytes, StoreError> {
-        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None)
+        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None, false)
             .await
     }
 
     /// Reads and validates the record `entry` names; `first_read` is its bytes when already
-    /// read (as the entry's size says).
+    /// read (as the entry's size says), `is_checked` whether its CRCs were checked when they
+    /// were read from disk (a record of a read-ahead span).
     async fn read_queue_record_from(
         &self,
         topic: &str,
@@ -310,6 +576,7 @@ impl Inner {
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
         first_read: Option<Bytes>,
+        mut is_checked: bool,
     ) -> Result<Bytes, StoreError> {
         let read = |size: u64| {
             let commit_log = &self.commit_log;
@@ -351,6 +618,7 @@ impl Inner {
                     "ConsumeQueue entry size disagrees with its record; serving the record by its own size (run `shardmq-broker verify`)"
                 );
                 bytes = read(own_size).await?;
+                is_checked = false;
             }
         }
         let own_size = own_size.unwrap_or(0);
@@ -361,13 +629,14 @@ impl Inner {
             )));
         }
         // A record read from disk is fully validated (both CRCs): one damaged there is
-        // reported, never served. One still in the write ring was encoded and checked by this
-        // process moments ago; the client checks its CRC end to end (storage-format.md §4.5).
+        // reported, never served; a read-ahead span's records were validated as it was read.
+        // One still in the write ring was encoded and checked by this process moments ago;
+        // the client checks its CRC end to end (storage-format.md §4.5).
         let from_ring = self.commit_log.is_in_ring(
             entry.commitlog_offset,
             entry.commitlog_offset + bytes.len() as u64,
         );
-        let parsed = if from_ring {
+        let parsed = if from_ring || is_checked {
             RecordView::parse_unchecked(&bytes)
         } else {
             decode_message(&bytes)
@@ -495,5 +764,60 @@ impl Inner {
             }
         }
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(offset: u64, tags_hash: u64) -> ConsumeQueueEntry {
+        ConsumeQueueEntry {
+            commitlog_offset: offset * 100,
+            size: 100,
+            tags_hash,
+        }
+    }
+
+    #[test]
+    fn the_next_pulls_start_where_the_pulls_will_start() {
+        let entries: Vec<_> = (10..20).map(|offset| entry(offset, 7)).collect();
+        let shape = |max_messages, max_bytes| PullShape {
+            max_messages,
+            max_bytes,
+            filter: TagFilter::All,
+        };
+        // 250 bytes: two records a pull.
+        assert_eq!(
+            shape(100, 250).starts(&entries, 0),
+            vec![(1000, 100), (1200, 100)]
+        );
+        // One message a pull.
+        assert_eq!(
+            shape(1, 1 << 20).starts(&entries, 0),
+            vec![(1000, 100), (1100, 100)]
+        );
+        // Entries gone (below the log's start, or holes) are skipped as a pull skips them.
+        let mut holed = entries.clone();
+        holed[0] = ConsumeQueueEntry::HOLE;
+        assert_eq!(
+            shape(100, 250).starts(&holed, 1050),
+            vec![(1100, 100), (1300, 100)]
+        );
+        // So are entries the pull's filter leaves out.
+        let mut tagged = entries.clone();
+        tagged[1].tags_hash = 9;
+        let filtered = PullShape {
+            max_messages: 1,
+            max_bytes: 1 << 20,
+            filter: TagFilter::parse("a"),
+        };
+        let wanted = match &filtered.filter {
+            TagFilter::Tags { hashes, .. } => hashes[0],
+            TagFilter::All => unreachable!("a tag was given"),
+        };
+        tagged[3].tags_hash = wanted;
+        tagged[5].tags_hash = wanted;
+        assert_eq!(filtered.starts(&tagged, 0), vec![(1300, 100), (1500, 100)]);
     }
 }

@@ -18,6 +18,7 @@ use crate::format::{StoreFormat, FORMAT_VERSION};
 use crate::index::{IndexEntry, MessageIndex};
 use crate::journal::Journal;
 use crate::notify::LocalNotify;
+use crate::read_ahead::ReadAhead;
 use crate::record::{RecordView, BLANK_MIN_BYTES};
 use crate::scan::{scan_window, ScanStop};
 
@@ -306,6 +307,7 @@ impl Inner {
             commit_log,
             queues: queue_map,
             index,
+            read_ahead: ReadAhead::new(config.readahead_bytes),
             dispatched_offset: Cell::new(end),
             records_end: Cell::new(end),
             pending_dispatch: RefCell::new(PendingDispatch::default()),

@@ -16,6 +16,7 @@ use crate::consume_queue::{ConsumeQueue, ConsumeQueueEntry};
 use crate::index::{index_hash, IndexEntry, IndexKind, MessageIndex};
 use crate::journal::Journal;
 use crate::notify::LocalNotify;
+use crate::read_ahead::ReadAhead;
 use crate::record::{tags_hash, RecordView};
 
 use super::types::{FlushMode, FlushObserver, StoreConfig, StoreError};
@@ -49,6 +50,8 @@ pub(super) struct Inner {
     pub(super) commit_log: CommitLog,
     pub(super) queues: RefCell<HashMap<String, HashMap<u32, Rc<ConsumeQueue>>>>,
     pub(super) index: MessageIndex,
+    /// CommitLog spans read from segment files for pulls (`readahead_bytes` of them at most).
+    pub(super) read_ahead: ReadAhead,
     pub(super) dispatched_offset: Cell<u64>,
     /// End of the complete records of the CommitLog: its end, except while the last bytes a
     /// master replicated end inside a record (the rest comes with the next bytes).

@@ -13,6 +13,7 @@ use crate::append_file::DMA_ALIGNMENT_BYTES;
 use crate::checkpoint::Checkpoint;
 use crate::commitlog::RecoveryScan;
 use crate::index::{index_hash, IndexKind};
+use crate::read_ahead::MIN_READAHEAD_BYTES;
 use crate::record::{
     encode_record, tags_hash, PendingRecord, RecordError, RecordInput, MIN_RECORD_BYTES,
     PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQUE_KEY,
@@ -57,6 +58,10 @@ pub struct StoreConfig {
     pub index_max_entries_per_file: u64,
     /// Recent CommitLog bytes kept in memory for tailing readers.
     pub hot_tail_bytes: u64,
+    /// Most bytes of CommitLog spans read from segment files for pulls and kept for the next
+    /// ones (the read-ahead cache, `read_ahead.rs`); 0 turns read-ahead off (each pull then
+    /// reads what it needs with its own copy).
+    pub readahead_bytes: u64,
     /// CommitLog segment files are pre-allocated (`fallocate`) this far ahead of the data; 0
     /// never (each write then extends the file). See `docs/performance.md` for what it costs
     /// and saves on ext4.
@@ -97,6 +102,7 @@ impl StoreConfig {
             consume_queue_entries_per_file: 300_000,
             index_max_entries_per_file: 2_000_000,
             hot_tail_bytes: 64 << 20,
+            readahead_bytes: 32 << 20,
             preallocate_ahead_bytes: 64 << 20,
             max_unflushed_bytes: 256 << 20,
             file_reserved_hours: 72,
@@ -132,6 +138,12 @@ impl StoreConfig {
             return fail(format!(
                 "max_record_bytes is {}, under the smallest record ({MIN_RECORD_BYTES})",
                 self.max_record_bytes
+            ));
+        }
+        if self.readahead_bytes != 0 && self.readahead_bytes < MIN_READAHEAD_BYTES {
+            return fail(format!(
+                "readahead_bytes is {}: 0 (no read-ahead) or at least {MIN_READAHEAD_BYTES} (a span being served and the next one read ahead)",
+                self.readahead_bytes
             ));
         }
         if !(0.0..=1.0).contains(&self.disk_max_used_ratio)
