@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile, ReadResult};
@@ -185,10 +186,16 @@ pub struct CommitLog {
     in_flight: RefCell<VecDeque<InFlight>>,
     /// The first write failure since the last rewind.
     write_error: RefCell<Option<io::Error>>,
-    /// Whether a partly filled chunk is written as soon as it overlaps no write in flight (an
-    /// append waits for its write), or only when nothing is in flight (appends complete in the
-    /// journal: the chunk is let fill and written whole, without a copy).
-    is_eager_for_partial_chunks: Cell<bool>,
+    /// `None`: a partly filled chunk is written as soon as it overlaps no write in flight (an
+    /// append waits for its write). `Some(linger)`: appends complete in the journal, and a
+    /// partly filled chunk is let fill, to be written whole from the ring without a copy; it
+    /// is written as it is only when nothing is in flight and its oldest unwritten byte has
+    /// waited `linger` (or the log is draining).
+    partial_chunk_linger: Cell<Option<Duration>>,
+    /// When the oldest appended byte not yet issued to a write was appended.
+    unissued_since: Cell<Option<Instant>>,
+    /// Closing: every byte is written at once, partly filled chunks included.
+    is_draining: Cell<bool>,
 }
 
 impl CommitLog {
@@ -318,7 +325,9 @@ impl CommitLog {
             synced: Cell::new(write_offset),
             in_flight: RefCell::new(VecDeque::new()),
             write_error: RefCell::new(None),
-            is_eager_for_partial_chunks: Cell::new(true),
+            partial_chunk_linger: Cell::new(None),
+            unissued_since: Cell::new(None),
+            is_draining: Cell::new(false),
         };
         scan.end_offset = write_offset;
         if let Some((offset, why)) = &scan.truncated_at {
@@ -401,6 +410,7 @@ impl CommitLog {
         record_lens: &mut dyn Iterator<Item = u32>,
         patch: &mut dyn FnMut(usize, u64, &mut [u8]),
     ) {
+        self.note_unissued();
         let mut ring = self.ring.borrow_mut();
         let mut at = 0usize;
         for (index, len) in record_lens.enumerate() {
@@ -433,6 +443,7 @@ impl CommitLog {
     /// CommitLog with the same segment size (a replica's append): the same bytes land at the
     /// same offsets. The caller has checked that they continue this log and are valid.
     pub fn append_raw(&self, bytes: &[u8]) {
+        self.note_unissued();
         self.ring.borrow_mut().append(bytes);
         self.write_offset
             .set(self.write_offset.get() + bytes.len() as u64);
@@ -441,8 +452,8 @@ impl CommitLog {
 
     /// Plans the next O_DIRECT write, if one may start now: a full chunk whenever one is
     /// waiting (several in flight), a partly filled chunk whenever it overlaps no write in
-    /// flight (only when nothing is in flight, if not eager: see
-    /// `set_eager_for_partial_chunks`). Writes never overlap: a write that would rewrite a block
+    /// flight (with a linger, only as `partial_chunk_wait` allows: see
+    /// `set_partial_chunk_linger`). Writes never overlap: a write that would rewrite a block
     /// still being written waits for it.
     pub fn next_write_job(&self) -> Option<WriteJob> {
         let issued = self.issued_to.get();
@@ -466,7 +477,7 @@ impl CommitLog {
         // is answered sooner). When appends complete in the journal it waits until nothing is in
         // flight, filling meanwhile: a chunk written whole goes out from the ring, uncopied.
         let data_to = end.min(chunk_end);
-        if data_to < chunk_end && in_flight > 0 && !self.is_eager_for_partial_chunks.get() {
+        if data_to < chunk_end && self.partial_chunk_wait().is_some() {
             return None;
         }
         let buffer = if from == chunk_base && data_to == chunk_end {
@@ -482,6 +493,9 @@ impl CommitLog {
         };
         drop(ring);
         self.issued_to.set(data_to);
+        if data_to == end {
+            self.unissued_since.set(None);
+        }
         self.in_flight.borrow_mut().push_back(InFlight {
             from,
             data_to,
@@ -644,10 +658,38 @@ impl CommitLog {
         self.ring.borrow_mut().trim_below(keep_from);
     }
 
-    /// Whether a partly filled chunk is written beside full chunks in flight (true, the
-    /// default: appends wait for their write) or only when nothing else is in flight.
-    pub fn set_eager_for_partial_chunks(&self, is_eager: bool) {
-        self.is_eager_for_partial_chunks.set(is_eager);
+    /// How partly filled chunks are written: `None` (the default) as soon as they overlap no
+    /// write in flight, for appends that wait for their write; `Some(linger)` only when
+    /// nothing is in flight and their oldest byte has waited `linger`, for appends the journal
+    /// completes (a chunk let fill goes out whole from the ring; one written in parts is
+    /// copied for each part).
+    pub fn set_partial_chunk_linger(&self, linger: Option<Duration>) {
+        self.partial_chunk_linger.set(linger);
+    }
+
+    /// From now on every byte is written without lingering (the store is closing).
+    pub fn drain(&self) {
+        self.is_draining.set(true);
+    }
+
+    /// Whether the newest, partly filled chunk is held back now, and for how long at most
+    /// (zero: until a write in flight ends); `None` when it may be written.
+    pub fn partial_chunk_wait(&self) -> Option<Duration> {
+        let linger = self.partial_chunk_linger.get()?;
+        if self.is_draining.get() {
+            return None;
+        }
+        if !self.in_flight.borrow().is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let waited = self.unissued_since.get()?.elapsed();
+        (waited < linger).then(|| linger - waited)
+    }
+
+    fn note_unissued(&self) {
+        if self.unissued_since.get().is_none() {
+            self.unissued_since.set(Some(Instant::now()));
+        }
     }
 
     /// Calls `visit(offset, bytes)` for the bytes `[from, to)` in the write ring, a chunk's
@@ -913,6 +955,58 @@ mod tests {
                 "zero padded to the block"
             );
             assert_eq!(log.sync().await.unwrap(), 5100);
+        });
+    }
+
+    #[test]
+    fn with_a_linger_a_partly_filled_chunk_waits_to_fill_and_goes_out_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let log = open(&path).await;
+            let linger = Duration::from_millis(500);
+            log.set_partial_chunk_linger(Some(linger));
+            let chunk = 64 << 10;
+            append(&log, &vec![6u8; 1000]);
+            let wait = log.partial_chunk_wait().expect("the partial chunk lingers");
+            assert!(wait > Duration::ZERO && wait <= linger);
+            assert!(
+                log.next_write_job().is_none(),
+                "a young partial chunk waits"
+            );
+            // Filled before the linger ends (the next record rolls over to the next segment,
+            // a filler completes this one): it goes out whole, from the ring (no copy).
+            append(
+                &log,
+                &vec![7u8; chunk as usize - 1000 - BLANK_MIN_BYTES - 1],
+            );
+            assert!(log.next_write_job().is_none(), "still partly filled");
+            append(&log, &[8u8; 10]);
+            let job = log.next_write_job().expect("the full chunk");
+            assert_eq!((job.from(), job.data_to()), (0, chunk));
+            assert!(Rc::ptr_eq(&job.buffer, &log.ring.borrow().full_chunk(0)));
+            assert!(
+                log.next_write_job().is_none(),
+                "the next chunk, partly filled, waits"
+            );
+            let outcome = log.write(job).await;
+            assert!(log.finish_write(0, outcome));
+            // A partial chunk left alone is written once its linger is over.
+            assert!(log.partial_chunk_wait().is_some());
+            assert!(log.next_write_job().is_none());
+            glommio::timer::sleep(linger).await;
+            assert_eq!(log.partial_chunk_wait(), None);
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), chunk + 10);
+            // Draining (a closing store) writes a young partial chunk at once.
+            append(&log, &[9u8; 10]);
+            assert!(log.next_write_job().is_none());
+            log.drain();
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), chunk + 20);
+            let second = file_bytes(&path, chunk);
+            assert_eq!(&second[..10], &[8u8; 10][..]);
+            assert_eq!(&second[10..20], &[9u8; 10][..]);
         });
     }
 

@@ -38,6 +38,9 @@ pub(super) async fn flush_loop(inner: Rc<Inner>) {
             glommio::timer::sleep(retry_delay).await;
             continue;
         }
+        if inner.is_closed.get() {
+            log.drain();
+        }
         while let Some(job) = log.next_write_job() {
             let from = job.from();
             let inner = inner.clone();
@@ -89,13 +92,17 @@ pub(super) async fn flush_loop(inner: Rc<Inner>) {
         let is_sync_pending = inner.config.flush_mode == FlushMode::Async
             && log.written_offset() > log.synced_offset()
             && !is_syncing.get();
-        if is_sync_pending {
-            let wait = interval
+        let sync_wait = is_sync_pending.then(|| {
+            interval
                 .saturating_sub(last_sync.elapsed())
-                .max(Duration::from_millis(1));
-            future::or(woken, glommio::timer::sleep(wait)).await;
-        } else {
-            woken.await;
+                .max(Duration::from_millis(1))
+        });
+        // A partly filled chunk let fill (journal on) is written when its linger ends; a zero
+        // wait means a write in flight holds it, and that write's end wakes us.
+        let linger_wait = log.partial_chunk_wait().filter(|wait| !wait.is_zero());
+        match sync_wait.into_iter().chain(linger_wait).min() {
+            Some(wait) => future::or(woken, glommio::timer::sleep(wait)).await,
+            None => woken.await,
         }
     }
 }

@@ -43,7 +43,7 @@ use crate::journal::Journal;
 use self::flush::flush_loop;
 use self::housekeeping::housekeeping_loop;
 use self::recovery::{apply_requested_truncation, settle_segment_bytes};
-use self::state::Inner;
+use self::state::{Inner, PARTIAL_CHUNK_LINGER};
 use self::types::io_error;
 
 /// See the module documentation. Cloning shares the same store.
@@ -134,7 +134,9 @@ impl MessageStore {
             journal.set_end(end);
             inner.journaled_end.set(end);
             inner.journal = Some(RefCell::new(journal));
-            inner.commit_log.set_eager_for_partial_chunks(false);
+            inner
+                .commit_log
+                .set_partial_chunk_linger(Some(PARTIAL_CHUNK_LINGER));
         }
         let inner = Rc::new(inner);
         inner.refresh_disk_usage();

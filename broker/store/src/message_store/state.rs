@@ -25,6 +25,12 @@ use super::types::{FlushMode, FlushObserver, StoreConfig, StoreError};
 /// enough to keep every O_DIRECT write in flight busy, with a chunk filling behind them.
 pub(super) const PACE_UNWRITTEN_BYTES: u64 = 8 << 20;
 
+/// With the journal on, how long the newest, partly filled chunk may wait to fill before it is
+/// written as it is (when nothing else is being written). Under a steady load the next append
+/// comes sooner and the chunk goes out whole, from the ring, without a copy; the bytes are in
+/// the journal meanwhile.
+pub(super) const PARTIAL_CHUNK_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A record's derived entries, computed once when it is appended or scanned. Its index hashes
 /// (`index_hash_count` of them) wait in [`PendingDispatch::index_hashes`], in record order.
 pub(super) struct DispatchInfo {
