@@ -67,7 +67,9 @@ pub struct BrokerConfig {
     pub handshake_timeout_ms: u64,
     /// How long an executor with nothing to do keeps polling before it sleeps: a request that
     /// arrives within that time is picked up without a wake-up (lower latency, more CPU while
-    /// nearly idle). 0 sleeps at once.
+    /// nearly idle). 0 sleeps at once. 100 µs by default: on a VM a sleeping executor's
+    /// wake-up (and glommio's `membarrier` before each sleep) costs more than the polling, so a
+    /// lone send is answered in a third of the time, for less CPU per message.
     pub spin_before_park_us: u64,
     pub max_parked_pulls: usize,
     /// Longest a pull may be held, whatever the client asks.
@@ -210,7 +212,7 @@ impl Default for BrokerConfig {
             frame_read_timeout_ms: 60_000,
             max_connections: 10_000,
             handshake_timeout_ms: 10_000,
-            spin_before_park_us: 0,
+            spin_before_park_us: 100,
             max_parked_pulls: 10_000,
             max_suspend_timeout_ms: 30_000,
             max_pull_messages: 1024,
