@@ -39,11 +39,11 @@ const MIN_READ_CHUNK_BYTES: usize = 4 << 10;
 const MAX_READ_CHUNK_BYTES: usize = 64 << 10;
 
 /// Largest single read into the room made for the rest of an admitted frame whose length is
-/// known (a 1 MiB batch arrives in a few reads instead of seventeen): the room is allocated
-/// already, and the frame's size was checked against `max_frame_bytes`. Not larger, because the
-/// room a read is offered is zeroed first, and a read returns what the socket holds (a few
-/// hundred KiB on loopback): zeroing a whole MiB for each read cost a tenth of the network core.
-const MAX_FRAME_READ_BYTES: usize = 256 << 10;
+/// known (a 1 MiB batch arrives in one or a few reads instead of seventeen): the room is
+/// allocated already, and the frame's size was checked against `max_frame_bytes`. Offering a
+/// read more room than the socket holds costs nothing: room is zeroed once, not per read
+/// ([`ReadRoom`]).
+const MAX_FRAME_READ_BYTES: usize = 4 << 20;
 
 /// Largest frame accepted before the handshake: a `HandshakeRequest` is a few hundred bytes,
 /// so a stranger cannot make the broker buffer `max_frame_bytes` before saying who it is.
@@ -106,6 +106,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
     let mut read_chunk_bytes = MIN_READ_CHUNK_BYTES;
     let mut buffer = BytesMut::with_capacity(read_chunk_bytes);
+    let mut room = ReadRoom::default();
     // The shard's request byte budget: the frame at the front of `buffer` is charged
     // (`charged` bytes) once its length prefix is in; a decoded frame's charge moves to its
     // request and is given back when the request has been handled (budget.rs).
@@ -223,7 +224,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         // Read into all the room there is when the decoder reserved it for a known frame.
         let read_bytes =
             read_chunk_bytes.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
-        buffer.resize(start + read_bytes, 0);
+        room.offer(&mut buffer, read_bytes);
         let deadline = if connection.is_handshaken.get() {
             frame_started.map(|started| started + frame_read_timeout)
         } else {
@@ -242,9 +243,13 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         } else {
             Some(reader.read(&mut buffer[start..]).await)
         };
+        let received = match read {
+            Some(Ok(n)) => n,
+            _ => 0,
+        };
+        room.received(&mut buffer, start, received);
         match read {
             None => {
-                buffer.truncate(start);
                 if connection.is_handshaken.get() {
                     warn!(%peer, buffered = buffer.len(), "closing connection: a frame did not arrive whole within {frame_read_timeout:?}");
                 } else {
@@ -252,12 +257,8 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 }
                 break;
             }
-            Some(Ok(0)) | Some(Err(_)) => {
-                buffer.truncate(start);
-                break;
-            }
+            Some(Ok(0)) | Some(Err(_)) => break,
             Some(Ok(n)) => {
-                buffer.truncate(start + n);
                 read_chunk_bytes = if n >= read_chunk_bytes {
                     (read_chunk_bytes * 2).min(MAX_READ_CHUNK_BYTES)
                 } else if n < read_chunk_bytes / 4 {
@@ -277,6 +278,59 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     drop(connection);
     writer_task.await;
     debug!(%peer, connection_id, "connection closed");
+}
+
+/// The room after a connection's received bytes that is already initialized, so a read is
+/// offered room without zeroing it again: a socket read takes a `&mut [u8]`, which must be
+/// initialized, and zeroing the whole room of a large frame before every read that fills only
+/// part of it cost more of the network core than receiving the bytes.
+///
+/// The room known to be initialized is what the last read was offered and did not fill. It
+/// stays valid while the end of the received bytes stays at the same address: taking frames
+/// off the front (`split_to`) and reserving without moving keep it; reserving that moves the
+/// bytes (a new allocation, or the bytes shifted to the front of the old one) moves the end,
+/// and the room is then zeroed again.
+#[derive(Debug, Default)]
+struct ReadRoom {
+    /// Address of the end of the received bytes when `initialized` was recorded.
+    data_end: usize,
+    /// Bytes after `data_end` that were initialized (zeroed or written by a read).
+    initialized: usize,
+}
+
+impl ReadRoom {
+    /// Extends `buffer` by `room` initialized bytes to read into (zeroing only those not known
+    /// to be initialized). The caller has reserved them: `buffer.capacity() >= len + room`.
+    fn offer(&mut self, buffer: &mut BytesMut, room: usize) {
+        let start = buffer.len();
+        assert!(
+            buffer.capacity() - start >= room,
+            "room is reserved before it is offered"
+        );
+        let end = buffer.as_ptr() as usize + start;
+        let known = if end == self.data_end {
+            self.initialized.min(room)
+        } else {
+            0
+        };
+        // SAFETY: `known <= room <= capacity - len`. The `known` bytes after the end of the
+        // received bytes were initialized (zeroed by `resize` or written by a read through an
+        // initialized slice) when `data_end` was recorded, and the end has not moved since, so
+        // they are the same bytes of the same allocation: splitting frames off the front and
+        // reserving in place leave them alone (see the type's comment).
+        unsafe { buffer.set_len(start + known) };
+        buffer.resize(start + room, 0);
+    }
+
+    /// After a read into the room offered at `start` (the buffer's length before `offer`)
+    /// that received `received` bytes: keeps those and remembers the rest of the room.
+    fn received(&mut self, buffer: &mut BytesMut, start: usize, received: usize) {
+        let room_end = buffer.len();
+        debug_assert!(start + received <= room_end);
+        buffer.truncate(start + received);
+        self.data_end = buffer.as_ptr() as usize + buffer.len();
+        self.initialized = room_end - buffer.len();
+    }
 }
 
 /// Writes every byte of `pending` (frames, and the stored records a pull answer carries as
@@ -360,5 +414,68 @@ fn consume(pending: &mut VecDeque<Bytes>, mut written: usize) {
     }
     while pending.front().is_some_and(Bytes::is_empty) {
         pending.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fills `buffer[from..]` the way a socket read would.
+    fn receive(buffer: &mut BytesMut, from: usize, byte: u8) {
+        buffer[from..].fill(byte);
+    }
+
+    #[test]
+    fn room_left_by_a_short_read_is_offered_again_without_zeroing() {
+        let mut buffer = BytesMut::with_capacity(64);
+        let mut room = ReadRoom::default();
+        room.offer(&mut buffer, 64);
+        assert_eq!(buffer.len(), 64);
+        assert!(buffer.iter().all(|&b| b == 0), "fresh room is zeroed");
+        // The "kernel" writes the whole room, but only 10 bytes count as received.
+        receive(&mut buffer, 0, 7);
+        room.received(&mut buffer, 0, 10);
+        assert_eq!(&buffer[..], &[7u8; 10]);
+        // A 4-byte frame is taken off the front: the end does not move.
+        let frame = buffer.split_to(4);
+        assert_eq!(&frame[..], &[7u8; 4]);
+        let start = buffer.len();
+        room.offer(&mut buffer, 40);
+        assert_eq!(buffer.len(), start + 40);
+        // Not zeroed again: the bytes the last read was offered are still there.
+        assert!(buffer[start..].iter().all(|&b| b == 7));
+        room.received(&mut buffer, start, 0);
+        assert_eq!(&buffer[..], &[7u8; 6]);
+    }
+
+    #[test]
+    fn room_beyond_what_was_initialized_is_zeroed() {
+        let mut buffer = BytesMut::with_capacity(64);
+        let mut room = ReadRoom::default();
+        room.offer(&mut buffer, 16);
+        receive(&mut buffer, 0, 9);
+        room.received(&mut buffer, 0, 8);
+        // 8 bytes of room known; 24 offered: the last 16 are zeroed.
+        room.offer(&mut buffer, 24);
+        assert!(buffer[8..16].iter().all(|&b| b == 9));
+        assert!(buffer[16..32].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn room_is_zeroed_again_after_the_bytes_move() {
+        let mut buffer = BytesMut::with_capacity(16);
+        let mut room = ReadRoom::default();
+        room.offer(&mut buffer, 16);
+        receive(&mut buffer, 0, 5);
+        room.received(&mut buffer, 0, 4);
+        // Held elsewhere, so growing cannot happen in place: a new allocation.
+        let shared = buffer.split_to(2).freeze();
+        buffer.reserve(1 << 20);
+        let start = buffer.len();
+        room.offer(&mut buffer, 1 << 20);
+        assert!(buffer[start..].iter().all(|&b| b == 0));
+        assert_eq!(&buffer[..start], &[5u8; 2]);
+        drop(shared);
     }
 }
