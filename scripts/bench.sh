@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
-# Network benchmark of a whole broker against the machine's own limits, measured in one sitting.
+# Benchmark of a whole broker against the machine's own limits, measured in one sitting, with
+# the end-to-end targets (issue 22) checked at the end.
 #
 # 1. builds the binaries (release);
-# 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks) and the latency of
-#    fdatasync after 4 KiB O_DIRECT writes on the disk of the data directory (installing fio
-#    with apt-get when missing), and TCP loopback throughput and round trip (python3);
-# 3. for each flush mode (async, sync) starts its own name server and broker on free loopback
+# 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks, io_uring, iodepth 8,
+#    1 GiB into fresh space) and the latency of fdatasync after 4 KiB O_DIRECT writes on the
+#    disk of the data directory (installing fio with apt-get when missing), and TCP loopback
+#    throughput and round trip (python3);
+# 3. the storage engine alone: `shardmq-perf store`, 64 producers x batch 64, async;
+# 4. for each flush mode (async, sync) starts its own name server and broker on free loopback
 #    ports over a fresh data directory, runs the fixed scenarios below with `shardmq-perf`
-#    (1 KiB messages; every produce run is read back with --verify), and stops them;
-# 4. writes the results between the `bench.sh` markers of docs/performance.md (the rest of
-#    the file is kept), with each figure's ratio to the machine's limit; the JSON and SVG
-#    report of every run go to --out.
+#    (1 KiB messages; every produce run is read back with --verify), with the broker's CPU
+#    seconds per thread around each run; under async also fills one queue with --backlog
+#    messages and drains it with a new group warm, then again after a broker restart (cold);
+# 5. prints the targets table (each issue-22 row: measured, target, pass or miss) and writes the
+#    results between the `bench.sh` markers of docs/performance.md (the rest of the file is
+#    kept); the JSON and SVG report of every run go to --out.
 #
-# Usage: scripts/bench.sh [--dir PARENT] [--seconds S] [--out DIR] [--doc FILE] [--no-doc]
+# Usage: scripts/bench.sh [--dir PARENT] [--seconds S] [--backlog N] [--out DIR] [--doc FILE]
+#                         [--no-doc]
 #   --dir PARENT  where to make the temporary data directory (default: $TMPDIR, else /work,
 #                 else the repository's target/); it must be on the disk to measure, not tmpfs
 #   --seconds S   length of each timed scenario run (default 10)
+#   --backlog N   messages of the one-queue backlog drained warm and cold (default 2000000:
+#                 about 2 GB of 1 KiB bodies)
 #   --out DIR     where the per-run reports go (default target/bench/<date>)
 #   --doc FILE    the markdown file to update (default docs/performance.md)
 #   --no-doc      print the generated section instead of writing it
 # Env: BENCH_COMMIT names the code measured in the report (default: git HEAD, + dirty mark).
-# Heavy (about 6 minutes with the defaults); not part of scripts/test.sh.
+# Heavy (about 10 minutes with the defaults; needs about 3 x the backlog's bytes free); not
+# part of scripts/test.sh.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
 parent=""
 seconds=10
+backlog_messages=2000000
 out_dir=""
 doc="$repo_root/docs/performance.md"
 write_doc=1
@@ -34,10 +44,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dir) parent="$2"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
+    --backlog) backlog_messages="$2"; shift 2 ;;
     --out) out_dir="$2"; shift 2 ;;
     --doc) doc="$2"; shift 2 ;;
     --no-doc) write_doc=0; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,6 +69,13 @@ if [ "$(stat -f -c %T "$parent")" = tmpfs ]; then
   echo "bench: $parent is on tmpfs; O_DIRECT there measures memory, not a disk. Pass --dir on a real disk." >&2
   exit 2
 fi
+# fio's 1 GiB, the largest produce run (about 1 GB/s) and the backlog (about 1.1 KiB a message).
+needed_kib=$(( (1 << 20) + seconds * 1000 * 1024 + backlog_messages * 11 / 10 ))
+available_kib="$(df -Pk "$parent" | awk 'NR == 2 {print $4}')"
+if [ "$available_kib" -lt "$needed_kib" ]; then
+  echo "bench: $parent has $((available_kib >> 20)) GiB free, the runs need about $((needed_kib >> 20)) GiB" >&2
+  exit 2
+fi
 work_dir="$(mktemp -d "$parent/shardmq-bench.XXXXXX")"
 pids=()
 cleanup() {
@@ -68,6 +86,8 @@ cleanup() {
   rm -rf "$work_dir"
 }
 trap cleanup EXIT
+# shellcheck source=lib/thread-cpu.sh
+. "$repo_root/scripts/lib/thread-cpu.sh"
 
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
 case "$target_dir" in /*) ;; *) target_dir="$repo_root/$target_dir" ;; esac
@@ -106,9 +126,9 @@ if ! fio --name=probe --rw=write --bs=4k --direct=1 --size=64k --ioengine=io_uri
   fio_engine=libaio
 fi
 rm -f "$work_dir/fio-probe.dat"
-step "fio: sequential O_DIRECT write, 1 MiB blocks, 1 GiB ($fio_engine)"
+step "fio: sequential O_DIRECT write, 1 MiB blocks, iodepth 8, 1 GiB into fresh space ($fio_engine)"
 fio --name=seqwrite --rw=write --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
-  --iodepth=1 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
+  --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
 python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
   record fio seqwrite
 rm -f "$work_dir/fio.dat"
@@ -222,62 +242,119 @@ listening_addr() {
 }
 
 namesrv_addr=""
+broker_pid=""
+broker_addr=""
+cluster_dir=""
+# Starts the broker over $cluster_dir/broker at address $1 with flush mode $2. Retention must
+# not delete the backlog under a drain on a shared disk already fuller than the default
+# disk_max_used_ratio (0.75).
+start_broker() {
+  "$bin/shardmq-broker" --namesrv "$namesrv_addr" --listen "$1" --data-dir "$cluster_dir/broker" \
+    --flush "$2" --disk-max-used-ratio 0.95 >>"$cluster_dir/broker.out" 2>>"$cluster_dir/broker.log" &
+  broker_pid="$!"
+  pids+=("$broker_pid")
+  broker_addr="$(listening_addr shardmq-broker "$cluster_dir/broker.out" "$broker_pid")"
+}
+
 start_cluster() {
-  local flush="$1" dir="$work_dir/cluster-$1"
-  mkdir -p "$dir"
-  "$bin/shardmq-namesrv" --listen 127.0.0.1:0 >"$dir/namesrv.out" 2>"$dir/namesrv.log" &
+  local flush="$1"
+  cluster_dir="$work_dir/cluster-$1"
+  mkdir -p "$cluster_dir"
+  "$bin/shardmq-namesrv" --listen 127.0.0.1:0 >"$cluster_dir/namesrv.out" 2>"$cluster_dir/namesrv.log" &
   pids=("$!")
-  namesrv_addr="$(listening_addr shardmq-namesrv "$dir/namesrv.out" "${pids[0]}")"
-  "$bin/shardmq-broker" --namesrv "$namesrv_addr" --listen 127.0.0.1:0 --data-dir "$dir/broker" \
-    --flush "$flush" >"$dir/broker.out" 2>"$dir/broker.log" &
-  pids+=("$!")
-  listening_addr shardmq-broker "$dir/broker.out" "${pids[1]}" >/dev/null
+  namesrv_addr="$(listening_addr shardmq-namesrv "$cluster_dir/namesrv.out" "${pids[0]}")"
+  start_broker 127.0.0.1:0 "$flush"
+}
+
+# Stops the broker gracefully and starts it again on the same data directory and address.
+restart_broker() {
+  kill -TERM "$broker_pid" 2>/dev/null || true
+  wait "$broker_pid" 2>/dev/null || true
+  pids=("${pids[0]}")
+  # The next start appends to the same file: only its own line may be found.
+  : >"$cluster_dir/broker.out"
+  start_broker "$broker_addr" "$1"
 }
 
 stop_cluster() {
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
   pids=()
+  rm -rf "$cluster_dir"
 }
 
-# Runs one shardmq-perf scenario; records its JSON line under LABEL.
+# Runs one shardmq-perf scenario; records its JSON line under LABEL, and the broker's CPU
+# seconds per thread during the run (kind "<scenario>-broker-cpu").
 perf() {
   local label="$1"; shift
   local scenario="$1"; shift
-  local slug
+  local slug before after
   slug="$(echo "$label" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-')"
   step "$scenario: $label"
-  "$bin/shardmq-perf" "$scenario" --namesrv "$namesrv_addr" --topic "bench-$slug" --size 1024 \
-    --json --report "$out_dir/$slug" "$@" | tail -n 1 | record "$scenario" "$label"
+  before="$(thread_cpu "$broker_pid")"
+  "$bin/shardmq-perf" "$scenario" --namesrv "$namesrv_addr" --size 1024 \
+    --json --quiet --report "$out_dir/$slug" "$@" | tail -n 1 | record "$scenario" "$label"
+  after="$(thread_cpu "$broker_pid")"
+  python3 - "$before" "$after" <<'PY' | record "$scenario-broker-cpu" "$label"
+import json, sys
+parse = lambda text: {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.strip()}
+before, after = parse(sys.argv[1]), parse(sys.argv[2])
+# Threads that ended during the run (io_uring workers) are not counted.
+print(json.dumps({name: round(max(0.0, after[name] - before.get(name, 0.0)), 3) for name in after}))
+PY
 }
 
 json_field() {
-  python3 -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; print([r for r in rows if r["label"]==sys.argv[2]][-1]["result"][sys.argv[3]])' \
+  python3 -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; print([r for r in rows if r["label"]==sys.argv[2] and not r["kind"].endswith("-broker-cpu")][-1]["result"][sys.argv[3]])' \
     "$results" "$1" "$2"
 }
 
+step "storage engine alone: 64 producers x batch 64, async, 2,000,000 messages"
+"$bin/shardmq-perf" store --data-dir "$work_dir/store" --flush async --producers 64 --batch 64 \
+  --messages 2000000 --size 1024 --cpu 0 --json | tail -n 1 | record store "store, async, 64 producers x batch 64"
+rm -rf "$work_dir/store"
+
+# Every produce scenario gets a fresh cluster (and data directory): a run at disk speed writes
+# several GB, and the runs together would fill a shared disk.
 step "broker with --flush async"
 start_cluster async
-perf "async, batch 1, 1 producer" produce --batch 1 --producers 1 --duration "$seconds" --verify
-perf "async, batch 1, 16 producers" produce --batch 1 --producers 16 --duration "$seconds" --verify
-perf "async, batch 32, 4 producers" produce --batch 32 --producers 4 --duration "$seconds" --verify
-perf "async, batch 1000, 1 producer, 1 queue" produce --batch 1000 --producers 1 --queues 1 --duration "$seconds" --verify
+perf "async, batch 1, 1 producer" produce --topic b1 --batch 1 --producers 1 --duration "$seconds" --verify
+perf "async, batch 1, 16 producers" produce --topic b1x16 --batch 1 --producers 16 --duration "$seconds" --verify
+stop_cluster; start_cluster async
+perf "async, batch 32, 4 producers" produce --topic b32x4 --batch 32 --producers 4 --duration "$seconds" --verify
+stop_cluster; start_cluster async
+perf "async, batch 1000, 1 producer, 1 queue" produce --topic b1000 --batch 1000 --producers 1 --queues 1 --duration "$seconds" --verify
+stop_cluster; start_cluster async
+perf "async, batch 1000, 1 producer, 1 queue, inflight 4" produce --topic b1000i4 --batch 1000 --producers 1 --queues 1 --inflight 4 --duration "$seconds" --verify
+stop_cluster; start_cluster async
+# The broker's CPU per message, without a read-back in the same window.
+perf "async, batch 1000, 1 producer, 1 queue, no verify" produce --topic b1000cpu --batch 1000 --producers 1 --queues 1 --duration "$seconds"
+stop_cluster; start_cluster async
 backlog="$(python3 -c 'import sys; print(max(10000, min(2000000, int(float(sys.argv[1]) * float(sys.argv[2])))))' \
   "$(json_field "async, batch 32, 4 producers" msgs_per_sec)" "$seconds")"
-perf "backlog, 1 consumer" consume --backlog "$backlog" --consumers 1
-perf "backlog, 2 consumers" consume --backlog "$backlog" --consumers 2
-perf "e2e max, batch 1, 16 producers" e2e --batch 1 --producers 16 --consumers 1 --duration "$seconds"
+perf "backlog, 1 consumer" consume --topic backlog1 --backlog "$backlog" --consumers 1
+perf "backlog, 2 consumers" consume --topic backlog2 --backlog "$backlog" --consumers 2
+perf "e2e max, batch 1, 16 producers" e2e --topic e2e --batch 1 --producers 16 --consumers 1 --duration "$seconds"
 half_rate="$(python3 -c 'import sys; print(round(float(sys.argv[1]) / 2))' \
   "$(json_field "e2e max, batch 1, 16 producers" msgs_per_sec)")"
-perf "e2e at 50% load" e2e --batch 1 --producers 16 --consumers 1 --duration "$seconds" --rate "$half_rate"
-perf "long-poll wake-up, 50 msg/s" e2e --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
+perf "e2e at 50% load" e2e --topic e2e-half --batch 1 --producers 16 --consumers 1 --duration "$seconds" --rate "$half_rate"
+perf "long-poll wake-up, 50 msg/s" e2e --topic e2e-50 --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
+stop_cluster; start_cluster async
+step "filling one queue with $backlog_messages messages (untimed)"
+"$bin/shardmq-perf" produce --namesrv "$namesrv_addr" --topic drain1 --size 1024 --batch 128 \
+  --producers 4 --queues 1 --messages "$backlog_messages" --json --quiet | tail -n 1 | record fill drain1
+perf "drain 1 queue, warm" consume --topic drain1 --from first --consumers 1
+step "restarting the broker on the same data directory"
+restart_broker async
+perf "drain 1 queue, after a restart" consume --topic drain1 --from first --consumers 1
 stop_cluster
 
 step "broker with --flush sync"
 start_cluster sync
-perf "sync, batch 1, 1 producer" produce --batch 1 --producers 1 --duration "$seconds" --verify
-perf "sync, batch 1, 16 producers" produce --batch 1 --producers 16 --duration "$seconds" --verify
-perf "sync, batch 32, 4 producers" produce --batch 32 --producers 4 --duration "$seconds" --verify
+perf "sync, batch 1, 1 producer" produce --topic s1 --batch 1 --producers 1 --duration "$seconds" --verify
+perf "sync, batch 1, 16 producers" produce --topic s1x16 --batch 1 --producers 16 --duration "$seconds" --verify
+stop_cluster; start_cluster sync
+perf "sync, batch 32, 4 producers" produce --topic s32x4 --batch 32 --producers 4 --duration "$seconds" --verify
 stop_cluster
 
 # ---- the report ----------------------------------------------------------------------------
@@ -338,7 +415,7 @@ say("**Machine limits** (same sitting, same disk):")
 say("")
 say("| limit | value |")
 say("|---|---:|")
-say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 1 ({env['BENCH_FIO_ENGINE']}) | {num(seq_mib)} MiB/s |")
+say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 8, fresh space ({env['BENCH_FIO_ENGINE']}) | {num(seq_mib)} MiB/s |")
 say(f"| fio 4 KiB O_DIRECT write + fdatasync: fdatasync p50 / p99 | {num(fdatasync_p50)} / {num(fdatasync_p99)} µs |")
 say(f"| TCP loopback, one connection, 1 MiB writes (python3) | {num(loop_mib)} MiB/s |")
 say(f"| TCP loopback 1 KiB round trip p50 / p99 (python3) | {num(loop['rtt_p50_us'])} / {num(loop['rtt_p99_us'])} µs |")
@@ -386,11 +463,87 @@ for label in [r["label"] for r in rows if r["kind"] == "e2e"]:
         f"{num(r['p99_us'])} | {num(r['p999_us'])} | {num(r['max_us'])} | "
         f"{num(r['born_p50_us'])} / {num(r['born_p99_us'])} | {num(r['send_p99_us'])} | {lost_dup(r)} |")
 say("")
+store = result("store", "store, async, 64 producers x batch 64")
+say("**Storage engine alone** (`shardmq-perf store`, no network; MiB/s of bodies, and of stored records).")
+say("")
+say("| scenario | msgs/s | MiB/s bodies | MiB/s stored | ÷ fio write (bodies) | append p50 / p99 µs |")
+say("|---|---:|---:|---:|---:|---:|")
+if store:
+    say(f"| 64 producers x batch 64, async | {num(store['msgs_per_sec'])} | {num(store['mb_per_sec'])} | "
+        f"{num(store['stored_mb_per_sec'])} | {store['mb_per_sec'] / seq_mib:.2f} | "
+        f"{num(store['p50_us'])} / {num(store['p99_us'])} |")
+say("")
+
+def broker_cpu_us_per_msg(kind, label):
+    r, cpu = result(kind, label), result(kind + "-broker-cpu", label)
+    if not r or not cpu or not r.get("messages"):
+        return None, {}
+    return sum(cpu.values()) * 1e6 / r["messages"], cpu
+
+say("**Broker CPU per message** (CPU seconds of the broker's threads during the run ÷ messages; "
+    "`shardmq-core-0` is the storage shard, `shardmq-core-1` the network shard).")
+say("")
+say("| scenario | µs / message | per thread (s) |")
+say("|---|---:|---|")
+for label in [r["label"] for r in rows if r["kind"] == "produce"] + [r["label"] for r in rows if r["kind"] == "consume"]:
+    kind = "produce" if result("produce", label) else "consume"
+    per_msg, cpu = broker_cpu_us_per_msg(kind, label)
+    if per_msg is None:
+        continue
+    threads = ", ".join(f"{n} {v:.2f}" for n, v in sorted(cpu.items()) if v >= 0.05)
+    say(f"| {label} | {per_msg:.2f} | {threads} |")
+say("")
+
+# ---- the targets of issue 22 ----
+one = result("produce", "async, batch 1000, 1 producer, 1 queue")
+four = result("produce", "async, batch 1000, 1 producer, 1 queue, inflight 4")
+b32 = result("produce", "async, batch 32, 4 producers")
+b1 = result("produce", "async, batch 1, 1 producer")
+cpu_run = result("produce", "async, batch 1000, 1 producer, 1 queue, no verify")
+warm = result("consume", "drain 1 queue, warm")
+cold = result("consume", "drain 1 queue, after a restart")
+s1 = result("produce", "sync, batch 1, 1 producer")
+targets = []
+def target(name, measured, shown, goal_text, ok):
+    targets.append((name, shown if measured is not None else "–", goal_text,
+                    "–" if measured is None else ("pass" if ok(measured) else "**miss**")))
+ratio = lambda r: None if not r else r["mb_per_sec"] / seq_mib
+v = ratio(one); target("1 producer, batch 1000, 1 queue, one call in flight", v, f"{v or 0:.2f} x fio", ">= 0.5 x fio", lambda x: x >= 0.5)
+v = ratio(four); target("same with --inflight 4", v, f"{v or 0:.2f} x fio", ">= 0.75 x fio", lambda x: x >= 0.75)
+v = ratio(b32); target("4 producers, batch 32", v, f"{v or 0:.2f} x fio", ">= 0.3 x fio", lambda x: x >= 0.3)
+v = b1 and b1["p50_us"]
+target("1 producer, batch 1, async: p50", v, f"{v or 0:.0f} µs (loopback round trip p50 {loop['rtt_p50_us']:.0f} µs)", "<= 150 µs", lambda x: x <= 150)
+for label, r in (("1 consumer draining 1 queue, warm", warm), ("1 consumer draining 1 queue, after a restart", cold)):
+    v = ratio(r)
+    vs_producer = r["mb_per_sec"] / one["mb_per_sec"] if r and one else None
+    target(label, v, f"{v or 0:.2f} x fio, {vs_producer or 0:.2f} x the 1-producer rate",
+           ">= 0.6 x fio and >= 1.5 x the 1-producer rate",
+           lambda x, p=vs_producer: x >= 0.6 and (p or 0) >= 1.5)
+v, _ = broker_cpu_us_per_msg("produce", "async, batch 1000, 1 producer, 1 queue, no verify")
+target("broker CPU per message, 1 producer x batch 1000", v, f"{v or 0:.2f} µs", "<= 0.5 µs", lambda x: x <= 0.5)
+v = None
+if cpu_run and cpu_run.get("client_cpu_us_per_msg") is not None:
+    v = cpu_run["client_cpu_us_per_msg"] - (cpu_run.get("build_cpu_us_per_msg") or 0)
+target("client CPU per message to encode and send (process CPU less building the messages)", v,
+       f"{v or 0:.2f} µs (whole process {cpu_run.get('client_cpu_us_per_msg') if cpu_run else '–'} µs)",
+       "<= 0.3 µs", lambda x: x <= 0.3)
+v = store and store["mb_per_sec"] / seq_mib
+target("storage engine alone, 64 x 64", v, f"{v or 0:.2f} x fio", ">= 0.8 x fio", lambda x: x >= 0.8)
+v = s1 and s1["p99_us"] / fdatasync_p99
+target("sync, 1 producer, batch 1: p99", v, f"{v or 0:.1f} x fdatasync p99 ({s1['p99_us'] if s1 else 0:.0f} µs)", "<= 2 x fdatasync p99", lambda x: x <= 2)
+say("**Targets of issue 22** (1 KiB messages, async flush unless named; MiB/s of bodies ÷ fio above).")
+say("")
+say("| scenario | measured | target | |")
+say("|---|---|---|---|")
+for name, shown, goal_text, verdict in targets:
+    say(f"| {name} | {shown} | {goal_text} | {verdict} |")
+say("")
 say(f"Per-run JSON and SVG reports: `{env['BENCH_OUT']}` (not committed).")
 say("<!-- END bench.sh -->")
 print("\n".join(out))
 PY
 
+sed -n '/^\*\*Targets of issue 22/,/^$/p;/^| scenario | measured/,/^$/p' "$section" | awk '!seen[$0]++' >&2
 if [ "$write_doc" = 1 ]; then
   python3 - "$doc" "$section" <<'PY'
 import re, sys
