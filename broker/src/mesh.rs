@@ -15,6 +15,13 @@ use crate::groups::{ConnectionKey, ConsumerMembership};
 use crate::store::{AppendOutcome, EncodedBatch, GetResult, StoreError, TagFilter};
 use crate::topics::{TopicConfig, TopicTable, UpsertError};
 
+/// The target of the `trace` events that mark where a request is on its way through the
+/// broker (`frame_begins`, `frame_complete`, `run_checked`, `stored`, `append_begins`,
+/// `append_ends`, `answered`): `RUST_LOG=shardmq::timeline=trace` logs them, and
+/// `scripts/timeline.py` turns the logs of a broker and a client into the time between stages
+/// (docs/performance.md, "Where one call's time goes").
+pub const TIMELINE: &str = "shardmq::timeline";
+
 pub use shardmq_base::Reply;
 
 /// A read of one queue.

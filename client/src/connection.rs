@@ -36,6 +36,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+/// The target of the `trace` events that mark a request frame's write (`write_begins`,
+/// `write_ends`) and its answer's arrival (`answer_read`): `RUST_LOG=shardmq::timeline=trace`
+/// logs them, for `scripts/timeline.py` to put beside the broker's (docs/performance.md).
+const TIMELINE: &str = "shardmq::timeline";
+
 use crate::error::{Error, Result};
 
 /// Largest frame the client accepts from a server: room for a pull response of the broker's
@@ -592,6 +597,11 @@ async fn write_pieces(
     write_half: &mut OwnedWriteHalf,
     pieces: &mut VecDeque<Bytes>,
 ) -> std::io::Result<()> {
+    tracing::trace!(
+        target: TIMELINE,
+        stage = "write_begins",
+        bytes = pieces.iter().map(|piece| piece.len()).sum::<usize>()
+    );
     while !pieces.is_empty() {
         let mut slices = [IoSlice::new(&[]); MAX_WRITE_SLICES];
         let mut count = 0;
@@ -616,6 +626,7 @@ async fn write_pieces(
             }
         }
     }
+    tracing::trace!(target: TIMELINE, stage = "write_ends");
     Ok(())
 }
 
@@ -685,6 +696,7 @@ fn dispatch(
     let kind = header.kind();
     if kind == wire::FrameKind::RESPONSE {
         let request_id = header.request_id();
+        tracing::trace!(target: TIMELINE, stage = "answer_read", request_id);
         let waiter = shared.state().pending.remove(&request_id);
         match waiter {
             Some(waiter) => {

@@ -30,6 +30,7 @@ use tracing::{debug, warn};
 use super::budget::Claim;
 use super::request::Connection;
 use super::{dispatch, NetworkShard, Outbound};
+use crate::mesh::TIMELINE;
 
 /// How much is read from the socket at a time: from MIN to MAX, doubling after a read that
 /// filled the whole chunk and halving after one that used less than a quarter of it, so a busy
@@ -120,6 +121,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
             match decoder.decode(&mut buffer) {
                 Ok(Some(frame)) => {
                     frame_started = None;
+                    tracing::trace!(target: TIMELINE, stage = "frame_complete", connection = connection_id, bytes = frame.as_bytes().len());
                     let frame_bytes = frame.as_bytes().len() + FRAME_LENGTH_PREFIX_BYTES;
                     if frame_bytes > charged {
                         // Arrived whole in one read: charge it now (reading waits for room).
@@ -168,6 +170,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                         if let Some(frames) = answer {
                             connection.send(frames).await;
                         }
+                        tracing::trace!(target: TIMELINE, stage = "answered", connection = connection.id);
                         shard.request_finished();
                         drop(permit);
                     })
@@ -204,6 +207,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
         // while the budget is spent, this connection is not read (TCP pushes back).
         if let Some(front) = decoder.pending_frame_bytes(&buffer) {
             if front > charged {
+                if frame_started.is_none() {
+                    tracing::trace!(target: TIMELINE, stage = "frame_begins", connection = connection_id, bytes = front);
+                }
                 budget.acquire(front - charged).await;
                 charged = front;
                 // The time to arrive whole counts from admission, not from a wait for room.
@@ -214,6 +220,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
             }
         }
         if !buffer.is_empty() && frame_started.is_none() {
+            tracing::trace!(target: TIMELINE, stage = "frame_begins", connection = connection_id);
             frame_started = Some(Instant::now());
         }
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {

@@ -13,7 +13,7 @@ use super::request::{
     frame_error, invalid, refuse, writable_topic, write_queue, Answer, Connection, Refusal,
 };
 use super::NetworkShard;
-use crate::mesh::StorageRequest;
+use crate::mesh::{StorageRequest, TIMELINE};
 use crate::msgid::offset_message_id;
 use crate::naming::check_group_name;
 use crate::store::index::{index_hash, IndexKind};
@@ -193,9 +193,11 @@ pub(super) async fn send_records(
         store_host: Some(store_host),
     };
     let storage = shard.shard_of(topic, queue_id);
+    tracing::trace!(target: TIMELINE, stage = "run_checked", count);
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await??;
+    tracing::trace!(target: TIMELINE, stage = "stored", count);
     crate::metrics::broker().stored(topic, count, body_bytes);
     encode_records_response(shard, id, &outcome, queue_id, storage)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tracing::error;
 
-use crate::mesh::{PullQuery, QueueStat, Reply};
+use crate::mesh::{PullQuery, QueueStat, Reply, TIMELINE};
 use crate::offsets::OFFSETS_FILE;
 use crate::store::atomic_file::write_atomically_async;
 use crate::store::record::RecordView;
@@ -24,6 +24,7 @@ impl StorageShard {
         reply: Reply<Result<AppendOutcome, StoreError>>,
     ) {
         let target = batch_queue(&batch);
+        tracing::trace!(target: TIMELINE, stage = "append_begins", bytes = batch.bytes.len());
         let mut result = self.store.append(batch).await;
         if let (Ok(_), Some((topic, queue_id))) = (&result, target) {
             self.notify_arrival(&topic, queue_id);
@@ -41,6 +42,7 @@ impl StorageShard {
                 outcome.status = self.wait_replicated(end).await;
             }
         }
+        tracing::trace!(target: TIMELINE, stage = "append_ends");
         let _ = reply.send(result);
     }
 
