@@ -4,7 +4,7 @@
 #
 # 1. builds the binaries (release);
 # 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks, io_uring, iodepth 8,
-#    1 GiB into fresh space) and the latency of fdatasync after 4 KiB O_DIRECT writes on the
+#    1 GiB into fresh space; three runs, the median is the reference) and the latency of fdatasync after 4 KiB O_DIRECT writes on the
 #    disk of the data directory (installing fio with apt-get when missing), and TCP loopback
 #    throughput and round trip (python3);
 # 3. the storage engine alone: `shardmq-perf store`, 64 producers x batch 64, async;
@@ -18,7 +18,7 @@
 #    kept); the JSON and SVG report of every run go to --out.
 #
 # Usage: scripts/bench.sh [--dir PARENT] [--seconds S] [--backlog N] [--out DIR] [--doc FILE]
-#                         [--no-doc]
+#                         [--layout isolated|default] [--no-doc]
 #   --dir PARENT  where to make the temporary data directory (default: $TMPDIR, else /work,
 #                 else the repository's target/); it must be on the disk to measure, not tmpfs
 #   --seconds S   length of each timed scenario run (default 10)
@@ -26,6 +26,13 @@
 #                 about 2 GB of 1 KiB bodies)
 #   --out DIR     where the per-run reports go (default target/bench/<date>)
 #   --doc FILE    the markdown file to update (default docs/performance.md)
+#   --layout L    where the broker and the load generator run. `isolated` (the default on a
+#                 machine of exactly 2 cores): both broker shards on core 0 (--storage-cores 0
+#                 --network-cores 0) and every shardmq-perf pinned to core 1 (taskset), so
+#                 the system measured and the load generator never take each other's core;
+#                 `default` (the default elsewhere): the broker's default cores, shardmq-perf
+#                 unpinned. An isolated run adds one row of 1 producer x batch 1000 in the
+#                 default layout, for comparison.
 #   --no-doc      print the generated section instead of writing it
 # Env: BENCH_COMMIT names the code measured in the report (default: git HEAD, + dirty mark).
 # Heavy (about 10 minutes with the defaults; needs about 3 x the backlog's bytes free); not
@@ -40,6 +47,7 @@ backlog_messages=2000000
 out_dir=""
 doc="$repo_root/docs/performance.md"
 write_doc=1
+layout=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) parent="$2"; shift 2 ;;
@@ -47,13 +55,33 @@ while [ $# -gt 0 ]; do
     --backlog) backlog_messages="$2"; shift 2 ;;
     --out) out_dir="$2"; shift 2 ;;
     --doc) doc="$2"; shift 2 ;;
+    --layout) layout="$2"; shift 2 ;;
     --no-doc) write_doc=0; shift ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 step() { printf '==> %s\n' "$*" >&2; }
+
+if [ -z "$layout" ]; then
+  if [ "$(nproc)" -eq 2 ]; then layout=isolated; else layout=default; fi
+fi
+case "$layout" in
+  isolated)
+    if ! command -v taskset >/dev/null 2>&1; then
+      echo "bench: --layout isolated needs taskset (util-linux)" >&2
+      exit 2
+    fi
+    broker_layout=(--storage-cores 0 --network-cores 0)
+    client=(taskset -c 1)
+    ;;
+  default)
+    broker_layout=()
+    client=()
+    ;;
+  *) echo "bench: --layout is isolated or default, not $layout" >&2; exit 2 ;;
+esac
 
 if [ -z "$parent" ]; then
   if [ -n "${TMPDIR:-}" ]; then
@@ -126,11 +154,16 @@ if ! fio --name=probe --rw=write --bs=4k --direct=1 --size=64k --ioengine=io_uri
   fio_engine=libaio
 fi
 rm -f "$work_dir/fio-probe.dat"
-step "fio: sequential O_DIRECT write, 1 MiB blocks, iodepth 8, 1 GiB into fresh space ($fio_engine)"
-fio --name=seqwrite --rw=write --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
-  --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
-python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
-  record fio seqwrite
+# This virtual disk's write rate into fresh space varies by more than 1.5x within an hour:
+# three runs, the median is the reference (the table shows the range).
+for fio_run in 1 2 3; do
+  step "fio: sequential O_DIRECT write, 1 MiB blocks, iodepth 8, 1 GiB into fresh space ($fio_engine), run $fio_run of 3"
+  fio --name=seqwrite --rw=write --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
+    --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
+    record fio "seqwrite $fio_run"
+  rm -f "$work_dir/fio.dat"
+done
 rm -f "$work_dir/fio.dat"
 step "fio: 4 KiB O_DIRECT write + fdatasync (10 s)"
 fio --name=fdatasync --rw=write --bs=4k --direct=1 --fdatasync=1 --size=16m --runtime=10 \
@@ -250,7 +283,7 @@ cluster_dir=""
 # disk_max_used_ratio (0.75).
 start_broker() {
   "$bin/shardmq-broker" --namesrv "$namesrv_addr" --listen "$1" --data-dir "$cluster_dir/broker" \
-    --flush "$2" --disk-max-used-ratio 0.95 >>"$cluster_dir/broker.out" 2>>"$cluster_dir/broker.log" &
+    --flush "$2" --disk-max-used-ratio 0.95 ${broker_layout[@]+"${broker_layout[@]}"} >>"$cluster_dir/broker.out" 2>>"$cluster_dir/broker.log" &
   broker_pid="$!"
   pids+=("$broker_pid")
   broker_addr="$(listening_addr shardmq-broker "$cluster_dir/broker.out" "$broker_pid")"
@@ -292,7 +325,7 @@ perf() {
   slug="$(echo "$label" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-')"
   step "$scenario: $label"
   before="$(thread_cpu "$broker_pid")"
-  "$bin/shardmq-perf" "$scenario" --namesrv "$namesrv_addr" --size 1024 \
+  ${client[@]+"${client[@]}"} "$bin/shardmq-perf" "$scenario" --namesrv "$namesrv_addr" --size 1024 \
     --json --quiet --report "$out_dir/$slug" "$@" | tail -n 1 | record "$scenario" "$label"
   after="$(thread_cpu "$broker_pid")"
   python3 - "$before" "$after" <<'PY' | record "$scenario-broker-cpu" "$label"
@@ -327,6 +360,18 @@ perf "async, batch 1000, 1 producer, 1 queue" produce --topic b1000 --batch 1000
 stop_cluster; start_cluster async
 perf "async, batch 1000, 1 producer, 1 queue, inflight 4" produce --topic b1000i4 --batch 1000 --producers 1 --queues 1 --inflight 4 --duration "$seconds" --verify
 stop_cluster; start_cluster async
+if [ "$layout" = isolated ]; then
+  # For comparison: the same run with the broker on its default cores and shardmq-perf
+  # unpinned, all three sharing both cores.
+  stop_cluster
+  saved_layout=("${broker_layout[@]}"); saved_client=("${client[@]}")
+  broker_layout=(); client=()
+  start_cluster async
+  perf "async, batch 1000, 1 producer, 1 queue, default layout" produce --topic b1000d --batch 1000 --producers 1 --queues 1 --duration "$seconds" --verify
+  stop_cluster
+  broker_layout=("${saved_layout[@]}"); client=("${saved_client[@]}")
+  start_cluster async
+fi
 # The broker's CPU per message, without a read-back in the same window.
 perf "async, batch 1000, 1 producer, 1 queue, no verify" produce --topic b1000cpu --batch 1000 --producers 1 --queues 1 --duration "$seconds"
 stop_cluster; start_cluster async
@@ -341,7 +386,7 @@ perf "e2e at 50% load" e2e --topic e2e-half --batch 1 --producers 16 --consumers
 perf "long-poll wake-up, 50 msg/s" e2e --topic e2e-50 --batch 1 --producers 1 --consumers 1 --duration "$seconds" --rate 50
 stop_cluster; start_cluster async
 step "filling one queue with $backlog_messages messages (untimed)"
-"$bin/shardmq-perf" produce --namesrv "$namesrv_addr" --topic drain1 --size 1024 --batch 128 \
+${client[@]+"${client[@]}"} "$bin/shardmq-perf" produce --namesrv "$namesrv_addr" --topic drain1 --size 1024 --batch 128 \
   --producers 4 --queues 1 --messages "$backlog_messages" --json --quiet | tail -n 1 | record fill drain1
 perf "drain 1 queue, warm" consume --topic drain1 --from first --consumers 1
 step "restarting the broker on the same data directory"
@@ -368,6 +413,7 @@ export BENCH_FIO_ENGINE="$fio_engine"
 export BENCH_LOAD="$load_before -> $(cut -d' ' -f1-3 /proc/loadavg)"
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')}"
 export BENCH_SECONDS="$seconds"
+export BENCH_LAYOUT="$layout"
 export BENCH_OUT="$out_dir"
 section="$out_dir/section.md"
 python3 - "$results" >"$section" <<'PY'
@@ -380,10 +426,10 @@ def result(kind, label):
     found = [r["result"] for r in rows if r["kind"] == kind and r["label"] == label]
     return found[-1] if found else None
 
-seq = result("fio", "seqwrite")
+seq_runs = sorted(result("fio", f"seqwrite {n}")["write"]["bw"] / 1024 for n in (1, 2, 3))
 sync = result("fio", "fdatasync")
 loop = result("loopback", "tcp")
-seq_mib = seq["write"]["bw"] / 1024  # fio reports KiB/s
+seq_mib = seq_runs[1]  # the median of three; fio reports KiB/s
 sync_pct = sync["sync"]["lat_ns"]["percentile"]
 fdatasync_p50 = sync_pct["50.000000"] / 1000
 fdatasync_p99 = sync_pct["99.000000"] / 1000
@@ -406,8 +452,15 @@ say("#### Results of `scripts/bench.sh`")
 say("")
 say(f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit {env['BENCH_COMMIT']}; "
     f"{env['BENCH_CORES']} cores ({env['BENCH_CPU']}), kernel {env['BENCH_KERNEL']}, data on "
-    f"{env['BENCH_DEVICE']} ({env['BENCH_FS']}). Broker with default options (storage shard on "
-    f"core 0, network shard on core 1); `shardmq-perf` on the same machine (tokio, unpinned). "
+    f"{env['BENCH_DEVICE']} ({env['BENCH_FS']}). "
+    + ("Layout `isolated`: the broker's storage and network shards both on core 0 "
+       "(`--storage-cores 0 --network-cores 0`), `shardmq-perf` (tokio) pinned to core 1 with "
+       "`taskset`, so the broker and its load generator never share a core; one row below runs "
+       "the default layout for comparison. "
+       if env['BENCH_LAYOUT'] == 'isolated' else
+       "Layout `default`: broker with its default cores (storage shard on core 0, network "
+       "shard on core 1); `shardmq-perf` on the same machine (tokio, unpinned). ")
+    + f"Other options default. "
     f"Each run {env['BENCH_SECONDS']} s, one run each; load average (1/5/15 min) before -> after: "
     f"{env['BENCH_LOAD']}.")
 say("")
@@ -415,7 +468,7 @@ say("**Machine limits** (same sitting, same disk):")
 say("")
 say("| limit | value |")
 say("|---|---:|")
-say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 8, fresh space ({env['BENCH_FIO_ENGINE']}) | {num(seq_mib)} MiB/s |")
+say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 8, fresh space ({env['BENCH_FIO_ENGINE']}), median of 3 (range) | {num(seq_mib)} MiB/s ({num(seq_runs[0])}–{num(seq_runs[2])}) |")
 say(f"| fio 4 KiB O_DIRECT write + fdatasync: fdatasync p50 / p99 | {num(fdatasync_p50)} / {num(fdatasync_p99)} µs |")
 say(f"| TCP loopback, one connection, 1 MiB writes (python3) | {num(loop_mib)} MiB/s |")
 say(f"| TCP loopback 1 KiB round trip p50 / p99 (python3) | {num(loop['rtt_p50_us'])} / {num(loop['rtt_p99_us'])} µs |")
@@ -481,7 +534,10 @@ def broker_cpu_us_per_msg(kind, label):
     return sum(cpu.values()) * 1e6 / r["messages"], cpu
 
 say("**Broker CPU per message** (CPU seconds of the broker's threads during the run ÷ messages; "
-    "`shardmq-core-0` is the storage shard, `shardmq-core-1` the network shard).")
+    + ("`shardmq-core-0` is the one thread of both shards; in the default-layout row "
+       "`shardmq-core-1` is the network shard)."
+       if env['BENCH_LAYOUT'] == 'isolated' else
+       "`shardmq-core-0` is the storage shard, `shardmq-core-1` the network shard)."))
 say("")
 say("| scenario | µs / message | per thread (s) |")
 say("|---|---:|---|")

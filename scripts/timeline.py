@@ -24,6 +24,7 @@ Events of other requests (heartbeats, route lookups) show up as rare transitions
 """
 
 import re
+import signal
 import statistics
 import sys
 from datetime import datetime
@@ -71,4 +72,5 @@ def main(paths):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     sys.exit(main(sys.argv[1:]))
