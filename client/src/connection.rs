@@ -36,12 +36,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::error::{Error, Result};
+
 /// The target of the `trace` events that mark a request frame's write (`write_begins`,
 /// `write_ends`) and its answer's arrival (`answer_read`): `RUST_LOG=shardmq::timeline=trace`
-/// logs them, for `scripts/timeline.py` to put beside the broker's (docs/performance.md).
-const TIMELINE: &str = "shardmq::timeline";
-
-use crate::error::{Error, Result};
+/// logs them, for `scripts/timeline.py` to put beside the broker's (docs/performance.md);
+/// the producer's encoding marks `encode_begins` and `encode_ends`.
+pub(crate) const TIMELINE: &str = "shardmq::timeline";
 
 /// Largest frame the client accepts from a server: room for a pull response of the broker's
 /// largest `max_pull_bytes` (8 MiB) or a query answer at the broker's 16 MiB frame limit.

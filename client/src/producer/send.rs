@@ -264,9 +264,9 @@ impl ProducerInner {
     ) -> Result<Stored> {
         let connection = self.instance.pool.get(address).await?;
         let outcome = if uses_record_runs(connection.protocol_version(), messages) {
-            tracing::trace!(target: "shardmq::timeline", stage = "encode_begins", count = messages.len());
+            tracing::trace!(target: crate::connection::TIMELINE, stage = "encode_begins", count = messages.len());
             let run = self.run_for(&connection, messages, run)?;
-            tracing::trace!(target: "shardmq::timeline", stage = "encode_ends");
+            tracing::trace!(target: crate::connection::TIMELINE, stage = "encode_ends");
             connection
                 .send_records(timeout, topic, queue_id, &self.group, run)
                 .await
