@@ -27,6 +27,15 @@ pub const DMA_ALIGNMENT_BYTES: u64 = 4096;
 /// Largest single O_DIRECT write of a flush (a multiple of the block size).
 const MAX_WRITE_PIECE_BYTES: u64 = 1 << 20;
 
+/// Room of the first buffer small appends gather in; each buffer that fills doubles the next,
+/// up to [`MAX_OPEN_CHUNK_BYTES`]. A busy file (a ConsumeQueue or index taking a million
+/// entries a second) so appends into buffers allocated once per 64 KiB, which the allocator
+/// recycles, where a buffer grown by `extend_from_slice` from nothing after every flush was
+/// reallocated step by step into fresh pages (the kernel zeroing them was the largest single
+/// cost of the storage core); an idle one holds little.
+const MIN_OPEN_CHUNK_BYTES: usize = 512;
+const MAX_OPEN_CHUNK_BYTES: usize = 64 << 10;
+
 pub fn align_down(value: u64) -> u64 {
     value & !(DMA_ALIGNMENT_BYTES - 1)
 }
@@ -45,6 +54,8 @@ struct Tail {
     start: u64,
     /// Small appends gathered here and frozen into a chunk on the next `append_bytes` or flush.
     open: BytesMut,
+    /// Room of the next buffer `open` gets when it is full.
+    next_open_bytes: usize,
 }
 
 impl Tail {
@@ -160,6 +171,7 @@ impl AppendFile {
                 chunks: VecDeque::new(),
                 start: len,
                 open: BytesMut::new(),
+                next_open_bytes: MIN_OPEN_CHUNK_BYTES,
             }),
         }
     }
@@ -184,7 +196,16 @@ impl AppendFile {
 
     /// Appends a copy of small data (index and queue entries).
     pub fn append_copy(&self, data: &[u8]) {
-        self.tail.borrow_mut().open.extend_from_slice(data);
+        let mut tail = self.tail.borrow_mut();
+        if tail.open.capacity() - tail.open.len() < data.len() {
+            // Full: what it gathered becomes a chunk and a new buffer takes the appends.
+            tail.freeze_open();
+            let room = tail.next_open_bytes.max(data.len());
+            tail.next_open_bytes = (tail.next_open_bytes * 2).min(MAX_OPEN_CHUNK_BYTES);
+            tail.open = BytesMut::with_capacity(room);
+        }
+        tail.open.extend_from_slice(data);
+        drop(tail);
         self.len.set(self.len.get() + data.len() as u64);
     }
 

@@ -198,6 +198,10 @@ pub struct CommitLog {
     is_draining: Cell<bool>,
 }
 
+/// Writes a record into its place in the write ring, every byte: called with the record's
+/// index in its batch, its physical offset, the record and its destination.
+pub type RecordCopy<'a> = dyn FnMut(usize, u64, &[u8], &mut [u8]) + 'a;
+
 impl CommitLog {
     pub async fn open(
         dir: PathBuf,
@@ -400,15 +404,15 @@ impl CommitLog {
     }
 
     /// Appends the records of `batch` (lengths in `record_lens`, in order), copying each once
-    /// into the write ring. `patch(index, physical_offset, record_bytes)` is called on each
-    /// record's copy in the ring before it becomes readable, so the caller can write the
-    /// offsets into it; `batch` itself is not changed. Rolls over to a new segment, padding the
+    /// into the write ring. `copy(index, physical_offset, record, destination)` writes each
+    /// record into its place in the ring (every byte) before it becomes readable, so the
+    /// caller copies it with the offsets patched in; `batch` itself is not changed. Rolls over to a new segment, padding the
     /// current one with a blank filler, whenever the next record does not fit.
     pub fn append_batch(
         &self,
         batch: &[u8],
         record_lens: &mut dyn Iterator<Item = u32>,
-        patch: &mut dyn FnMut(usize, u64, &mut [u8]),
+        copy: &mut RecordCopy<'_>,
     ) {
         self.note_unissued();
         let mut ring = self.ring.borrow_mut();
@@ -429,8 +433,9 @@ impl CommitLog {
                 );
                 position = segment_end;
             }
-            ring.append_patched(&batch[at..at + len as usize], |record| {
-                patch(index, position, record)
+            let record = &batch[at..at + len as usize];
+            ring.append_filled(record.len(), |destination| {
+                copy(index, position, record, destination)
             });
             at += len as usize;
             self.write_offset.set(position + len);
@@ -918,7 +923,7 @@ mod tests {
         log.append_batch(
             data,
             &mut std::iter::once(data.len() as u32),
-            &mut |_, _, _| {},
+            &mut |_, _, record, destination| destination.copy_from_slice(record),
         );
     }
 

@@ -165,17 +165,18 @@ impl WriteRing {
         }
     }
 
-    /// Copies `record` to the end of the ring and lets `patch` write into the copy before it
-    /// becomes readable (the storage shard's fields of a record): the source stays untouched,
-    /// so a producer's run is copied once, straight from its frame. A record that would span
-    /// two chunks is patched in a scratch copy first (at most once a chunk).
-    pub fn append_patched(&mut self, record: &[u8], patch: impl FnOnce(&mut [u8])) {
+    /// Appends `len` bytes that `fill` writes, every one of them, before they become readable
+    /// (a record copied from a producer's frame with the storage shard's fields patched in, so
+    /// a run is copied once, straight from its frame, and the copy is never read back here).
+    /// A record that would span two chunks is filled in a scratch buffer first (at most once
+    /// a chunk).
+    pub fn append_filled(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let within = (self.end % self.chunk_bytes) as usize;
-        if within + record.len() > self.chunk_bytes as usize {
+        if within + len > self.chunk_bytes as usize {
             let mut scratch = std::mem::take(&mut self.scratch);
             scratch.clear();
-            scratch.extend_from_slice(record);
-            patch(&mut scratch);
+            scratch.resize(len, 0);
+            fill(&mut scratch);
             self.append(&scratch);
             self.scratch = scratch;
             return;
@@ -188,17 +189,15 @@ impl WriteRing {
         let chunk = &mut self.chunks[index];
         let buffer = Rc::get_mut(&mut chunk.buffer)
             .expect("a chunk still being filled is never being written");
-        // SAFETY: `within + record.len() <= chunk_bytes`, the buffer's length; the bytes lie past
-        // `end`, so no reader has been handed them, and `end` moves past them only after the
-        // patch. A raw pointer, not `as_bytes_mut`, so that no `&mut` covers bytes readers on
-        // other threads may be looking at.
-        let copy = unsafe {
-            let destination = buffer.as_mut_ptr().add(within);
-            std::ptr::copy_nonoverlapping(record.as_ptr(), destination, record.len());
-            std::slice::from_raw_parts_mut(destination, record.len())
-        };
-        patch(copy);
-        self.end += record.len() as u64;
+        // SAFETY: `within + len <= chunk_bytes`, the buffer's length; the bytes lie past `end`,
+        // so no reader has been handed them, and `end` moves past them only after `fill`. A raw
+        // pointer, not `as_bytes_mut`, so that no `&mut` covers bytes readers on other threads
+        // may be looking at. The buffer's bytes are initialized (glommio hands DMA buffers out
+        // as byte slices), so the slice may be read as well as written.
+        let destination =
+            unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr().add(within), len) };
+        fill(destination);
+        self.end += len as u64;
     }
 
     /// Appends `len` zero bytes (the body of a segment's blank filler).
@@ -367,18 +366,17 @@ mod tests {
     }
 
     #[test]
-    fn patched_records_land_patched_within_and_across_chunks_and_the_source_stays() {
+    fn filled_records_land_within_and_across_chunks() {
         let mut ring = WriteRing::new(4096, 0);
-        let record = [3u8; 1000];
         for i in 0..9u8 {
             // The fifth record (bytes 4000..5000) spans the first chunk boundary.
-            ring.append_patched(&record, |copy| {
+            ring.append_filled(1000, |copy| {
                 assert_eq!(copy.len(), 1000);
+                copy.fill(3);
                 copy[0] = i;
                 copy[999] = i;
             });
         }
-        assert_eq!(record, [3u8; 1000], "the source is not touched");
         assert_eq!(ring.end(), 9000);
         let mut out = vec![0u8; 9000];
         ring.copy_to(0, &mut out);

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::consume_queue::ConsumeQueue;
-use crate::record::{patch_record, RecordError, StorePatch};
+use crate::record::{copy_patched, RecordError, StorePatch};
 use crate::scan::{scan_window, ScanStop};
 
 use super::state::{dispatch_info, get_or_create_queue, DispatchInfo, Inner};
@@ -50,7 +50,7 @@ impl MessageStore {
             inner.commit_log.append_batch(
                 &bytes,
                 &mut pending.iter().map(|r| r.len),
-                &mut |index, physical_offset, record| {
+                &mut |index, physical_offset, record, destination| {
                     let info = &pending[index];
                     let queue = match &last_queue {
                         Some((topic, queue_id, queue))
@@ -70,7 +70,8 @@ impl MessageStore {
                         }
                     };
                     let queue_offset = queue.assign_offset();
-                    patch_record(
+                    copy_patched(
+                        destination,
                         record,
                         StorePatch {
                             queue_id: info.queue_id,
