@@ -4,7 +4,7 @@
 //! polls. Every other part of the store works through these types.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -30,6 +30,27 @@ pub(super) const PACE_UNWRITTEN_BYTES: u64 = 8 << 20;
 /// comes sooner and the chunk goes out whole, from the ring, without a copy; the bytes are in
 /// the journal meanwhile.
 pub(super) const PARTIAL_CHUNK_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// An append's place in the order of [`Inner::pace`]; one dropped while waiting (its append
+/// was cancelled) gives its turn up rather than holding every later append.
+struct PaceTicket<'a> {
+    inner: &'a Inner,
+    number: u64,
+    is_done: bool,
+}
+
+impl Drop for PaceTicket<'_> {
+    fn drop(&mut self) {
+        if self.is_done {
+            return;
+        }
+        if self.inner.pace_serving.get() == self.number {
+            self.inner.next_pace_turn();
+        } else {
+            self.inner.pace_abandoned.borrow_mut().insert(self.number);
+        }
+    }
+}
 
 /// A record's derived entries, computed once when it is appended or scanned. Its index hashes
 /// (`index_hash_count` of them) wait in [`PendingDispatch::index_hashes`], in record order.
@@ -69,6 +90,13 @@ pub(super) struct Inner {
     pub(super) writer_wake: LocalNotify,
     /// Records became visible (or a write failed): waiting appends re-check.
     pub(super) flushed: LocalNotify,
+    /// Appends pass [`Inner::pace`] in the order they arrived: the ticket the next arrival
+    /// takes, the ticket whose turn it is, tickets given up while waiting (their append was
+    /// dropped), and the wake-up of a new turn.
+    pub(super) pace_next_ticket: Cell<u64>,
+    pub(super) pace_serving: Cell<u64>,
+    pub(super) pace_abandoned: RefCell<BTreeSet<u64>>,
+    pub(super) pace_turn: LocalNotify,
     pub(super) arrivals: LocalNotify,
     pub(super) closing: LocalNotify,
     pub(super) flush_error: RefCell<Option<String>>,
@@ -228,17 +256,53 @@ impl Inner {
     /// too little of it to keep the disk busy (the store benchmark wrote a third less); paced,
     /// a heavy load waits for the disk as it does without a journal, and a light one not at
     /// all.
+    ///
+    /// Appends pass in the order they arrived (a ticket each): one arriving while others wait
+    /// waits behind them, so a producer's pipelined sends to a queue are stored in the order
+    /// it sent them. (Woken together, waiters once raced, and an append arriving just after a
+    /// write completed could pass all of them.) The caller appends before its next await.
     pub(super) async fn pace(&self) {
         if self.journal.is_none() {
             return;
         }
+        let mut ticket = PaceTicket {
+            inner: self,
+            number: self.pace_next_ticket.get(),
+            is_done: false,
+        };
+        self.pace_next_ticket.set(ticket.number + 1);
         let log = &self.commit_log;
-        while log.write_offset() - log.written_offset() > PACE_UNWRITTEN_BYTES
-            && !self.is_closed.get()
-            && self.flush_error.borrow().is_none()
-        {
-            self.flushed.notified().await;
+        loop {
+            let is_turn = self.pace_serving.get() == ticket.number;
+            let has_room = log.write_offset() - log.written_offset() <= PACE_UNWRITTEN_BYTES
+                || self.is_closed.get()
+                || self.flush_error.borrow().is_some();
+            if is_turn && has_room {
+                ticket.is_done = true;
+                self.next_pace_turn();
+                return;
+            }
+            let turn = self.pace_turn.notified();
+            let flushed = self.flushed.notified();
+            if is_turn {
+                flushed.await;
+            } else {
+                futures_lite::future::or(turn, flushed).await;
+            }
         }
+    }
+
+    /// Gives the turn to the next ticket still waiting (skipping those given up).
+    fn next_pace_turn(&self) {
+        let mut next = self.pace_serving.get() + 1;
+        {
+            let mut abandoned = self.pace_abandoned.borrow_mut();
+            while abandoned.remove(&next) {
+                next += 1;
+            }
+        }
+        self.pace_serving.set(next);
+        self.pace_turn.notify_all();
     }
 
     /// Copies the appended bytes not yet written and not yet journaled into the journal, when
