@@ -341,26 +341,7 @@ const RESTART_LISTEN_ENV: &str = "SHARDMQ_BROKER_RESTART_LISTEN";
 /// Set by a broker restarting itself once it has printed its `listening on` line.
 const ANNOUNCED_ENV: &str = "SHARDMQ_BROKER_ANNOUNCED";
 
-/// Keeps freed memory of the sizes requests churn through in the allocator's heap for reuse.
-/// Request frames (a batch is a frame of a few MiB), their receive buffers and index buffers
-/// are allocated and freed at the rate of requests; with glibc's defaults a buffer of that size
-/// was mapped fresh (or the freed heap trimmed back to the kernel) each time, so every frame's
-/// memory was page-faulted in and zeroed by the kernel: about 5 % of the broker's CPU at 1 GB/s
-/// of sends (docs/performance.md). Larger buffers (a frame of 4 MiB or more) are still mapped
-/// and unmapped per frame, and at most 32 MiB of free heap is kept, so the memory the request
-/// budget bounds (`max_request_bytes_per_shard`) goes back to the kernel when it is freed.
-fn keep_freed_memory_for_reuse() {
-    const MMAP_THRESHOLD_BYTES: libc::c_int = 4 << 20;
-    const TRIM_THRESHOLD_BYTES: libc::c_int = 32 << 20;
-    // SAFETY: mallopt only changes allocator settings; it is called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
-    }
-}
-
 fn serve(args: ServeArgs) -> ExitCode {
-    keep_freed_memory_for_reuse();
     let config = match args.into_config().and_then(|c| c.validate().map(|_| c)) {
         Ok(config) => config,
         Err(e) => {

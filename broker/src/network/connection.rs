@@ -291,6 +291,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
             }
         }
     }
+    // The frame being received is freed before its charge goes back, so the next connection
+    // admitted into the budget does not hold its memory while this one still does.
+    drop(buffer);
     budget.release(charged);
     // The client leaves its groups now, so the other members rebalance at once; its requests
     // still running (a parked pull waits up to its suspend timeout) answer into the void.
