@@ -57,7 +57,18 @@ pub struct Session {
     protocol_version: Option<u32>,
     /// Frames the decoder refused so far.
     malformed_frames: u32,
+    /// Names this connection among the server's connections.
+    connection_id: u64,
+    /// The broker instances (broker name, broker id) registered on this connection: each is
+    /// dropped from the routes when the connection closes, unless it registered since on
+    /// another connection. At most [`MAX_REGISTRATIONS_PER_CONNECTION`].
+    registered: Vec<(String, i64)>,
 }
+
+/// Broker instances one connection may register (a broker registers one; more is a misuse).
+pub const MAX_REGISTRATIONS_PER_CONNECTION: usize = 16;
+
+static NEXT_CONNECTION_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Session {
     /// A connection from `peer` that has not shaken hands yet.
@@ -67,6 +78,8 @@ impl Session {
             peer,
             protocol_version: None,
             malformed_frames: 0,
+            connection_id: NEXT_CONNECTION_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            registered: Vec::new(),
         }
     }
 
@@ -250,11 +263,41 @@ impl RequestHandler {
         }
     }
 
-    fn register(&self, session: &Session, request: &wire::RegisterBrokerRequest<'_>) -> Reply {
+    /// The connection of `session` has ended: every broker instance whose latest registration
+    /// came on it leaves the routes now, so clients stop being sent to a broker that died
+    /// (its kernel closed the connection) without waiting for the broker timeout.
+    pub fn connection_closed(&self, session: &Session) {
+        if session.registered.is_empty() {
+            return;
+        }
+        let mut registry = self.lock_registry();
+        for (broker_name, broker_id) in &session.registered {
+            if let Some(broker) =
+                registry.connection_closed(broker_name, *broker_id, session.connection_id)
+            {
+                crate::metrics::namesrv().brokers_expired.inc();
+                info!(
+                    peer = %session.peer,
+                    "broker {}/{} id {} at {} dropped: its connection closed",
+                    broker.cluster_name, broker.broker_name, broker.broker_id, broker.broker_address
+                );
+            }
+        }
+    }
+
+    fn register(&self, session: &mut Session, request: &wire::RegisterBrokerRequest<'_>) -> Reply {
         let registration = match registration_from_wire(request) {
             Ok(registration) => registration,
             Err(refusal) => return registry_error(&refusal),
         };
+        let key = (registration.broker_name.clone(), registration.broker_id);
+        let is_known = session.registered.contains(&key);
+        if !is_known && session.registered.len() >= MAX_REGISTRATIONS_PER_CONNECTION {
+            return Reply::Error(
+                wire::Status::INVALID_ARGUMENT,
+                format!("this connection registered {MAX_REGISTRATIONS_PER_CONNECTION} broker instances already; register each broker on its own connection"),
+            );
+        }
         let identity = format!(
             "{}/{} id {} at {}",
             registration.cluster_name,
@@ -264,9 +307,16 @@ impl RequestHandler {
         );
         let topic_count = registration.topics.len();
         let topic_config_version = registration.topic_config_version;
-        let result = self.lock_registry().register(registration, Instant::now());
+        let result = self.lock_registry().register_on(
+            registration,
+            Instant::now(),
+            Some(session.connection_id),
+        );
         match result {
             Ok(outcome) => {
+                if !is_known {
+                    session.registered.push(key);
+                }
                 if let Some(replaced) = &outcome.replaced {
                     warn!(peer = %session.peer, "broker {identity} replaces {}/{} id {} at the same address", replaced.cluster_name, replaced.broker_name, replaced.broker_id);
                 }
@@ -542,6 +592,7 @@ fn registry_error(refusal: &RegistryError) -> Reply {
         RegistryError::TooManyBrokers { .. } | RegistryError::TooManyTopicEntries { .. } => {
             wire::Status::SYSTEM_BUSY
         }
+        RegistryError::StaleMaster { .. } => wire::Status::SERVICE_NOT_AVAILABLE,
     };
     Reply::Error(status, refusal.to_string())
 }
@@ -578,6 +629,7 @@ fn registration_from_wire(
             .map(str::to_owned),
         topics,
         topic_config_version: request.topic_config_version(),
+        state_version: request.state_version(),
     })
 }
 

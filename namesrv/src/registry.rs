@@ -88,6 +88,14 @@ pub enum RegistryError {
         topic_entries: usize,
         max_topic_entries: usize,
     },
+    /// A master registration below the highest state version seen for its broker name: a
+    /// deposed master that woke after another was made master (`SERVICE_NOT_AVAILABLE`).
+    #[error("broker {broker_name} has a newer master (state version {current}); a master registration with state version {state_version} is refused")]
+    StaleMaster {
+        broker_name: String,
+        state_version: u64,
+        current: u64,
+    },
 }
 
 /// How a broker hosts one topic.
@@ -129,6 +137,9 @@ pub struct BrokerRegistration {
     /// The broker's topic config version, for logs only: the table compares the topics
     /// themselves, which stays right across a broker restart that resets the version.
     pub topic_config_version: u64,
+    /// Orders the masters of a broker name (the controller epoch; 0 outside controller mode):
+    /// a master registration below the highest seen is refused.
+    pub state_version: u64,
 }
 
 impl BrokerRegistration {
@@ -240,6 +251,9 @@ struct BrokerInstance {
     ha_server_address: Option<String>,
     topics: BTreeMap<String, TopicQueues>,
     last_registered_at: Instant,
+    /// The connection its last registration came on, when the server tracks connections: the
+    /// instance is dropped when that connection closes.
+    connection: Option<u64>,
 }
 
 /// The instances sharing one broker name: a master and its slaves.
@@ -286,6 +300,10 @@ pub struct RouteTable {
     broker_instances: usize,
     /// Topic configs over all instances.
     topic_entries: usize,
+    /// The highest master state version registered per broker name; kept after the master
+    /// goes (so a deposed master cannot come back under an old version) for at most
+    /// `max_broker_instances` names.
+    master_versions: BTreeMap<String, u64>,
 }
 
 impl Default for RouteTable {
@@ -303,6 +321,7 @@ impl RouteTable {
             groups: BTreeMap::new(),
             broker_instances: 0,
             topic_entries: 0,
+            master_versions: BTreeMap::new(),
         }
     }
 
@@ -325,7 +344,34 @@ impl RouteTable {
         registration: BrokerRegistration,
         now: Instant,
     ) -> Result<RegisterOutcome, RegistryError> {
+        self.register_on(registration, now, None)
+    }
+
+    /// As [`register`](Self::register), remembering that the registration came on
+    /// `connection`: [`connection_closed`](Self::connection_closed) drops the instance when
+    /// that connection ends (RocketMQ's `onChannelDestroy`), unless it registered since on
+    /// another connection.
+    pub fn register_on(
+        &mut self,
+        registration: BrokerRegistration,
+        now: Instant,
+        connection: Option<u64>,
+    ) -> Result<RegisterOutcome, RegistryError> {
         registration.validate(&self.limits)?;
+        if registration.broker_id == MASTER_BROKER_ID {
+            let current = self
+                .master_versions
+                .get(&registration.broker_name)
+                .copied()
+                .unwrap_or(0);
+            if registration.state_version < current {
+                return Err(RegistryError::StaleMaster {
+                    broker_name: registration.broker_name.clone(),
+                    state_version: registration.state_version,
+                    current,
+                });
+            }
+        }
         let stale_key = self
             .key_of_address(&registration.broker_address)
             .filter(|key| key.0 != registration.broker_name || key.1 != registration.broker_id);
@@ -344,7 +390,10 @@ impl RouteTable {
         )?;
 
         let replaced = stale_key.and_then(|(name, id)| self.remove_instance(&name, id));
-        let outcome = self.insert_instance(registration, now, replaced);
+        if registration.broker_id == MASTER_BROKER_ID {
+            self.note_master_version(&registration.broker_name, registration.state_version);
+        }
+        let outcome = self.insert_instance(registration, now, connection, replaced);
         self.debug_check_counts();
         Ok(outcome)
     }
@@ -365,6 +414,43 @@ impl RouteTable {
         let removed = self.remove_instance(broker_name, broker_id);
         self.debug_check_counts();
         removed
+    }
+
+    /// The connection `connection` ended: drops the instance (`broker_name`, `broker_id`) if
+    /// its latest registration came on it. Returns the dropped instance.
+    pub fn connection_closed(
+        &mut self,
+        broker_name: &str,
+        broker_id: i64,
+        connection: u64,
+    ) -> Option<BrokerIdentity> {
+        let instance = self.instance(broker_name, broker_id)?;
+        if instance.connection != Some(connection) {
+            return None;
+        }
+        let removed = self.remove_instance(broker_name, broker_id);
+        self.debug_check_counts();
+        removed
+    }
+
+    fn note_master_version(&mut self, broker_name: &str, state_version: u64) {
+        if !self.master_versions.contains_key(broker_name)
+            && self.master_versions.len() >= self.limits.max_broker_instances
+        {
+            // Forget the versions of names with no live instance first; they are the ones a
+            // bounded table can drop (a deposed master of a name nobody serves any more).
+            let groups = &self.groups;
+            self.master_versions
+                .retain(|name, _| groups.contains_key(name));
+            if self.master_versions.len() >= self.limits.max_broker_instances {
+                return;
+            }
+        }
+        let entry = self
+            .master_versions
+            .entry(broker_name.to_owned())
+            .or_insert(0);
+        *entry = (*entry).max(state_version);
     }
 
     /// Drops every instance whose last registration is more than `broker_timeout` before `now`
@@ -504,6 +590,7 @@ impl RouteTable {
         &mut self,
         registration: BrokerRegistration,
         now: Instant,
+        connection: Option<u64>,
         replaced: Option<BrokerIdentity>,
     ) -> RegisterOutcome {
         let group = self
@@ -521,6 +608,7 @@ impl RouteTable {
             ha_server_address: registration.ha_server_address,
             topics: registration.topics,
             last_registered_at: now,
+            connection,
         };
         let previous = group.instances.insert(registration.broker_id, instance);
         let is_topic_config_changed = match &previous {
@@ -711,6 +799,7 @@ mod tests {
                 .map(|(name, queues)| ((*name).to_owned(), *queues))
                 .collect(),
             topic_config_version: 1,
+            state_version: 0,
         }
     }
 
@@ -874,6 +963,74 @@ mod tests {
             })
             .collect();
         assert_eq!(queue_counts, [("broker-a", 8, 8, 6), ("broker-b", 4, 4, 6)]);
+    }
+
+    #[test]
+    fn an_instance_leaves_when_the_connection_it_registered_on_closes() {
+        let mut table = RouteTable::default();
+        let now = Instant::now();
+        let master = registration("broker-a", 0, "10.0.0.1:10911", &[("orders", queues(4, 4))]);
+        let slave = registration("broker-a", 1, "10.0.0.2:10911", &[("orders", queues(4, 4))]);
+        table.register_on(master.clone(), now, Some(7)).unwrap();
+        table.register_on(slave, now, Some(8)).unwrap();
+        // Another connection's end, or another instance's, changes nothing.
+        assert_eq!(table.connection_closed("broker-a", 0, 8), None);
+        assert_eq!(table.connection_closed("broker-b", 0, 7), None);
+        assert_eq!(table.broker_instances(), 2);
+        let dropped = table.connection_closed("broker-a", 0, 7).unwrap();
+        assert_eq!(dropped.broker_address, "10.0.0.1:10911");
+        // The slave serves reads alone.
+        assert_eq!(
+            addresses(&table.route("orders").unwrap(), "broker-a"),
+            [(1, "10.0.0.2:10911".to_owned())]
+        );
+        // An instance that registered since on another connection stays when the old one ends.
+        table.register_on(master.clone(), now, Some(9)).unwrap();
+        table.register_on(master, now, Some(10)).unwrap();
+        assert_eq!(table.connection_closed("broker-a", 0, 9), None);
+        assert_eq!(table.broker_instances(), 2);
+    }
+
+    #[test]
+    fn a_master_registration_below_the_newest_state_version_is_refused() {
+        let mut table = RouteTable::default();
+        let now = Instant::now();
+        let old_master = BrokerRegistration {
+            state_version: 3,
+            ..registration("broker-a", 0, "10.0.0.1:10911", &[("orders", queues(4, 4))])
+        };
+        let new_master = BrokerRegistration {
+            state_version: 4,
+            ..registration("broker-a", 0, "10.0.0.2:10911", &[("orders", queues(4, 4))])
+        };
+        table.register(old_master.clone(), now).unwrap();
+        table.register(new_master.clone(), now).unwrap();
+        let refused = table.register(old_master.clone(), now).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                RegistryError::StaleMaster {
+                    state_version: 3,
+                    current: 4,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(
+            addresses(&table.route("orders").unwrap(), "broker-a"),
+            [(0, "10.0.0.2:10911".to_owned())]
+        );
+        // Even once the new master has gone, the old one cannot come back under version 3; it
+        // may register as a slave (the role it restarts in).
+        table.unregister("broker-a", 0, "10.0.0.2:10911").unwrap();
+        assert!(table.register(old_master.clone(), now).is_err());
+        let as_slave = BrokerRegistration {
+            broker_id: 2,
+            ..old_master
+        };
+        table.register(as_slave, now).unwrap();
+        table.register(new_master, now).unwrap();
     }
 
     #[test]

@@ -283,7 +283,9 @@ fn admit(
     let stop = stop.clone();
     tokio::spawn(async move {
         debug!(%peer, "connection opened");
-        let reason = serve_connection(stream, Session::new(peer), &handler, &config, stop).await;
+        let mut session = Session::new(peer);
+        let reason = serve_connection(stream, &mut session, &handler, &config, stop).await;
+        handler.connection_closed(&session);
         debug!(%peer, "connection closed: {reason}");
         drop(slot);
     });
@@ -324,7 +326,7 @@ impl std::fmt::Display for Closed {
 /// Reads frames, answers them, and returns when the connection is over.
 async fn serve_connection(
     mut stream: TcpStream,
-    mut session: Session,
+    session: &mut Session,
     handler: &RequestHandler,
     config: &ServerConfig,
     mut stop: watch::Receiver<bool>,
@@ -349,13 +351,12 @@ async fn serve_connection(
             }
             match decoder.decode(&mut read_buffer) {
                 Ok(Some(frame)) => {
-                    after =
-                        handler.handle_frame(&mut session, &frame, &mut encoder, &mut write_buffer);
+                    after = handler.handle_frame(session, &frame, &mut encoder, &mut write_buffer);
                 }
                 Ok(None) => break,
                 Err(decode_error) => {
                     after = handler.handle_decode_error(
-                        &mut session,
+                        session,
                         &decode_error,
                         &mut encoder,
                         &mut write_buffer,

@@ -1597,8 +1597,8 @@ fn delete_topic_body_forced(
 }
 
 #[test]
-fn killed_broker_route_expires_at_the_namesrv() {
-    const BROKER_TIMEOUT_MS: u64 = 1_000;
+fn a_silent_broker_expires_at_the_namesrv_and_a_killed_one_leaves_at_once() {
+    const BROKER_TIMEOUT_MS: u64 = 3_000;
     let namesrv = NamesrvProcess::start_with_args(&[
         "--broker-timeout-ms",
         &BROKER_TIMEOUT_MS.to_string(),
@@ -1630,16 +1630,46 @@ fn killed_broker_route_expires_at_the_namesrv() {
         thread::sleep(Duration::from_millis(100));
     }
 
+    // Paused, the broker's connection stays open but it stops registering: it expires after
+    // the broker timeout, not before.
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &broker.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {name}");
+    };
+    signal("-STOP");
+    let paused_at = Instant::now();
+    wait_until(
+        Duration::from_secs(15),
+        "the paused broker's route to expire",
+        || route_at(&namesrv, "Expiring").is_none().then_some(()),
+    );
+    let silent_for = paused_at.elapsed();
+    signal("-CONT");
+    assert!(
+        silent_for >= Duration::from_millis(BROKER_TIMEOUT_MS / 2),
+        "the route went away after {} ms, before the broker timeout could pass",
+        silent_for.as_millis()
+    );
+    // Resumed, it registers again on the same connection.
+    wait_until(Duration::from_secs(5), "the resumed broker's route", || {
+        route_at(&namesrv, "Expiring")
+    });
+
+    // Killed, its registration connection closes and the name server drops it at once,
+    // without waiting for the broker timeout.
     broker.kill9();
     let killed_at = Instant::now();
     wait_until(
         Duration::from_secs(10),
-        "the killed broker's route to expire",
+        "the killed broker's route to go",
         || route_at(&namesrv, "Expiring").is_none().then_some(()),
     );
     assert!(
-        killed_at.elapsed() >= Duration::from_millis(BROKER_TIMEOUT_MS / 2),
-        "the route went away after {} ms, before the broker timeout could pass",
+        killed_at.elapsed() < Duration::from_millis(BROKER_TIMEOUT_MS),
+        "the killed broker's route went away only after {} ms: the broker timeout, not its closed connection",
         killed_at.elapsed().as_millis()
     );
 }

@@ -74,6 +74,7 @@ fn register(client: &mut TestClient, broker: &Broker<'_>) -> VerifiedFrame {
                     ha_server_address: None,
                     topics: Some(topics),
                     topic_config_version: 1,
+                    state_version: 0,
                 },
             );
             (wire::Body::RegisterBrokerRequest, request.as_union_value())

@@ -1309,3 +1309,134 @@ fn a_producer_whose_cached_route_has_no_master_finds_the_next_one_at_once() {
     );
     assert_eq!(result.status, shardmq_client::SendStatus::SendOk);
 }
+
+/// RocketMQ drops a broker from its routes the moment its connection to the name server closes.
+/// Here the name server keeps its default broker timeout (120 s), so only the closed
+/// registration connection can take the killed master out of the routes: consumers through the
+/// name server then read every acknowledged message from the slave within seconds.
+#[test]
+fn a_killed_master_leaves_the_routes_at_once_and_consumers_read_from_the_slave() {
+    let group = Group {
+        namesrv: NamesrvProcess::start(),
+        ..Group::new()
+    };
+    let mut master = group.master("sync-master", &[]);
+    let slave = group.slave(&[]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    wait_until(CATCH_UP, "the slave to start replicating", || {
+        let probe = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
+            .expect("an answer");
+        (status_of(&probe).0 == wire::Status::OK).then_some(())
+    });
+    let mut acknowledged = 1;
+    for i in 0..300 {
+        let response = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new(format!("m-{i}"))]))
+            .expect("an answer");
+        assert_eq!(status_of(&response).0, wire::Status::OK, "send {i}");
+        acknowledged += 1;
+    }
+    // The slave copies the topic table every 2 s and registers it at once.
+    wait_until(CATCH_UP, "the slave to copy the topic", || {
+        topic_names(&mut slave.client())
+            .contains(&TOPIC.to_owned())
+            .then_some(())
+    });
+    let namesrv = group.namesrv.addr().to_string();
+    master.kill9();
+    let killed = std::time::Instant::now();
+    let mut attempt = 0;
+    let consumed = wait_until(
+        Duration::from_secs(10),
+        "a consumer through the name server to read every message from the slave",
+        || {
+            attempt += 1;
+            let group_name = format!("after-kill-{attempt}");
+            let output = shardmq_tests::run_cli(
+                &namesrv,
+                &[
+                    "--json",
+                    "consume",
+                    TOPIC,
+                    "--group",
+                    &group_name,
+                    "--count",
+                    &acknowledged.to_string(),
+                    "--timeout-ms",
+                    "2000",
+                ],
+            );
+            let printed = String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter(|line| line.starts_with('{'))
+                .count();
+            (output.status.success() && printed == acknowledged).then_some(printed)
+        },
+    );
+    assert_eq!(consumed, acknowledged);
+    println!(
+        "every acknowledged message read through the name server {} ms after the master's kill",
+        killed.elapsed().as_millis()
+    );
+}
+
+/// RocketMQ 5's confirmed offset: a sync master serves consumers only the records its slave
+/// holds. With the slave paused, a send is stored on the master but answered
+/// FLUSH_SLAVE_TIMEOUT, and a consumer at the tail does not see it (were the master to die
+/// now, a new master could lack it and take new messages at that queue offset, which the
+/// consumer would skip). Once the slave resumes and acknowledges it, the consumer sees it.
+#[test]
+fn a_sync_master_serves_consumers_only_what_its_slave_holds() {
+    let group = Group::new();
+    let master = group.master("sync-master", &["--sync-flush-timeout-ms", "1000"]);
+    let slave = group.slave(&[]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    wait_until(CATCH_UP, "the slave to start replicating", || {
+        let probe = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
+            .expect("an answer");
+        (status_of(&probe).0 == wire::Status::OK).then_some(())
+    });
+    let confirmed_before = wait_until(CATCH_UP, "the probes to be served", || {
+        let (records, end) = pull_queue(&mut client, TOPIC, 0);
+        (end == QueueEnd::End && !records.is_empty()).then_some(records.len())
+    });
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &slave.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {name}");
+    };
+    signal("-STOP");
+    let unreplicated = client
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("not-on-the-slave")]))
+        .expect("an answer");
+    assert_eq!(
+        status_of(&unreplicated).0,
+        wire::Status::FLUSH_SLAVE_TIMEOUT,
+        "{:?}",
+        status_of(&unreplicated)
+    );
+    // The slave was heard from under 3 s ago, so it still counts: the record stays hidden.
+    let (records, end) = pull_queue(&mut client, TOPIC, 0);
+    assert_eq!(end, QueueEnd::End);
+    assert_eq!(
+        records.len(),
+        confirmed_before,
+        "a consumer was served a record the slave does not hold"
+    );
+    signal("-CONT");
+    let records = wait_until(
+        CATCH_UP,
+        "the record to be served once the slave holds it",
+        || {
+            let (records, _) = pull_queue(&mut client, TOPIC, 0);
+            (records.len() > confirmed_before).then_some(records)
+        },
+    );
+    assert_eq!(records.last().unwrap().body, b"not-on-the-slave");
+}

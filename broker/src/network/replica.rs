@@ -176,6 +176,7 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::ReplicaPullRequ
                         data: Some(vector),
                         epoch: chunk.epoch,
                         lag_ms: chunk.lag_ms,
+                        confirmed: chunk.confirmed,
                     },
                 );
                 build_frame(

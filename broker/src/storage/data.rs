@@ -27,7 +27,7 @@ impl StorageShard {
         tracing::trace!(target: TIMELINE, stage = "append_begins", bytes = batch.bytes.len());
         let mut result = self.store.append(batch).await;
         if let (Ok(_), Some((topic, queue_id))) = (&result, target) {
-            self.notify_arrival(&topic, queue_id);
+            self.notify_appended(&topic, queue_id);
         }
         if let Ok(outcome) = &mut result {
             if self.config.role() == crate::config::BrokerRole::SyncMaster

@@ -141,6 +141,20 @@ pub async fn run(
         master: Rc::new(crate::replication::MasterSide::new(epochs.clone())),
         slave_view: Rc::new(crate::replication::SlaveView::default()),
     });
+    // The confirmed offset (docs/replication.md): a sync master dispatches records into its
+    // ConsumeQueues only once every replica its sends wait for holds them; a slave in
+    // controller mode only below its master's confirmed offset. Both start at what the store
+    // dispatched as it opened.
+    let confirms = shard.config.role() == crate::config::BrokerRole::SyncMaster;
+    let follows_confirmed = shard.config.role() == crate::config::BrokerRole::Slave
+        && shard.config.controller_self_id > 0;
+    if confirms || follows_confirmed {
+        let end = shard.store.visible_offset();
+        shard.master.start_confirmed(end);
+        shard.store.set_dispatch_limit(end);
+    }
+    let confirm_task =
+        confirms.then(|| glommio::spawn_local(refresh_confirmed_loop(shard.clone())).detach());
     if shard.shard_zero.is_some() {
         shard.broadcast_topics();
     }
@@ -149,7 +163,7 @@ pub async fn run(
     // Delay levels and timer messages of this shard's queues (schedule.rs, timer.rs).
     let on_arrival: crate::schedule::ArrivalHook = {
         let shard = shard.clone();
-        Rc::new(move |topic: &str, queue_id: u32| shard.notify_arrival(topic, queue_id))
+        Rc::new(move |topic: &str, queue_id: u32| shard.notify_appended(topic, queue_id))
     };
     // A slave's CommitLog is its master's copy: it appends nothing of its own (no scheduled
     // deliveries), and replicates instead (services `replication`).
@@ -228,6 +242,9 @@ pub async fn run(
     }
     persist_task.cancel();
     replication_task.cancel();
+    if let Some(task) = confirm_task {
+        task.cancel();
+    }
     if let Some(service) = &delay_service {
         service.stop().await;
     }
@@ -248,4 +265,15 @@ pub async fn run(
     }
     info!(shard = id, "storage shard stopped");
     Ok(())
+}
+
+/// How often a sync master re-reads what its confirmed offset depends on without an event: the
+/// SyncStateSet (changed by the controller loop on network shard 0) and slaves falling silent.
+const CONFIRMED_REFRESH: std::time::Duration = std::time::Duration::from_millis(50);
+
+async fn refresh_confirmed_loop(shard: Rc<StorageShard>) {
+    loop {
+        glommio::timer::sleep(CONFIRMED_REFRESH).await;
+        shard.refresh_confirmed();
+    }
 }

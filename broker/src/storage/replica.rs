@@ -23,6 +23,7 @@ impl StorageShard {
         } = pull;
         let log_end = self.store.commitlog_offsets().1;
         self.master.on_pull(broker_id, "", acknowledged, log_end);
+        self.refresh_confirmed();
         if epoch != self.master.epoch() {
             let _ = reply.send(Err(format!(
                 "this master is in term {}, not {epoch}: join again",
@@ -34,18 +35,32 @@ impl StorageShard {
         let answer = loop {
             // Wait for the next arrival before reading, so none is missed in between.
             let arrival = self.store.arrival();
+            let confirmed_moved = self.master.confirmed_moved();
             match self.store.read_for_replica(from, max_bytes).await {
-                Ok(bytes) if bytes.is_empty() && !*self.stopping.borrow() => {
+                Ok(bytes)
+                    if bytes.is_empty()
+                        && !*self.stopping.borrow()
+                        && !self.master.has_unsent_confirmed(broker_id) =>
+                {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
                     if left.is_zero() {
                         break Ok(bytes);
                     }
-                    futures_lite::future::or(arrival, glommio::timer::sleep(left)).await;
+                    futures_lite::future::or(
+                        futures_lite::future::or(arrival, confirmed_moved),
+                        glommio::timer::sleep(left),
+                    )
+                    .await;
                 }
                 other => break other,
             }
         };
         let end = self.store.commitlog_offsets().1;
+        let confirmed = if self.config.role() == crate::config::BrokerRole::SyncMaster {
+            self.master.confirmed_for(broker_id)
+        } else {
+            self.store.visible_offset()
+        };
         let _ = reply.send(
             answer
                 .map(|bytes| crate::replication::ReplicaChunk {
@@ -53,9 +68,33 @@ impl StorageShard {
                     master_end: end,
                     epoch: self.master.epoch(),
                     lag_ms: self.master.age_ms(from, end),
+                    confirmed,
                 })
                 .map_err(|e| e.to_string()),
         );
+    }
+
+    /// Sync master: moves the confirmed offset (the replicas' acknowledgements, the
+    /// SyncStateSet, the local end may have changed), lets the store dispatch the records now
+    /// below it, and wakes the pulls parked on queues that grew.
+    pub(super) fn refresh_confirmed(&self) {
+        if self.config.role() != crate::config::BrokerRole::SyncMaster {
+            return;
+        }
+        if let Some(confirmed) = self.master.refresh_confirmed(self.store.visible_offset()) {
+            self.store.set_dispatch_limit(confirmed);
+            self.notify_replicated();
+        }
+    }
+
+    /// Wakes the pulls parked on `topic`/`queue_id` after an append to it; on a sync master
+    /// the records become visible to pulls only once confirmed, which wakes them then.
+    pub(super) fn notify_appended(&self, topic: &str, queue_id: u32) {
+        if self.config.role() == crate::config::BrokerRole::SyncMaster {
+            self.refresh_confirmed();
+        } else {
+            self.notify_arrival(topic, queue_id);
+        }
     }
 
     pub(super) async fn read_shard_file(

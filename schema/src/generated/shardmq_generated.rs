@@ -5890,6 +5890,7 @@ impl<'a> RegisterBrokerRequest<'a> {
   pub const VT_HA_SERVER_ADDRESS: ::flatbuffers::VOffsetT = 12;
   pub const VT_TOPICS: ::flatbuffers::VOffsetT = 14;
   pub const VT_TOPIC_CONFIG_VERSION: ::flatbuffers::VOffsetT = 16;
+  pub const VT_STATE_VERSION: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5901,6 +5902,7 @@ impl<'a> RegisterBrokerRequest<'a> {
     args: &'args RegisterBrokerRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<RegisterBrokerRequest<'bldr>> {
     let mut builder = RegisterBrokerRequestBuilder::new(_fbb);
+    builder.add_state_version(args.state_version);
     builder.add_topic_config_version(args.topic_config_version);
     builder.add_broker_id(args.broker_id);
     if let Some(x) = args.topics { builder.add_topics(x); }
@@ -5929,6 +5931,7 @@ impl<'a> RegisterBrokerRequest<'a> {
       x.iter().map(|t| t.unpack()).collect()
     });
     let topic_config_version = self.topic_config_version();
+    let state_version = self.state_version();
     RegisterBrokerRequestT {
       cluster_name,
       broker_name,
@@ -5937,6 +5940,7 @@ impl<'a> RegisterBrokerRequest<'a> {
       ha_server_address,
       topics,
       topic_config_version,
+      state_version,
     }
   }
 
@@ -5995,6 +5999,16 @@ impl<'a> RegisterBrokerRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(RegisterBrokerRequest::VT_TOPIC_CONFIG_VERSION, Some(0)).unwrap()}
   }
+  /// Orders a broker name's masters: the controller epoch in controller mode (0 otherwise).
+  /// The name server refuses a master registration below the highest it has seen for the
+  /// broker name, so a deposed master that wakes cannot take the route back.
+  #[inline]
+  pub fn state_version(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RegisterBrokerRequest::VT_STATE_VERSION, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RegisterBrokerRequest<'_> {
@@ -6010,6 +6024,7 @@ impl ::flatbuffers::Verifiable for RegisterBrokerRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("ha_server_address", Self::VT_HA_SERVER_ADDRESS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<TopicConfig>>>>("topics", Self::VT_TOPICS, false)?
      .visit_field::<u64>("topic_config_version", Self::VT_TOPIC_CONFIG_VERSION, false)?
+     .visit_field::<u64>("state_version", Self::VT_STATE_VERSION, false)?
      .finish();
     Ok(())
   }
@@ -6022,6 +6037,7 @@ pub struct RegisterBrokerRequestArgs<'a> {
     pub ha_server_address: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub topics: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TopicConfig<'a>>>>>,
     pub topic_config_version: u64,
+    pub state_version: u64,
 }
 impl<'a> Default for RegisterBrokerRequestArgs<'a> {
   #[inline]
@@ -6034,6 +6050,7 @@ impl<'a> Default for RegisterBrokerRequestArgs<'a> {
       ha_server_address: None,
       topics: None,
       topic_config_version: 0,
+      state_version: 0,
     }
   }
 }
@@ -6072,6 +6089,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RegisterBrokerRequestBuilder<
     self.fbb_.push_slot::<u64>(RegisterBrokerRequest::VT_TOPIC_CONFIG_VERSION, topic_config_version, 0);
   }
   #[inline]
+  pub fn add_state_version(&mut self, state_version: u64) {
+    self.fbb_.push_slot::<u64>(RegisterBrokerRequest::VT_STATE_VERSION, state_version, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RegisterBrokerRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RegisterBrokerRequestBuilder {
@@ -6096,6 +6117,7 @@ impl ::core::fmt::Debug for RegisterBrokerRequest<'_> {
       ds.field("ha_server_address", &self.ha_server_address());
       ds.field("topics", &self.topics());
       ds.field("topic_config_version", &self.topic_config_version());
+      ds.field("state_version", &self.state_version());
       ds.finish()
   }
 }
@@ -6109,6 +6131,7 @@ pub struct RegisterBrokerRequestT {
   pub ha_server_address: Option<alloc::string::String>,
   pub topics: Option<alloc::vec::Vec<TopicConfigT>>,
   pub topic_config_version: u64,
+  pub state_version: u64,
 }
 impl Default for RegisterBrokerRequestT {
   fn default() -> Self {
@@ -6120,6 +6143,7 @@ impl Default for RegisterBrokerRequestT {
       ha_server_address: None,
       topics: None,
       topic_config_version: 0,
+      state_version: 0,
     }
   }
 }
@@ -6145,6 +6169,7 @@ impl RegisterBrokerRequestT {
       let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
     });
     let topic_config_version = self.topic_config_version;
+    let state_version = self.state_version;
     RegisterBrokerRequest::create(_fbb, &RegisterBrokerRequestArgs{
       cluster_name,
       broker_name,
@@ -6153,6 +6178,7 @@ impl RegisterBrokerRequestT {
       ha_server_address,
       topics,
       topic_config_version,
+      state_version,
     })
   }
 }
@@ -15417,6 +15443,7 @@ impl<'a> ReplicaPullResponse<'a> {
   pub const VT_DATA: ::flatbuffers::VOffsetT = 8;
   pub const VT_EPOCH: ::flatbuffers::VOffsetT = 10;
   pub const VT_LAG_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_CONFIRMED: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -15428,6 +15455,7 @@ impl<'a> ReplicaPullResponse<'a> {
     args: &'args ReplicaPullResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaPullResponse<'bldr>> {
     let mut builder = ReplicaPullResponseBuilder::new(_fbb);
+    builder.add_confirmed(args.confirmed);
     builder.add_lag_ms(args.lag_ms);
     builder.add_epoch(args.epoch);
     builder.add_master_end(args.master_end);
@@ -15444,12 +15472,14 @@ impl<'a> ReplicaPullResponse<'a> {
     });
     let epoch = self.epoch();
     let lag_ms = self.lag_ms();
+    let confirmed = self.confirmed();
     ReplicaPullResponseT {
       from,
       master_end,
       data,
       epoch,
       lag_ms,
+      confirmed,
     }
   }
 
@@ -15490,6 +15520,16 @@ impl<'a> ReplicaPullResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_LAG_MS, Some(0)).unwrap()}
   }
+  /// The master's confirmed offset: the bytes every replica its sync sends wait for holds
+  /// (a sync master; its log end otherwise). In controller mode a slave serves consumers only
+  /// records below it. 0: not sent.
+  #[inline]
+  pub fn confirmed(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaPullResponse::VT_CONFIRMED, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaPullResponse<'_> {
@@ -15503,6 +15543,7 @@ impl ::flatbuffers::Verifiable for ReplicaPullResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
      .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
      .visit_field::<u64>("lag_ms", Self::VT_LAG_MS, false)?
+     .visit_field::<u64>("confirmed", Self::VT_CONFIRMED, false)?
      .finish();
     Ok(())
   }
@@ -15513,6 +15554,7 @@ pub struct ReplicaPullResponseArgs<'a> {
     pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
     pub epoch: u64,
     pub lag_ms: u64,
+    pub confirmed: u64,
 }
 impl<'a> Default for ReplicaPullResponseArgs<'a> {
   #[inline]
@@ -15523,6 +15565,7 @@ impl<'a> Default for ReplicaPullResponseArgs<'a> {
       data: None,
       epoch: 0,
       lag_ms: 0,
+      confirmed: 0,
     }
   }
 }
@@ -15553,6 +15596,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaPullResponseBuilder<'a
     self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_LAG_MS, lag_ms, 0);
   }
   #[inline]
+  pub fn add_confirmed(&mut self, confirmed: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaPullResponse::VT_CONFIRMED, confirmed, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaPullResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaPullResponseBuilder {
@@ -15575,6 +15622,7 @@ impl ::core::fmt::Debug for ReplicaPullResponse<'_> {
       ds.field("data", &self.data());
       ds.field("epoch", &self.epoch());
       ds.field("lag_ms", &self.lag_ms());
+      ds.field("confirmed", &self.confirmed());
       ds.finish()
   }
 }
@@ -15586,6 +15634,7 @@ pub struct ReplicaPullResponseT {
   pub data: Option<alloc::vec::Vec<u8>>,
   pub epoch: u64,
   pub lag_ms: u64,
+  pub confirmed: u64,
 }
 impl Default for ReplicaPullResponseT {
   fn default() -> Self {
@@ -15595,6 +15644,7 @@ impl Default for ReplicaPullResponseT {
       data: None,
       epoch: 0,
       lag_ms: 0,
+      confirmed: 0,
     }
   }
 }
@@ -15610,12 +15660,14 @@ impl ReplicaPullResponseT {
     });
     let epoch = self.epoch;
     let lag_ms = self.lag_ms;
+    let confirmed = self.confirmed;
     ReplicaPullResponse::create(_fbb, &ReplicaPullResponseArgs{
       from,
       master_end,
       data,
       epoch,
       lag_ms,
+      confirmed,
     })
   }
 }

@@ -210,6 +210,14 @@ pub async fn follow(follower: Follower) {
             view.seen.set(Some(Instant::now()));
             view.master_end.set(Some(chunk.master_end));
             view.lag_ms.set(Some(chunk.lag_ms));
+            // Controller mode: consumers of this slave are served only what the master has
+            // confirmed (every replica its sends wait for holds it), as on the master.
+            if config.controller_self_id > 0 && chunk.confirmed > store.dispatch_limit() {
+                store.set_dispatch_limit(chunk.confirmed);
+                if chunk.bytes.is_empty() {
+                    on_appended();
+                }
+            }
             if chunk.bytes.is_empty() {
                 continue;
             }

@@ -215,6 +215,7 @@ impl MasterLink {
             master_end: body.master_end(),
             epoch: body.epoch(),
             lag_ms: body.lag_ms(),
+            confirmed: body.confirmed(),
         })
     }
 }

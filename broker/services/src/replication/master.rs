@@ -3,7 +3,7 @@
 //! computation reads, the answer to a slave's join (where their logs agree), and marks of when
 //! the log reached which offset (for the lag in ms). Runs on the storage shard's executor.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -24,6 +24,8 @@ struct SlaveState {
     acknowledged: u64,
     seen: Instant,
     peer: String,
+    /// The confirmed offset the last answer to this slave carried.
+    confirmed_sent: u64,
 }
 
 /// A master storage shard's replication state: its terms, its slaves' acknowledgements, and
@@ -33,6 +35,10 @@ pub struct MasterSide {
     slaves: RefCell<BTreeMap<i64, SlaveState>>,
     progress: LocalNotify,
     marks: RefCell<VecDeque<(u64, Instant)>>,
+    /// The confirmed offset: the bytes every replica a sync send waits for holds (below).
+    confirmed: Cell<u64>,
+    /// Fires when `confirmed` moves, so a slave's held pull carries it at once.
+    confirmed_moved: LocalNotify,
 }
 
 impl MasterSide {
@@ -42,7 +48,73 @@ impl MasterSide {
             slaves: RefCell::new(BTreeMap::new()),
             progress: LocalNotify::default(),
             marks: RefCell::new(VecDeque::new()),
+            confirmed: Cell::new(0),
+            confirmed_moved: LocalNotify::default(),
         }
+    }
+
+    /// The confirmed offset (RocketMQ 5's `confirmOffset`): consumers are served only records
+    /// below it, so a consumer never moves past a message that a newly elected master could
+    /// lack. See [`refresh_confirmed`](Self::refresh_confirmed).
+    pub fn confirmed(&self) -> u64 {
+        self.confirmed.get()
+    }
+
+    /// Completes when the confirmed offset next moves.
+    pub fn confirmed_moved(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.confirmed_moved.notified()
+    }
+
+    /// Whether the confirmed offset moved past what the last answer to slave `broker_id`
+    /// carried (so its pull is answered at once, without new bytes).
+    pub fn has_unsent_confirmed(&self, broker_id: i64) -> bool {
+        self.slaves
+            .borrow()
+            .get(&broker_id)
+            .is_some_and(|s| s.confirmed_sent < self.confirmed.get())
+    }
+
+    /// The confirmed offset, noted as sent to slave `broker_id`.
+    pub fn confirmed_for(&self, broker_id: i64) -> u64 {
+        let confirmed = self.confirmed.get();
+        if let Some(state) = self.slaves.borrow_mut().get_mut(&broker_id) {
+            state.confirmed_sent = confirmed;
+        }
+        confirmed
+    }
+
+    /// Starts the confirmed offset at `end` (what the store had dispatched when it opened).
+    pub fn start_confirmed(&self, end: u64) {
+        self.confirmed.set(end);
+    }
+
+    /// Computes the confirmed offset of a sync master whose bytes are visible below
+    /// `local_end`, the same rule its sends wait by: in controller mode the least
+    /// acknowledgement of the SyncStateSet's other members (a member not heard from yet holds
+    /// it where it is), `local_end` when the master is alone in the set; otherwise the best
+    /// acknowledgement of a live slave, `local_end` when no slave is live (sends are then
+    /// answered SLAVE_NOT_AVAILABLE: the producer is told they are on the master only). It
+    /// only moves forward. Returns the new value when it moved.
+    pub fn refresh_confirmed(&self, local_end: u64) -> Option<u64> {
+        let computed = match sync_wait_set() {
+            Some(set) if set.is_empty() => Some(local_end),
+            Some(set) => {
+                let slaves = self.slaves.borrow();
+                set.iter()
+                    .map(|id| slaves.get(id).map(|s| s.acknowledged))
+                    .collect::<Option<Vec<u64>>>()
+                    .and_then(|acks| acks.into_iter().min())
+            }
+            None => Some(self.best_acknowledged().unwrap_or(local_end)),
+        };
+        let previous = self.confirmed.get();
+        let next = computed.unwrap_or(previous).min(local_end).max(previous);
+        if next == previous {
+            return None;
+        }
+        self.confirmed.set(next);
+        self.confirmed_moved.notify_all();
+        Some(next)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -76,6 +148,7 @@ impl MasterSide {
             acknowledged: 0,
             seen: Instant::now(),
             peer: String::new(),
+            confirmed_sent: 0,
         });
         state.seen = Instant::now();
         if !peer.is_empty() && state.peer != peer {
@@ -101,9 +174,11 @@ impl MasterSide {
             acknowledged: 0,
             seen: Instant::now(),
             peer: String::new(),
+            confirmed_sent: 0,
         });
         state.seen = Instant::now();
         state.peer = peer.to_owned();
+        state.confirmed_sent = 0;
         state.acknowledged = end;
     }
 

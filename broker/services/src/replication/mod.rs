@@ -77,4 +77,6 @@ pub struct ReplicaChunk {
     pub epoch: u64,
     /// Age of the oldest byte the slave lacks (at `from`), in ms.
     pub lag_ms: u64,
+    /// The master's confirmed offset (`ReplicaPullResponse.confirmed`).
+    pub confirmed: u64,
 }

@@ -174,7 +174,21 @@ impl MessageStore {
         self.inner.visible_offset()
     }
 
-    /// Completes when a message is next made visible on this shard (for long polling).
+    /// Dispatches (into ConsumeQueues and the index, so pulls and queries see them) only the
+    /// records that end at or below `limit`, and at once those now allowed: a sync master's
+    /// confirmed offset (docs/replication.md). `u64::MAX` lifts the limit. Records already
+    /// dispatched stay; a lower limit holds back only what is appended after.
+    pub fn set_dispatch_limit(&self, limit: u64) {
+        self.inner.dispatch_limit.set(limit);
+        self.inner.publish_progress_or_log();
+    }
+
+    /// The limit [`set_dispatch_limit`](Self::set_dispatch_limit) set.
+    pub fn dispatch_limit(&self) -> u64 {
+        self.inner.dispatch_limit.get()
+    }
+
+    /// Completes when bytes are next made visible on this shard (replication's wait).
     pub fn arrival(&self) -> impl std::future::Future<Output = ()> + '_ {
         self.inner.arrivals.notified()
     }

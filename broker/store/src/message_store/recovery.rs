@@ -326,6 +326,8 @@ impl Inner {
             is_closed: Cell::new(false),
             journal: None,
             journaled_end: Cell::new(0),
+            dispatch_limit: Cell::new(u64::MAX),
+            published_visible: Cell::new(0),
         }))
     }
 }

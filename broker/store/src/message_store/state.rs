@@ -108,6 +108,13 @@ pub(super) struct Inner {
     pub(super) journal: Option<RefCell<Journal>>,
     /// Where the bytes the journal holds end (it holds every byte of `[written, journaled_end)`).
     pub(super) journaled_end: Cell<u64>,
+    /// Records ending past this offset are not dispatched (into ConsumeQueues and the index)
+    /// yet, though visible: a sync master's confirmed offset, the bytes every replica it must
+    /// wait for holds (docs/replication.md, "The confirmed offset"). `u64::MAX`: no limit.
+    pub(super) dispatch_limit: Cell<u64>,
+    /// The visible offset when progress was last published: `arrivals` fires when it moves
+    /// (replication reads visible bytes, whether or not they are dispatched yet).
+    pub(super) published_visible: Cell<u64>,
 }
 
 /// The derived entries of a record read back from the CommitLog (recovery); its index hashes
@@ -346,8 +353,9 @@ impl Inner {
 
     /// Dispatches every appended record now complete under the flush mode into its
     /// ConsumeQueue and the index, and wakes waiting appends and long polls.
-    fn publish_progress(&self) -> Result<(), StoreError> {
+    pub(super) fn publish_progress(&self) -> Result<(), StoreError> {
         let visible = self.visible_offset();
+        let limit = self.dispatch_limit.get();
         let mut dispatched_any = false;
         {
             let mut pending = self.pending_dispatch.borrow_mut();
@@ -355,10 +363,10 @@ impl Inner {
                 infos,
                 index_hashes,
             } = &mut *pending;
-            while infos
-                .front()
-                .is_some_and(|info| info.physical_offset < visible)
-            {
+            while infos.front().is_some_and(|info| {
+                info.physical_offset < visible
+                    && info.physical_offset + u64::from(info.size) <= limit
+            }) {
                 let info = infos.pop_front().expect("front");
                 self.dispatch(&info, index_hashes)
                     .map_err(StoreError::Corrupt)?;
@@ -366,7 +374,8 @@ impl Inner {
             }
         }
         self.flushed.notify_all();
-        if dispatched_any {
+        if dispatched_any || visible != self.published_visible.get() {
+            self.published_visible.set(visible);
             self.arrivals.notify_all();
         }
         Ok(())
