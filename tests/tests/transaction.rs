@@ -411,3 +411,38 @@ async fn kill9_between_half_and_commit_delivers_each_commit_exactly_once() {
     }
     second.shutdown().await;
 }
+
+/// A sync master answers a half message only once its replicas hold it. Without a slave the
+/// half message is answered SLAVE_NOT_AVAILABLE (it used to be SEND_OK without any wait): the
+/// producer then rolls it back without running its local transaction, as RocketMQ's does, and
+/// the message is never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_message_a_sync_master_cannot_replicate_is_rolled_back() {
+    let setup = start(15, &["--broker-role", "sync-master"]);
+    let (producer, checks) = producer(&setup, "txn-sync", TransactionState::Commit).await;
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ran_inside = Arc::clone(&ran);
+    let outcome = producer
+        .send_in_transaction(Message::new(TOPIC, "unreplicated".to_owned()), move |_| {
+            ran_inside.store(true, std::sync::atomic::Ordering::SeqCst);
+            async { TransactionState::Commit }
+        })
+        .await
+        .expect("the half message is answered");
+    assert_eq!(
+        outcome.send_result.status,
+        shardmq_client::SendStatus::SlaveNotAvailable
+    );
+    assert_eq!(outcome.state, TransactionState::Rollback);
+    assert!(outcome.is_end_confirmed);
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the local transaction ran for a half message that is not replicated"
+    );
+    tokio::time::sleep(Duration::from_millis(TRANSACTION_TIMEOUT_MS)).await;
+    a_few_check_rounds().await;
+    let found = visible(&setup).await.expect("read the topic");
+    assert!(!found.contains_key("unreplicated"), "{found:?}");
+    assert!(checks.lock().unwrap().is_empty());
+    producer.shutdown().await;
+}

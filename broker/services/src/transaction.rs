@@ -558,7 +558,8 @@ impl Transactions {
         }
     }
 
-    async fn append_half(
+    /// Appends a half message and records it unresolved (the answer to `AppendHalf`).
+    pub async fn append_half(
         &self,
         store: &MessageStore,
         batch: EncodedBatch,

@@ -229,10 +229,25 @@ pub async fn send_back(
         .push(&input)
         .map_err(|e| refused(wire::Status::SYSTEM_ERROR, format!("retry copy: {e}")))?;
     let storage = shard.shard_of(&copy.store_topic, copy.store_queue);
-    shard
+    let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await?
         .map_err(append_error)?;
+    // Stored on the master only: the consumer must not take the original as handled (were
+    // the master to die now, the retry copy could be lost with it). It is answered as an
+    // error, so the consumer keeps the message and redelivers it; the copy on the master may
+    // then be delivered too (at least once).
+    let not_replicated = match outcome.status {
+        crate::store::AppendStatus::FlushSlaveTimeout => Some(wire::Status::FLUSH_SLAVE_TIMEOUT),
+        crate::store::AppendStatus::SlaveNotAvailable => Some(wire::Status::SLAVE_NOT_AVAILABLE),
+        _ => None,
+    };
+    if let Some(status) = not_replicated {
+        return Err(refused(
+            status,
+            "the retry copy is stored on the master but not on its replicas; consume the message again later",
+        ));
+    }
     Ok(SendBackOutcome {
         topic: copy.target_topic,
         reconsume_times: copy.reconsume_times,

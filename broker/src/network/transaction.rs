@@ -22,7 +22,7 @@ use super::request::{
 use super::{AskError, NetworkShard};
 use crate::mesh::StorageRequest;
 use crate::naming::check_group_name;
-use crate::store::RecordView;
+use crate::store::{AppendStatus, RecordView};
 use crate::topics::{TopicConfig, UpsertError};
 use crate::transaction::{
     self, BeginOutcome, CheckBack, CommitOutcome, HalfAppendError, Resolution, TransactionRequest,
@@ -319,6 +319,29 @@ async fn store_committed_copy(
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await
     {
+        // Stored on the master, but not on the replicas a sync master waits for: not
+        // committed yet. The half message stays unresolved (as "may be committed"), so the op
+        // record that ends it is not written before the copy is on every replica; a later
+        // end or check-back finds the copy by its unique id once it is confirmed.
+        Ok(Ok(outcome))
+            if matches!(
+                outcome.status,
+                AppendStatus::FlushSlaveTimeout | AppendStatus::SlaveNotAvailable
+            ) =>
+        {
+            let status = if outcome.status == AppendStatus::FlushSlaveTimeout {
+                wire::Status::FLUSH_SLAVE_TIMEOUT
+            } else {
+                wire::Status::SLAVE_NOT_AVAILABLE
+            };
+            Err((
+                refuse(
+                    status,
+                    "the committed message is stored on the master but its replicas do not hold it yet; the transaction stays open and is committed again by the next end or check-back",
+                ),
+                true,
+            ))
+        }
         // FLUSH_DISK_TIMEOUT: stored, and visible once flushed.
         Ok(Ok(_)) => Ok(()),
         // An append that fails stores nothing of its batch.

@@ -188,8 +188,39 @@ impl StorageShard {
     }
 
     pub(super) async fn transaction(&self, request: crate::transaction::TransactionRequest) {
-        if let Some(zero) = &self.shard_zero {
-            zero.transactions.serve(&self.store, request).await;
+        let Some(zero) = &self.shard_zero else {
+            return;
+        };
+        match request {
+            // A half message is a send like any other: a sync master answers it once its
+            // replicas hold it (FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE otherwise), so a
+            // half message answered SEND_OK survives the master's death.
+            crate::transaction::TransactionRequest::AppendHalf {
+                batch,
+                producer_group,
+                reply,
+            } => {
+                let mut result = zero
+                    .transactions
+                    .append_half(&self.store, batch, producer_group)
+                    .await;
+                if let Ok(outcome) = &mut result {
+                    self.refresh_confirmed();
+                    if self.config.role() == crate::config::BrokerRole::SyncMaster
+                        && outcome.status == crate::store::AppendStatus::Ok
+                    {
+                        let end = outcome
+                            .records
+                            .iter()
+                            .map(|r| r.physical_offset + u64::from(r.size))
+                            .max()
+                            .unwrap_or(0);
+                        outcome.status = self.wait_replicated(end).await;
+                    }
+                }
+                let _ = reply.send(result);
+            }
+            request => zero.transactions.serve(&self.store, request).await,
         }
     }
 

@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 pub use select::{java_string_hash, queue_index_for_key};
 pub use window::{DEFAULT_MAX_BYTES_IN_FLIGHT, DEFAULT_MAX_SENDS_IN_FLIGHT};
 
-use crate::api::{BatchSendResult, SendResult};
+use crate::api::{BatchSendResult, SendResult, SendStatus};
 use crate::error::{Error, Result};
 use crate::instance::{client_option_setters, ClientInstance, ClientOptions};
 use crate::message::{check_group_name, Message, MessageExt, DEFAULT_MAX_MESSAGE_BYTES};
@@ -464,7 +464,9 @@ impl Producer {
     /// stored; then commits the message (delivered once), rolls it back (never delivered) or,
     /// for [`TransactionState::Unknown`], leaves it to the broker's check-back, which calls the
     /// group's [`check_local_transaction`](ProducerBuilder::check_local_transaction)
-    /// callback. A panicking local transaction counts as `Unknown`.
+    /// callback. A panicking local transaction counts as `Unknown`. A half message stored
+    /// with another status than `SendOk` (a sync master whose replicas do not hold it) is
+    /// rolled back without running `local_transaction`, as RocketMQ's producer does.
     ///
     /// The half message's send is retried like [`send`](Self::send), except after a timeout
     /// (the broker may have stored it). An error means no transaction started; once the local
@@ -507,7 +509,14 @@ impl Producer {
         message.validate(inner.max_message_bytes)?;
         let (address, sent) = inner.send_half(&message).await?;
         inner.make_known_to(&address).await;
-        let state = run_local_transaction(local_transaction, sent.clone()).await;
+        // As RocketMQ: a half message not stored SEND_OK (a sync master's replicas do not hold
+        // it) is rolled back, and the local transaction does not run.
+        let state = if sent.status == SendStatus::SendOk {
+            run_local_transaction(local_transaction, sent.clone()).await
+        } else {
+            warn!(msg_id = %sent.msg_id, status = ?sent.status, "the half message was not stored SEND_OK; rolling it back without running the local transaction");
+            TransactionState::Rollback
+        };
         let end = EndRequest {
             producer_group: &inner.group,
             half_queue_offset: sent.queue_offset,
