@@ -332,7 +332,7 @@ fn cluster_wide_commands_answer_from_live_brokers_and_name_a_dead_one() {
     let data_b = TempDir::new().unwrap();
     let cluster = LocalCluster::start(data_a.path());
     let namesrv = cluster.namesrv_addr();
-    let mut broker_b = shardmq_tests::BrokerProcess::start(
+    let broker_b = shardmq_tests::BrokerProcess::start(
         data_b.path(),
         &["--namesrv", &namesrv, "--broker-name", "broker-b"],
     );
@@ -384,8 +384,14 @@ fn cluster_wide_commands_answer_from_live_brokers_and_name_a_dead_one() {
     );
     assert!(consumed.status.success(), "{consumed:?}");
 
-    broker_b.kill9();
-    // The name server still routes to broker-b (until its registration expires).
+    // Paused (alive to TCP, answering nothing): the name server still routes to broker-b until
+    // its registration expires (a killed broker would leave the routes at once, its
+    // registration connection closed).
+    let paused = std::process::Command::new("kill")
+        .args(["-STOP", &broker_b.pid().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(paused.success());
     let partial = |args: &[&str]| {
         let output = shardmq(&namesrv, args);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
