@@ -228,8 +228,14 @@ async fn a_window_of_sends_to_a_broker_that_dies_ends_each_as_a_single_send_woul
         .send(Message::new("Dying", "alone"))
         .await
         .expect_err("the broker is dead");
-    assert!(is_single_send_failure(&single), "{single:?}");
-    let single_shape = failure_shape(&single);
+    // The name server drops a killed broker from the routes at once (its registration
+    // connection closed), so a send after the window may find no route at all; one that still
+    // had the broker in its route fails as the window's sends did.
+    assert!(
+        is_single_send_failure(&single) || matches!(single, Error::TopicNotFound { .. }),
+        "{single:?}"
+    );
+    let mut window_shape = None;
     let mut stored: BTreeSet<String> = BTreeSet::new();
     let mut failed = 0;
     for (id, outcome) in outcomes {
@@ -241,12 +247,18 @@ async fn a_window_of_sends_to_a_broker_that_dies_ends_each_as_a_single_send_woul
             Err(error) => {
                 // Retried as a single send is, and failed as it does (sends on the wire when
                 // the broker died saw the connection close first, then were refused too).
-                assert!(is_single_send_failure(&error), "send {id}: {error:?}");
-                assert_eq!(
-                    failure_shape(&error),
-                    single_shape,
-                    "send {id}: {error:?}, a single send: {single:?}"
+                // Or, retried once the name server had dropped the broker, found no route.
+                assert!(
+                    is_single_send_failure(&error) || matches!(error, Error::TopicNotFound { .. }),
+                    "send {id}: {error:?}"
                 );
+                if let Some(shape) = failure_shape(&error) {
+                    let first = *window_shape.get_or_insert(shape);
+                    assert_eq!(
+                        shape, first,
+                        "send {id}: {error:?} ended unlike the window's other failed sends"
+                    );
+                }
                 failed += 1;
             }
         }
