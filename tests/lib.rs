@@ -229,6 +229,16 @@ pub fn committed_offset(
     )
 }
 
+/// Sends signal `name` (`STOP`, `CONT`, …) to process `pid` with `kill`; panics if it fails.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
 /// Runs the built `shardmq` command line against the name server `namesrv` with `args`.
 #[must_use]
 pub fn run_cli(namesrv: &str, args: &[&str]) -> std::process::Output {

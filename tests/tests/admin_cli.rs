@@ -387,11 +387,7 @@ fn cluster_wide_commands_answer_from_live_brokers_and_name_a_dead_one() {
     // Paused (alive to TCP, answering nothing): the name server still routes to broker-b until
     // its registration expires (a killed broker would leave the routes at once, its
     // registration connection closed).
-    let paused = std::process::Command::new("kill")
-        .args(["-STOP", &broker_b.pid().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(paused.success());
+    shardmq_tests::signal(broker_b.pid(), "STOP");
     let partial = |args: &[&str]| {
         let output = shardmq(&namesrv, args);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();

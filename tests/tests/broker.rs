@@ -1632,14 +1632,7 @@ fn a_silent_broker_expires_at_the_namesrv_and_a_killed_one_leaves_at_once() {
 
     // Paused, the broker's connection stays open but it stops registering: it expires after
     // the broker timeout, not before.
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &broker.pid().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {name}");
-    };
-    signal("-STOP");
+    shardmq_tests::signal(broker.pid(), "STOP");
     let paused_at = Instant::now();
     wait_until(
         Duration::from_secs(15),
@@ -1647,7 +1640,7 @@ fn a_silent_broker_expires_at_the_namesrv_and_a_killed_one_leaves_at_once() {
         || route_at(&namesrv, "Expiring").is_none().then_some(()),
     );
     let silent_for = paused_at.elapsed();
-    signal("-CONT");
+    shardmq_tests::signal(broker.pid(), "CONT");
     assert!(
         silent_for >= Duration::from_millis(BROKER_TIMEOUT_MS / 2),
         "the route went away after {} ms, before the broker timeout could pass",

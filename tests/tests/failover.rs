@@ -432,12 +432,7 @@ fn role_of(address: std::net::SocketAddr) -> Option<String> {
 }
 
 fn signal(process: &shardmq_tests::ServerProcess, name: &str) {
-    let sent = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(process.pid().to_string())
-        .status()
-        .unwrap();
-    assert!(sent.success());
+    shardmq_tests::signal(process.pid(), name);
 }
 
 #[test]

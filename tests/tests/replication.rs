@@ -341,12 +341,7 @@ fn a_sync_master_acknowledges_only_what_its_slave_holds() {
 
     let slave = group.slave(&[]);
     // Once the slave replicates, sends are acknowledged OK.
-    wait_until(CATCH_UP, "the slave to start replicating", || {
-        let probe = client
-            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
-            .expect("an answer");
-        (status_of(&probe).0 == wire::Status::OK).then_some(())
-    });
+    wait_for_sync_replication(&mut client);
     let mut acknowledged = Vec::new();
     for i in 0..200 {
         let body = format!("sync-{i}").into_bytes();
@@ -1324,12 +1319,7 @@ fn a_killed_master_leaves_the_routes_at_once_and_consumers_read_from_the_slave()
     let slave = group.slave(&[]);
     let mut client = master.client();
     create_topic(&mut client, TOPIC, 1);
-    wait_until(CATCH_UP, "the slave to start replicating", || {
-        let probe = client
-            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
-            .expect("an answer");
-        (status_of(&probe).0 == wire::Status::OK).then_some(())
-    });
+    wait_for_sync_replication(&mut client);
     let mut acknowledged = 1;
     for i in 0..300 {
         let response = client
@@ -1394,24 +1384,12 @@ fn a_sync_master_serves_consumers_only_what_its_slave_holds() {
     let slave = group.slave(&[]);
     let mut client = master.client();
     create_topic(&mut client, TOPIC, 1);
-    wait_until(CATCH_UP, "the slave to start replicating", || {
-        let probe = client
-            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
-            .expect("an answer");
-        (status_of(&probe).0 == wire::Status::OK).then_some(())
-    });
+    wait_for_sync_replication(&mut client);
     let confirmed_before = wait_until(CATCH_UP, "the probes to be served", || {
         let (records, end) = pull_queue(&mut client, TOPIC, 0);
         (end == QueueEnd::End && !records.is_empty()).then_some(records.len())
     });
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &slave.pid().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {name}");
-    };
-    signal("-STOP");
+    shardmq_tests::signal(slave.pid(), "STOP");
     let unreplicated = client
         .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("not-on-the-slave")]))
         .expect("an answer");
@@ -1429,7 +1407,7 @@ fn a_sync_master_serves_consumers_only_what_its_slave_holds() {
         confirmed_before,
         "a consumer was served a record the slave does not hold"
     );
-    signal("-CONT");
+    shardmq_tests::signal(slave.pid(), "CONT");
     let records = wait_until(
         CATCH_UP,
         "the record to be served once the slave holds it",
@@ -1439,4 +1417,15 @@ fn a_sync_master_serves_consumers_only_what_its_slave_holds() {
         },
     );
     assert_eq!(records.last().unwrap().body, b"not-on-the-slave");
+}
+
+/// Sends "probe" messages to queue 0 of `TOPIC` through a sync master until one is answered OK
+/// (its slave replicates).
+fn wait_for_sync_replication(client: &mut shardmq_tests::TestClient) {
+    wait_until(CATCH_UP, "the slave to start replicating", || {
+        let probe = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("probe")]))
+            .expect("an answer");
+        (status_of(&probe).0 == wire::Status::OK).then_some(())
+    });
 }

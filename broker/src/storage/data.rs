@@ -30,17 +30,7 @@ impl StorageShard {
             self.notify_appended(&topic, queue_id);
         }
         if let Ok(outcome) = &mut result {
-            if self.config.role() == crate::config::BrokerRole::SyncMaster
-                && outcome.status == crate::store::AppendStatus::Ok
-            {
-                let end = outcome
-                    .records
-                    .iter()
-                    .map(|r| r.physical_offset + u64::from(r.size))
-                    .max()
-                    .unwrap_or(0);
-                outcome.status = self.wait_replicated(end).await;
-            }
+            self.wait_replicated_outcome(outcome).await;
         }
         tracing::trace!(target: TIMELINE, stage = "append_ends");
         let _ = reply.send(result);

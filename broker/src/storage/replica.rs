@@ -129,6 +129,24 @@ impl StorageShard {
         let _ = reply.send(answer);
     }
 
+    /// Sync master: waits until its replicas hold every record of `outcome` (a stored append)
+    /// and sets its status to what they said (OK, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE).
+    /// Other roles, and appends not stored OK, are left as they are.
+    pub(super) async fn wait_replicated_outcome(&self, outcome: &mut crate::store::AppendOutcome) {
+        if self.config.role() != crate::config::BrokerRole::SyncMaster
+            || outcome.status != crate::store::AppendStatus::Ok
+        {
+            return;
+        }
+        let end = outcome
+            .records
+            .iter()
+            .map(|r| r.physical_offset + u64::from(r.size))
+            .max()
+            .unwrap_or(0);
+        outcome.status = self.wait_replicated(end).await;
+    }
+
     /// Sync master: waits until a slave acknowledges every byte below `end`, up to
     /// `sync_flush_timeout_ms`.
     pub(super) async fn wait_replicated(&self, end: u64) -> crate::store::AppendStatus {

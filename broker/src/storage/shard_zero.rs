@@ -206,17 +206,7 @@ impl StorageShard {
                     .await;
                 if let Ok(outcome) = &mut result {
                     self.refresh_confirmed();
-                    if self.config.role() == crate::config::BrokerRole::SyncMaster
-                        && outcome.status == crate::store::AppendStatus::Ok
-                    {
-                        let end = outcome
-                            .records
-                            .iter()
-                            .map(|r| r.physical_offset + u64::from(r.size))
-                            .max()
-                            .unwrap_or(0);
-                        outcome.status = self.wait_replicated(end).await;
-                    }
+                    self.wait_replicated_outcome(outcome).await;
                 }
                 let _ = reply.send(result);
             }
