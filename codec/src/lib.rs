@@ -19,7 +19,7 @@ pub mod names;
 mod run;
 
 pub use builder::{RecordBuilder, RecordHeader};
-pub use run::{check_run, RunError, RunRecord, RunRules};
+pub use run::{check_run, RunChecker, RunError, RunRecord, RunRules};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

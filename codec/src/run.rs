@@ -81,29 +81,108 @@ pub enum RunError {
 pub fn check_run<'a>(
     run: &'a [u8],
     rules: &RunRules<'_>,
-    mut on_record: impl FnMut(RunRecord<'a>),
+    on_record: impl FnMut(RunRecord<'a>),
 ) -> Result<usize, RunError> {
-    if run.is_empty() {
-        return Err(RunError::Empty);
+    let mut checker = RunChecker::default();
+    checker.check_arrived(run, run.len(), rules, on_record)?;
+    checker.finish(run.len())
+}
+
+/// [`check_run`] over a run whose bytes arrive in pieces: each call checks the records that
+/// have arrived whole since the last, so a receiver can check a large run while the rest of it
+/// is still on the wire. Every record is bounded against the whole run's length (known from
+/// the frame's head) before anything is read for it, exactly as `check_run` does, and the
+/// outcome over any split of the arrivals is the outcome of `check_run` over the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunChecker {
+    /// Bytes of the run checked (the start of the next record).
+    at: usize,
+    /// Records checked.
+    index: usize,
+}
+
+impl RunChecker {
+    /// Bytes of the run checked so far.
+    #[must_use]
+    pub fn checked_bytes(&self) -> usize {
+        self.at
     }
-    let mut at = 0usize;
-    let mut index = 0usize;
-    while at < run.len() {
-        if index >= rules.max_records {
-            return Err(RunError::TooManyRecords {
-                limit: rules.max_records,
-            });
+
+    /// Records checked so far.
+    #[must_use]
+    pub fn count(&self) -> usize {
+        self.index
+    }
+
+    /// Checks the records wholly within `arrived` (the first bytes of a run of `run_len` bytes,
+    /// the same bytes as at every earlier call, and more) that were not checked before, calling
+    /// `on_record` for each in order. A record that has not arrived whole waits for the next
+    /// call. On error the run is refused: no record after the failing one is reported.
+    pub fn check_arrived<'a>(
+        &mut self,
+        arrived: &'a [u8],
+        run_len: usize,
+        rules: &RunRules<'_>,
+        mut on_record: impl FnMut(RunRecord<'a>),
+    ) -> Result<(), RunError> {
+        let arrived = &arrived[..arrived.len().min(run_len)];
+        while self.at < arrived.len() {
+            let (at, index) = (self.at, self.index);
+            if index >= rules.max_records {
+                return Err(RunError::TooManyRecords {
+                    limit: rules.max_records,
+                });
+            }
+            let in_run = run_len - at;
+            let record_error = |error| RunError::Record { index, at, error };
+            if in_run < MIN_RECORD_BYTES {
+                return Err(record_error(RecordError::Truncated {
+                    available: in_run,
+                    needed: MIN_RECORD_BYTES,
+                }));
+            }
+            if arrived.len() - at < 4 {
+                break;
+            }
+            let total = read_u32(arrived, at) as usize;
+            // Bounded against the whole run before waiting for it to arrive.
+            if total < MIN_RECORD_BYTES
+                || total > in_run
+                || total > crate::max_record_bytes(rules.max_body_bytes)
+            {
+                return Err(record_error(RecordError::BadTotalSize {
+                    total_size: total as u32,
+                    available: in_run,
+                }));
+            }
+            if arrived.len() - at < total {
+                break;
+            }
+            let record =
+                check_record(&arrived[at..at + total], index, rules).map_err(
+                    |error| match error {
+                        Checked::Record(error) => record_error(error),
+                        Checked::Run(error) => error,
+                    },
+                )?;
+            on_record(RunRecord { at, ..record });
+            self.at += total;
+            self.index += 1;
         }
-        let record = check_record(&run[at..], index, rules).map_err(|error| match error {
-            Checked::Record(error) => RunError::Record { index, at, error },
-            Checked::Run(error) => error,
-        })?;
-        let len = record.len;
-        on_record(RunRecord { at, ..record });
-        at += len as usize;
-        index += 1;
+        Ok(())
     }
-    Ok(index)
+
+    /// The number of records once the whole run (`run_len` bytes) has been checked.
+    pub fn finish(&self, run_len: usize) -> Result<usize, RunError> {
+        if run_len == 0 {
+            return Err(RunError::Empty);
+        }
+        assert_eq!(
+            self.at, run_len,
+            "finish is called after the whole run has been checked"
+        );
+        Ok(self.index)
+    }
 }
 
 enum Checked {
@@ -611,6 +690,46 @@ mod tests {
                 let storage = (12..16).contains(&offset) || (20..36).contains(&offset) || (56..72).contains(&offset);
                 prop_assert!(storage, "flip at {} (offset {} of its record) went unnoticed", at, offset);
             }
+        }
+
+        /// Checked in pieces as they arrive, a run (whole, damaged or cut short) gives exactly
+        /// what `check_run` gives over the whole of it: the same records, or the same refusal.
+        #[test]
+        fn a_run_checked_as_it_arrives_is_checked_as_a_whole(
+            bodies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..600), 1..8),
+            cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..6),
+            flip in proptest::option::of((any::<proptest::sample::Index>(), 0u8..8)),
+            shorter_by in 0usize..3,
+        ) {
+            let mut buf = BytesMut::new();
+            for (i, body) in bodies.iter().enumerate() {
+                let mut record = RecordBuilder::begin(&mut buf, &header("Topic", body)).unwrap();
+                record.property("KEYS", &format!("k{i}")).unwrap();
+                record.finish().unwrap();
+            }
+            if let Some((at, bit)) = flip {
+                let at = at.index(buf.len());
+                buf[at] ^= 1 << bit;
+            }
+            let run = &buf[..buf.len() - shorter_by.min(buf.len() - 1)];
+            let rules = RunRules { max_records: 5, ..rules("Topic") };
+            let mut whole = Vec::new();
+            let expected = check_run(run, &rules, |r| whole.push(r));
+            let mut arrivals: Vec<usize> = cuts.iter().map(|c| c.index(run.len() + 1)).collect();
+            arrivals.sort_unstable();
+            arrivals.push(run.len());
+            let mut checker = RunChecker::default();
+            let mut pieces = Vec::new();
+            let mut outcome = Ok(());
+            for arrived in arrivals {
+                outcome = checker.check_arrived(&run[..arrived], run.len(), &rules, |r| pieces.push(r));
+                if outcome.is_err() {
+                    break;
+                }
+            }
+            let outcome = outcome.and_then(|()| checker.finish(run.len()));
+            prop_assert_eq!(outcome, expected);
+            prop_assert_eq!(pieces, whole);
         }
 
         #[test]

@@ -11,10 +11,11 @@ mod reliability_support;
 use bytes::BytesMut;
 use reliability_support::{create_topic, pull_queue, query_by_key};
 use shardmq_codec::{RecordBuilder, RecordHeader};
-use shardmq_schema::{wire, VerifiedFrame};
+use shardmq_schema::{build_frame, wire, FrameEncoder, FrameHeader, VerifiedFrame};
 use shardmq_tests::{status_of, BrokerProcess, TestClient};
 
 /// One record of a test run.
+#[derive(Clone, Copy)]
 struct Record<'a> {
     body: &'a [u8],
     tags: Option<&'a str>,
@@ -332,4 +333,137 @@ fn malformed_runs_are_refused_and_nothing_of_them_is_stored() {
             .first_queue_offset(),
         0
     );
+}
+
+/// Sends `run` as a producer does (the records are the frame's trailing bytes) in pieces with
+/// pauses between them, so the broker checks the records that have arrived while the rest are
+/// still on the way, and returns the answer.
+fn send_run_in_pieces(
+    client: &mut TestClient,
+    topic: &str,
+    run: &[u8],
+    count: u32,
+) -> VerifiedFrame {
+    let request_id = client.take_request_id();
+    let mut head = BytesMut::new();
+    FrameEncoder::new()
+        .encode_head_with_trailing_bytes(&mut head, run.len(), |b, records| {
+            let topic = b.create_string(topic);
+            let request = wire::SendRecordsRequest::create(
+                b,
+                &wire::SendRecordsRequestArgs {
+                    topic: Some(topic),
+                    queue_id: 0,
+                    producer_group: None,
+                    records: Some(records),
+                    count,
+                },
+            );
+            build_frame(
+                b,
+                &FrameHeader::request(request_id),
+                wire::Body::SendRecordsRequest,
+                Some(request.as_union_value()),
+            )
+        })
+        .unwrap();
+    let mut frame = head.to_vec();
+    frame.extend_from_slice(run);
+    let cuts = [
+        0,
+        head.len() + run.len() / 3,
+        head.len() + 2 * run.len() / 3,
+        frame.len(),
+    ];
+    for piece in cuts.windows(2) {
+        client.send_bytes(&frame[piece[0]..piece[1]]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(40));
+    }
+    client
+        .read_response(request_id)
+        .expect("an answer to the run")
+}
+
+#[test]
+fn a_run_checked_while_it_arrives_is_refused_or_stored_as_a_whole() {
+    let (_dir, broker) = start_broker(&["--max-message-bytes", "4096"]);
+    let mut client = broker.client();
+    create_topic(&mut client, "Pieces", 1);
+    let bodies: Vec<Vec<u8>> = (0..6u8).map(|i| vec![b'a' + i; 3000]).collect();
+    let records: Vec<Record<'_>> = bodies.iter().map(|b| Record::plain(b)).collect();
+    let good = run("Pieces", &records);
+    let starts: Vec<usize> = shardmq_tests::split_records(&good)
+        .iter()
+        .map(|r| r.as_ptr() as usize - good.as_ptr() as usize)
+        .collect();
+    let mut cases: Vec<(&str, Vec<u8>, u32, wire::Status)> = Vec::new();
+    let mut bad_body = good.to_vec();
+    bad_body[starts[0] + 200] ^= 1;
+    cases.push((
+        "a bad body CRC in the first piece",
+        bad_body,
+        6,
+        wire::Status::INVALID_ARGUMENT,
+    ));
+    let mut bad_late = good.to_vec();
+    bad_late[starts[5] + 200] ^= 1;
+    cases.push((
+        "a bad body CRC in the last piece",
+        bad_late,
+        6,
+        wire::Status::INVALID_ARGUMENT,
+    ));
+    let mut lying = good.to_vec();
+    lying[starts[1]..starts[1] + 4].copy_from_slice(&(1u32 << 30).to_be_bytes());
+    cases.push((
+        "a total size that lies",
+        lying,
+        6,
+        wire::Status::INVALID_ARGUMENT,
+    ));
+    cases.push((
+        "more records than count",
+        good.to_vec(),
+        5,
+        wire::Status::INVALID_ARGUMENT,
+    ));
+    cases.push((
+        "fewer records than count",
+        good.to_vec(),
+        7,
+        wire::Status::INVALID_ARGUMENT,
+    ));
+    let big = vec![1u8; 5000];
+    let mut with_big = records.clone();
+    with_big[4] = Record::plain(&big);
+    cases.push((
+        "a body over max_message_bytes",
+        run("Pieces", &with_big).to_vec(),
+        6,
+        wire::Status::MESSAGE_TOO_LARGE,
+    ));
+    let elsewhere = run("Elsewhere", &records[..1]);
+    let mut mixed = elsewhere.to_vec();
+    mixed.extend_from_slice(&good[starts[1]..]);
+    cases.push(("another topic", mixed, 6, wire::Status::INVALID_ARGUMENT));
+    for (what, bytes, count, status) in cases {
+        let answer = send_run_in_pieces(&mut client, "Pieces", &bytes, count);
+        let (got, message) = status_of(&answer);
+        assert_eq!(got, status, "{what}: {message:?}");
+    }
+    let (pulled, _) = pull_queue(&mut client, "Pieces", 0);
+    assert!(
+        pulled.is_empty(),
+        "{} records of refused runs stored",
+        pulled.len()
+    );
+    let answer = send_run_in_pieces(&mut client, "Pieces", &good, 6);
+    assert_eq!(status_of(&answer).0, wire::Status::OK);
+    let (pulled, _) = pull_queue(&mut client, "Pieces", 0);
+    assert_eq!(pulled.len(), 6);
+    for (record, body) in pulled.iter().zip(&bodies) {
+        assert_eq!(record.body.as_slice(), body.as_slice());
+    }
+    // The same connection goes on with frames of other kinds after the runs.
+    create_topic(&mut client, "After", 1);
 }

@@ -28,6 +28,7 @@ use shardmq_schema::{wire, FrameDecoder, FRAME_LENGTH_PREFIX_BYTES};
 use tracing::{debug, warn};
 
 use super::budget::Claim;
+use super::produce::EarlyCheck;
 use super::request::Connection;
 use super::{dispatch, NetworkShard, Outbound};
 use crate::mesh::TIMELINE;
@@ -116,11 +117,25 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let frame_read_timeout = Duration::from_millis(shard.config.frame_read_timeout_ms);
     // When the first bytes of the frame being received arrived.
     let mut frame_started: Option<Instant> = None;
+    // The run of records of the frame being received, checked as its bytes arrive.
+    let mut early = EarlyCheck::default();
     'read: loop {
+        if connection.is_handshaken.get() {
+            if let Some(front) = decoder.pending_frame_bytes(&buffer) {
+                if buffer.len() < front {
+                    early.advance(
+                        &shard,
+                        &buffer[FRAME_LENGTH_PREFIX_BYTES..],
+                        front - FRAME_LENGTH_PREFIX_BYTES,
+                    );
+                }
+            }
+        }
         loop {
             match decoder.decode(&mut buffer) {
                 Ok(Some(frame)) => {
                     frame_started = None;
+                    let early = early.take();
                     tracing::trace!(target: TIMELINE, stage = "frame_complete", connection = connection_id, bytes = frame.as_bytes().len());
                     let frame_bytes = frame.as_bytes().len() + FRAME_LENGTH_PREFIX_BYTES;
                     if frame_bytes > charged {
@@ -144,7 +159,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     if !connection.is_handshaken.get() {
                         // On probation: one frame at a time, so the handshake's outcome is known
                         // before the next frame is read.
-                        if let Some(frames) = dispatch::handle(&shard, &connection, frame).await {
+                        if let Some(frames) =
+                            dispatch::handle(&shard, &connection, frame, None).await
+                        {
                             connection.send(frames).await;
                         }
                         drop(claim);
@@ -165,7 +182,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     let connection = connection.clone();
                     shard.request_started();
                     glommio::spawn_local(async move {
-                        let answer = dispatch::handle(&shard, &connection, frame).await;
+                        let answer = dispatch::handle(&shard, &connection, frame, early).await;
                         drop(claim);
                         if let Some(frames) = answer {
                             connection.send(frames).await;
@@ -179,6 +196,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                 Ok(None) => break,
                 Err(error) => {
                     // A malformed frame has been consumed (a fatal error closes below).
+                    early.take();
                     budget.release(std::mem::take(&mut charged));
                     frame_started = None;
                     malformed_frames += 1;

@@ -7,6 +7,7 @@
 use shardmq_schema::{build_frame, negotiate_protocol_version, wire, FrameHeader, VerifiedFrame};
 use shardmq_schema::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
+use super::produce::EarlyRun;
 use super::request::{frame_error, refuse, Answer, Connection, Refusal};
 use super::{
     admin, clients, consume, produce, query, queue_locks, replica, send_back, topics, transaction,
@@ -14,16 +15,18 @@ use super::{
 use super::{NetworkShard, Outbound};
 
 /// Handles one request frame; `None` for one-way frames that need no answer.
-pub async fn handle(
+/// `early` is what was checked of the frame's run of records while it arrived, if anything.
+pub(super) async fn handle(
     shard: &NetworkShard,
     connection: &Connection,
     frame: VerifiedFrame,
+    early: Option<EarlyRun>,
 ) -> Option<Outbound> {
     let request = frame.frame();
     let request_id = request.request_id();
     let is_one_way = request.kind() == wire::FrameKind::ONE_WAY;
     let started = std::time::Instant::now();
-    let answer = dispatch(shard, connection, &frame).await;
+    let answer = dispatch(shard, connection, &frame, early).await;
     let metrics = crate::metrics::broker();
     if request.body_type() == wire::Body::SendRequest
         || request.body_type() == wire::Body::SendRecordsRequest
@@ -59,7 +62,12 @@ macro_rules! body {
 }
 
 /// The table: each body type to its family's handler.
-async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &VerifiedFrame) -> Answer {
+async fn dispatch(
+    shard: &NetworkShard,
+    connection: &Connection,
+    frame: &VerifiedFrame,
+    early: Option<EarlyRun>,
+) -> Answer {
     let request = frame.frame();
     let id = request.request_id();
     if let Some(handshake) = request.body_as_handshake_request() {
@@ -89,7 +97,7 @@ async fn dispatch(shard: &NetworkShard, connection: &Connection, frame: &Verifie
         }
         Body::SendRecordsRequest => {
             let r = body!(request, body_as_send_records_request);
-            produce::send_records(shard, frame, id, r).await
+            produce::send_records(shard, frame, early, id, r).await
         }
         Body::SendHalfRequest => {
             transaction::handle_send_half(shard, c, id, body!(request, body_as_send_half_request))

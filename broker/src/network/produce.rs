@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use shardmq_schema::{build_frame, wire, FrameHeader, VerifiedFrame};
+use shardmq_schema::{build_frame, peek_run_head, wire, FrameHeader, HeadPeek, VerifiedFrame};
 
 use super::request::{
     frame_error, invalid, refuse, writable_topic, write_queue, Answer, Connection, Refusal,
@@ -18,7 +18,7 @@ use crate::msgid::offset_message_id;
 use crate::naming::check_group_name;
 use crate::store::index::{index_hash, IndexKind};
 use crate::store::record::{
-    check_run, tags_hash, PendingRecord, RecordInput, RunError, RunRules, SYS_FLAG_COMPRESSED,
+    tags_hash, PendingRecord, RecordInput, RunChecker, RunError, RunRules, SYS_FLAG_COMPRESSED,
 };
 use crate::store::{AppendStatus, BatchBytes, EncodedBatch};
 use crate::topics::{TopicConfig, UpsertError};
@@ -123,6 +123,7 @@ pub(super) async fn send(
 pub(super) async fn send_records(
     shard: &NetworkShard,
     frame: &VerifiedFrame,
+    early: Option<EarlyRun>,
     id: u64,
     r: wire::SendRecordsRequest<'_>,
 ) -> Answer {
@@ -149,38 +150,29 @@ pub(super) async fn send_records(
         store_host_is_v6: store_host.is_ipv6(),
         reserved_properties: BROKER_ONLY_PROPERTIES,
     };
-    let mut records = Vec::with_capacity(expected);
-    let mut index_hashes = Vec::with_capacity(expected);
-    let mut body_bytes = 0usize;
-    let count = check_run(run, &rules, |record| {
-        let before = index_hashes.len();
-        if let Some(keys) = record.keys {
-            index_hashes.extend(
-                keys.split(' ')
-                    .map(|key| index_hash(IndexKind::Key, topic, key)),
-            );
-        }
-        if let Some(unique_key) = record.unique_key {
-            index_hashes.push(index_hash(IndexKind::UniqueId, "", unique_key));
-        }
-        body_bytes += record.body_len as usize;
-        records.push(PendingRecord {
-            len: record.len,
-            queue_id,
-            tags_hash: record.tags.map_or(0, tags_hash),
-            topic: 0,
-            // Keys are bounded by the properties' 64 KiB, so the count fits.
-            index_hash_count: (index_hashes.len() - before) as u16,
-        });
-    })
-    .map_err(|error| match error {
-        RunError::BodyTooLarge { .. } => refuse(wire::Status::MESSAGE_TOO_LARGE, error.to_string()),
-        error => invalid(error.to_string()),
-    })?;
+    // The records checked while the frame arrived count only if the head they were checked
+    // under is the verified frame's: the same run at the same place, the same rules.
+    let run_at = (run.as_ptr() as usize).wrapping_sub(frame.as_bytes().as_ptr() as usize);
+    let early = early.filter(|e| e.is_for(run_at, run.len(), &rules));
+    let mut checked = match early {
+        Some(early) => early.into_checked()?,
+        None => CheckedRun::with_capacity(expected),
+    };
+    checked.check(run, run.len(), &rules).map_err(run_refusal)?;
+    let count = checked.checker.finish(run.len()).map_err(run_refusal)?;
     if count != expected {
         return Err(invalid(format!(
             "the run holds {count} records but count says {expected}"
         )));
+    }
+    let CheckedRun {
+        mut records,
+        index_hashes,
+        body_bytes,
+        ..
+    } = checked;
+    for record in &mut records {
+        record.queue_id = queue_id;
     }
     let bytes = frame
         .share(run)
@@ -200,6 +192,181 @@ pub(super) async fn send_records(
     tracing::trace!(target: TIMELINE, stage = "stored", count);
     crate::metrics::broker().stored(topic, count, body_bytes);
     encode_records_response(shard, id, &outcome, queue_id, storage)
+}
+
+fn run_refusal(error: RunError) -> Refusal {
+    match error {
+        RunError::BodyTooLarge { .. } => refuse(wire::Status::MESSAGE_TOO_LARGE, error.to_string()),
+        error => invalid(error.to_string()),
+    }
+}
+
+/// The check of a run so far, and what it gathered for the storage shard: a record each (its
+/// queue is set once the request has been placed) and the index hashes of their keys and ids.
+struct CheckedRun {
+    checker: RunChecker,
+    records: Vec<PendingRecord>,
+    index_hashes: Vec<u64>,
+    body_bytes: usize,
+}
+
+impl CheckedRun {
+    fn with_capacity(records: usize) -> Self {
+        Self {
+            checker: RunChecker::default(),
+            records: Vec::with_capacity(records),
+            index_hashes: Vec::with_capacity(records),
+            body_bytes: 0,
+        }
+    }
+
+    /// Checks the records of `arrived` (the first bytes of a run of `run_len`) not checked yet.
+    fn check(
+        &mut self,
+        arrived: &[u8],
+        run_len: usize,
+        rules: &RunRules<'_>,
+    ) -> Result<(), RunError> {
+        let Self {
+            checker,
+            records,
+            index_hashes,
+            body_bytes,
+        } = self;
+        let topic = rules.topic;
+        checker.check_arrived(arrived, run_len, rules, |record| {
+            let before = index_hashes.len();
+            if let Some(keys) = record.keys {
+                index_hashes.extend(
+                    keys.split(' ')
+                        .map(|key| index_hash(IndexKind::Key, topic, key)),
+                );
+            }
+            if let Some(unique_key) = record.unique_key {
+                index_hashes.push(index_hash(IndexKind::UniqueId, "", unique_key));
+            }
+            *body_bytes += record.body_len as usize;
+            records.push(PendingRecord {
+                len: record.len,
+                queue_id: 0,
+                tags_hash: record.tags.map_or(0, tags_hash),
+                topic: 0,
+                // Keys are bounded by the properties' 64 KiB, so the count fits.
+                index_hash_count: (index_hashes.len() - before) as u16,
+            });
+        })
+    }
+}
+
+/// A producer's run checked while its frame is still arriving (`connection.rs` calls
+/// [`EarlyCheck::advance`] between reads), so the check of a large batch overlaps its
+/// transfer instead of following it. What it checked is used only if the verified frame
+/// agrees with the head it was checked under ([`send_records`]); otherwise the run is checked
+/// again from the start.
+pub(super) struct EarlyRun {
+    topic: String,
+    count: usize,
+    run_at: usize,
+    run_len: usize,
+    max_body_bytes: usize,
+    store_host_is_v6: bool,
+    checked: CheckedRun,
+    /// The refusal found (the run is not checked further).
+    refused: Option<RunError>,
+}
+
+impl EarlyRun {
+    fn rules(&self) -> RunRules<'_> {
+        RunRules {
+            topic: &self.topic,
+            max_body_bytes: self.max_body_bytes,
+            max_records: self.count,
+            store_host_is_v6: self.store_host_is_v6,
+            reserved_properties: BROKER_ONLY_PROPERTIES,
+        }
+    }
+
+    fn is_for(&self, run_at: usize, run_len: usize, rules: &RunRules<'_>) -> bool {
+        self.run_at == run_at
+            && self.run_len == run_len
+            && self.topic == rules.topic
+            && self.count == rules.max_records
+            && self.max_body_bytes == rules.max_body_bytes
+            && self.store_host_is_v6 == rules.store_host_is_v6
+    }
+
+    fn into_checked(self) -> Result<CheckedRun, Refusal> {
+        match self.refused {
+            Some(error) => Err(run_refusal(error)),
+            None => Ok(self.checked),
+        }
+    }
+
+    /// Checks what has arrived of the run (`arrived`: the frame's flatbuffer bytes so far).
+    fn advance(&mut self, arrived: &[u8]) {
+        if self.refused.is_some() || arrived.len() <= self.run_at {
+            return;
+        }
+        let mut checked = std::mem::replace(&mut self.checked, CheckedRun::with_capacity(0));
+        let outcome = checked.check(&arrived[self.run_at..], self.run_len, &self.rules());
+        self.checked = checked;
+        if let Err(error) = outcome {
+            self.refused = Some(error);
+        }
+    }
+}
+
+/// The early check of the frame being received on a connection.
+#[derive(Default)]
+pub(super) enum EarlyCheck {
+    /// Its head has not been looked at (or has not arrived).
+    #[default]
+    Unknown,
+    /// Not a run this shard checks early: it is handled once whole, as every frame.
+    NotARun,
+    Checking(Box<EarlyRun>),
+}
+
+impl EarlyCheck {
+    /// After a read: `arrived` is what has arrived of the frame's flatbuffer (after its length
+    /// prefix), `frame_len` its whole length.
+    pub(super) fn advance(&mut self, shard: &NetworkShard, arrived: &[u8], frame_len: usize) {
+        if let EarlyCheck::Unknown = self {
+            *self = match peek_run_head(arrived, frame_len) {
+                HeadPeek::NeedMore => return,
+                HeadPeek::NotARun => EarlyCheck::NotARun,
+                HeadPeek::Run(head) => {
+                    let count = head.count as usize;
+                    if count == 0 || count > shard.config.max_batch_messages {
+                        // Refused once whole, with the reason.
+                        EarlyCheck::NotARun
+                    } else {
+                        EarlyCheck::Checking(Box::new(EarlyRun {
+                            topic: head.topic.to_owned(),
+                            count,
+                            run_at: head.run_at,
+                            run_len: head.run_len,
+                            max_body_bytes: shard.config.max_message_bytes,
+                            store_host_is_v6: shard.store_host.get().is_ipv6(),
+                            checked: CheckedRun::with_capacity(count),
+                            refused: None,
+                        }))
+                    }
+                }
+            };
+        }
+        if let EarlyCheck::Checking(early) = self {
+            early.advance(arrived);
+        }
+    }
+
+    /// What was checked of the frame just completed; the next frame starts unknown.
+    pub(super) fn take(&mut self) -> Option<EarlyRun> {
+        match std::mem::take(self) {
+            EarlyCheck::Checking(early) => Some(*early),
+            _ => None,
+        }
+    }
 }
 
 /// The topic a send may write to: its config, creating the topic first on storage shard 0
