@@ -242,6 +242,7 @@ async fn fill(
         rate: None,
         inflight: 1,
         run_id,
+        build_ahead: true,
     };
     let ready = producers::prepare(plan).await?;
     let counters = Arc::new(Counters::default());

@@ -107,6 +107,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
         rate: args.rate,
         inflight: 1,
         run_id,
+        build_ahead: false,
     })
     .await?;
     let progress = Progress::start(

@@ -120,6 +120,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         rate: args.rate,
         inflight: args.inflight,
         run_id,
+        build_ahead: true,
     };
     let ready = producers::prepare(plan).await?;
     let counters = Arc::new(Counters::default());

@@ -72,6 +72,9 @@ pub struct LoadPlan {
     /// Calls each producer keeps in flight (1: each waits for its answer).
     pub inflight: u32,
     pub run_id: u32,
+    /// With one call in flight, build the next call's messages while the current one is
+    /// answered (`produce`; not `e2e`, whose latency counts from when a message is built).
+    pub build_ahead: bool,
 }
 
 impl LoadPlan {
@@ -305,6 +308,10 @@ impl Worker {
         };
         let mut in_flight: VecDeque<CallInFlight> = VecDeque::new();
         let mut sequence = 0u64;
+        // With one call in flight and no --rate schedule, the next call's messages (built
+        // while the current call is answered).
+        let build_ahead = plan.build_ahead && plan.rate.is_none();
+        let mut ahead: Option<Vec<Message>> = None;
         for call in 0u64.. {
             let messages_in_call = match self.quota {
                 Some(quota) if sequence >= quota => break,
@@ -329,11 +336,48 @@ impl Worker {
             let intended_ns = intended.map_or(born_ns, |intended| {
                 self.started_wall_ns + intended.duration_since(self.started).as_nanos() as u64
             });
-            let build_started = crate::cpu::thread_cpu_time();
-            let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
-            result.build_cpu += crate::cpu::thread_cpu_time().saturating_sub(build_started);
+            let batch = match ahead.take() {
+                Some(batch) if batch.len() as u64 == messages_in_call => batch,
+                _ => {
+                    let build_started = crate::cpu::thread_cpu_time();
+                    let batch = self.messages(sequence, messages_in_call, intended_ns, born_ns);
+                    result.build_cpu += crate::cpu::thread_cpu_time().saturating_sub(build_started);
+                    batch
+                }
+            };
             let latency_from = intended.unwrap_or(call_started);
-            if plan.inflight == 1 {
+            if plan.inflight == 1 && build_ahead && batch.len() > 1 {
+                // The next call's messages are built while this one is answered, as an
+                // application makes its next messages while a send is on its way: the
+                // harness's own work is not in the chain of the call it measures.
+                let status = match self.producer.send_batch_async(batch).await {
+                    Ok(sent) => {
+                        tokio::task::yield_now().await;
+                        let next = sequence + messages_in_call;
+                        let next_count = match self.quota {
+                            Some(quota) => quota.saturating_sub(next).min(u64::from(plan.batch)),
+                            None => u64::from(plan.batch),
+                        };
+                        if next_count > 0 {
+                            let build_started = crate::cpu::thread_cpu_time();
+                            let born_ns = wall_clock_ns();
+                            ahead = Some(self.messages(next, next_count, born_ns, born_ns));
+                            result.build_cpu +=
+                                crate::cpu::thread_cpu_time().saturating_sub(build_started);
+                        }
+                        Sent::Batch(sent).status().await
+                    }
+                    Err(error) => Err(error),
+                };
+                self.account(
+                    &mut result,
+                    status,
+                    latency_from,
+                    sequence,
+                    messages_in_call,
+                )
+                .await?;
+            } else if plan.inflight == 1 {
                 let status = if batch.len() == 1 {
                     let message = batch.into_iter().next().expect("one message");
                     self.producer.send(message).await.map(|sent| sent.status)
