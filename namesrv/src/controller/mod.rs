@@ -150,6 +150,12 @@ impl Heartbeat {
     fn key(&self) -> String {
         state::group_key(&self.cluster_name, &self.broker_name)
     }
+
+    /// The first heartbeat of a broker that is starting: it asks what it is, acting as
+    /// neither master nor slave of any epoch yet.
+    fn is_starting(&self) -> bool {
+        !self.is_master && self.epoch == 0
+    }
 }
 
 impl Controller {
@@ -494,6 +500,9 @@ impl Controller {
                 .group;
         }
         let mut group = group.ok_or("the group was not registered")?;
+        if heartbeat.is_starting() && group.master == heartbeat.broker_id {
+            group = self.replace_restarted_master(&heartbeat, group).await?;
+        }
         if group.master == 0 {
             let result = self
                 .write(Command::Elect {
@@ -532,6 +541,44 @@ impl Controller {
         }
         let alive = self.alive_ids().remove(&key).unwrap_or_default();
         Ok((group, alive))
+    }
+
+    /// The master of the group is starting again (a crash, a power loss, a restart): what it
+    /// holds may end before what its SyncStateSet acknowledged (under async flush a power loss
+    /// takes its unsynced tail), and a master that began a term there would make its slaves
+    /// cut acknowledged messages. So while another member of the set is alive, that member is
+    /// elected (it holds everything acknowledged) and the restarted broker returns as its
+    /// slave, taking back what it lost. Alone, it stays master with what it has, and says so.
+    async fn replace_restarted_master(
+        &self,
+        heartbeat: &Heartbeat,
+        group: Group,
+    ) -> Result<Group, String> {
+        let key = heartbeat.key();
+        let alive = self.alive_ids().remove(&key).unwrap_or_default();
+        let candidate = group
+            .sync_state_set
+            .iter()
+            .copied()
+            .find(|id| *id != heartbeat.broker_id && alive.contains(id));
+        let Some(candidate) = candidate else {
+            if group.sync_state_set.len() > 1 {
+                warn!(group = %key, master = heartbeat.broker_id, set = ?group.sync_state_set, "the master restarted and no other in-sync replica is alive: it stays master with what it holds (a tail it lost in a power loss is lost)");
+            }
+            return Ok(group);
+        };
+        let result = self
+            .write(Command::Elect {
+                cluster_name: heartbeat.cluster_name.clone(),
+                broker_name: heartbeat.broker_name.clone(),
+                broker_id: candidate,
+                expected_epoch: group.epoch,
+            })
+            .await?;
+        if result.applied {
+            info!(group = %key, old_master = heartbeat.broker_id, new_master = candidate, epoch = group.epoch + 1, "the master restarted: elected an in-sync replica in its place");
+        }
+        Ok(result.group.unwrap_or(group))
     }
 
     /// A follower passes a heartbeat to the leader and relays its answer.

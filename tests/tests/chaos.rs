@@ -1,0 +1,412 @@
+//! Fault injection (docs/replication.md, "Fault injection"): a controller group of real
+//! processes (three name servers with controllers, three brokers of one group in
+//! `--broker-role auto`, sync replication) under continuous produce and consume, with faults
+//! injected at seeded random moments: kill -9 of the master or of a slave, SIGSTOP of the
+//! master or of the controller leader for longer than the heartbeat timeout, and a slave
+//! restarted after a simulated power loss (its CommitLog cut back to its last checkpoint).
+//! After the rounds a checker compares the whole history:
+//! - every acknowledged message is stored on every broker (lost: 0);
+//! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
+//!   queue offset that holds one (skipped: 0);
+//! - at each queue offset every broker holds the same message, and what the group consumed at an
+//!   offset is what is stored there (diverged: 0): no two masters wrote different messages at
+//!   the same place;
+//! - duplicates (deliveries of an offset already delivered) are counted and reported.
+//!
+//! The seed is printed; `SHARDMQ_TEST_SEED=<seed>` replays a run's faults and moments.
+//! `SHARDMQ_CHAOS_ROUNDS` sets the number of rounds (the test command runs a short run;
+//! `scripts/chaos.sh --rounds N` the long one).
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first.
+
+mod ha_support;
+mod reliability_support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ha_support::*;
+use reliability_support::{create_topic, pull_queue, QueueEnd, Rng};
+use shardmq_tests::{signal, wait_until};
+
+/// Rounds in the test command's run.
+const DEFAULT_ROUNDS: usize = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Fault {
+    KillMaster,
+    KillSlave,
+    PauseMaster,
+    PauseControllerLeader,
+    SlavePowerLoss,
+    MasterPowerLoss,
+}
+
+/// The faults a run draws from: every kind but `MasterPowerLoss` unless
+/// `SHARDMQ_CHAOS_FAULTS` names some (comma-separated, as printed), for example to replay one
+/// kind. `MasterPowerLoss` is left out by default while the fault it finds is open
+/// (docs/replication.md, "Fault injection").
+fn faults() -> Vec<Fault> {
+    let all = [
+        Fault::KillMaster,
+        Fault::KillSlave,
+        Fault::PauseMaster,
+        Fault::PauseControllerLeader,
+        Fault::SlavePowerLoss,
+        Fault::MasterPowerLoss,
+    ];
+    match std::env::var("SHARDMQ_CHAOS_FAULTS") {
+        Ok(names) => {
+            let chosen: Vec<Fault> = all
+                .into_iter()
+                .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+                .collect();
+            assert!(
+                !chosen.is_empty(),
+                "SHARDMQ_CHAOS_FAULTS names no fault of {all:?}"
+            );
+            chosen
+        }
+        Err(_) => all
+            .into_iter()
+            .filter(|f| *f != Fault::MasterPowerLoss)
+            .collect(),
+    }
+}
+
+/// One delivery to the consumer group.
+#[derive(Debug, Clone)]
+struct Delivery {
+    queue_id: u32,
+    queue_offset: i64,
+    body: Vec<u8>,
+}
+
+/// How long a paused process stays paused: longer than the controller's broker timeout
+/// (2 s in `HaGroup`) and the Raft election timeout.
+const PAUSE: Duration = Duration::from_millis(3500);
+
+#[test]
+fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
+    let rounds = std::env::var("SHARDMQ_CHAOS_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(DEFAULT_ROUNDS);
+    let mut rng = Rng::for_test("chaos");
+    let kinds = faults();
+    let mut group = HaGroup::start();
+    create_topic(&mut group.master_client(), TOPIC, QUEUES);
+
+    let consumer_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let deliveries: Arc<Mutex<Vec<Delivery>>> = Arc::default();
+    let consumer = {
+        let sink = deliveries.clone();
+        consumer_runtime
+            .block_on(
+                shardmq_client::PushConsumer::builder()
+                    .namesrv(&group.namesrv_list)
+                    .group("Chaos")
+                    .subscribe(TOPIC, "*")
+                    .consume_from(shardmq_client::ConsumeFrom::FirstOffset)
+                    .persist_interval(Duration::from_millis(200))
+                    .listen_concurrently(move |messages| {
+                        let sink = sink.clone();
+                        async move {
+                            sink.lock()
+                                .unwrap()
+                                .extend(messages.iter().map(|m| Delivery {
+                                    queue_id: m.queue_id,
+                                    queue_offset: m.queue_offset,
+                                    body: m.body.to_vec(),
+                                }));
+                            shardmq_client::ConsumeResult::Success
+                        }
+                    })
+                    .start(),
+            )
+            .expect("a push consumer")
+    };
+    let load = Load::start(&group.namesrv_list, 2);
+    wait_until(SETTLE, "the first acknowledged sends", || {
+        (load.count() >= 50).then_some(())
+    });
+
+    let mut injected: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut write_resume: Vec<Duration> = Vec::new();
+    for round in 0..rounds {
+        // Under load for a random moment before each fault.
+        std::thread::sleep(Duration::from_millis(rng.in_range(200..=1500)));
+        let fault = kinds[rng.below(kinds.len())];
+        let before = group.status().expect("a controller answers");
+        eprintln!(
+            "chaos round {round}: {fault:?} (master {}, epoch {}, in sync {:?}, acknowledged {})",
+            before.master_id,
+            before.epoch,
+            before.in_sync,
+            load.count()
+        );
+        match fault {
+            Fault::KillMaster => {
+                let master = before.master_id;
+                group.broker(master).kill9();
+                let killed_at = Instant::now();
+                wait_until(SETTLE, "a new master", || {
+                    let status = group.status()?;
+                    (status.master_id > 0 && status.master_id != master).then_some(())
+                });
+                let at_election = load.count();
+                wait_until(SETTLE, "writes on the new master", || {
+                    (load.count() > at_election).then_some(())
+                });
+                if let Some(first) = load.first_ack_after(killed_at) {
+                    write_resume.push(first - killed_at);
+                }
+                std::thread::sleep(Duration::from_millis(rng.in_range(0..=1000)));
+                group.broker(master).restart();
+            }
+            Fault::KillSlave => {
+                let slave = pick_slave(&before, &mut rng);
+                group.broker(slave).kill9();
+                std::thread::sleep(Duration::from_millis(rng.in_range(100..=1500)));
+                group.broker(slave).restart();
+            }
+            Fault::SlavePowerLoss => {
+                let slave = pick_slave(&before, &mut rng);
+                group.broker(slave).kill9();
+                let dir = group.broker(slave).data_dir().to_owned();
+                cut_to_checkpoints(&dir);
+                group.broker(slave).restart();
+            }
+            Fault::MasterPowerLoss => {
+                let master = before.master_id;
+                group.broker(master).kill9();
+                let dir = group.broker(master).data_dir().to_owned();
+                cut_to_checkpoints(&dir);
+                group.broker(master).restart();
+            }
+            Fault::PauseMaster => {
+                let master = before.master_id;
+                signal(group.broker(master).pid(), "STOP");
+                std::thread::sleep(PAUSE);
+                signal(group.broker(master).pid(), "CONT");
+            }
+            Fault::PauseControllerLeader => {
+                let leader = before.leader as usize;
+                assert!(leader >= 1, "a controller leads");
+                let pid = group.controllers[leader - 1]
+                    .as_ref()
+                    .expect("the leader runs")
+                    .pid();
+                signal(pid, "STOP");
+                std::thread::sleep(PAUSE);
+                signal(pid, "CONT");
+            }
+        }
+        *injected.entry(fault).or_default() += 1;
+        wait_until(
+            SETTLE,
+            "the group whole again (a master, three in sync)",
+            || {
+                let status = group.status()?;
+                (status.master_id > 0 && status.in_sync.len() == 3).then_some(())
+            },
+        );
+    }
+
+    let acknowledged = load.finish();
+    let acknowledged_set: HashSet<&Vec<u8>> = acknowledged.iter().collect();
+    // Every broker's copy of every queue, by offset, once each holds everything acknowledged
+    // (a slave may still be catching up, or copying the topic table, every 2 s) or the time
+    // to settle has passed.
+    let deadline = Instant::now() + SETTLE;
+    let copies = loop {
+        let copies: Vec<(i64, Vec<BTreeMap<u64, Vec<u8>>>)> =
+            (1..=3).map(|id| (id, copy_of(&mut group, id))).collect();
+        let complete = copies.iter().all(|(_, queues)| {
+            let bodies: HashSet<&Vec<u8>> = queues.iter().flat_map(|q| q.values()).collect();
+            acknowledged_set.iter().all(|b| bodies.contains(*b))
+        });
+        if complete || Instant::now() >= deadline {
+            break copies;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut lost = 0usize;
+    let mut diverged: Vec<String> = Vec::new();
+    let (_, reference) = &copies[0];
+    for (id, queues) in &copies {
+        let bodies: HashSet<&Vec<u8>> = queues.iter().flat_map(|q| q.values()).collect();
+        let missing = acknowledged_set
+            .iter()
+            .filter(|b| !bodies.contains(*b))
+            .count();
+        if missing > 0 {
+            let log = group.broker(*id).log_lines();
+            eprintln!(
+                "broker {id} lacks {missing} acknowledged messages; its log ends:\n{}",
+                log[log.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        lost = lost.max(missing);
+        for (queue, (mine, theirs)) in queues.iter().zip(reference).enumerate() {
+            for (offset, body) in mine {
+                if theirs.get(offset).is_some_and(|other| other != body) {
+                    diverged.push(format!(
+                        "queue {queue} offset {offset} differs on broker {id}"
+                    ));
+                }
+            }
+        }
+    }
+
+    // The group catches up with everything acknowledged, or the checker says what it lacks.
+    let deadline = Instant::now() + SETTLE;
+    let unconsumed = loop {
+        let unconsumed = {
+            let seen: HashSet<Vec<u8>> = deliveries
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|d| d.body.clone())
+                .collect();
+            acknowledged.iter().filter(|b| !seen.contains(*b)).count()
+        };
+        if unconsumed == 0 || Instant::now() >= deadline {
+            break unconsumed;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    consumer_runtime.block_on(consumer.shutdown());
+    let deliveries = deliveries.lock().unwrap().clone();
+    let mut delivered: HashMap<(u32, u64), usize> = HashMap::new();
+    for d in &deliveries {
+        let place = (d.queue_id, d.queue_offset as u64);
+        *delivered.entry(place).or_default() += 1;
+        let stored = reference
+            .get(d.queue_id as usize)
+            .and_then(|queue| queue.get(&place.1));
+        if stored.is_some_and(|body| *body != d.body) {
+            diverged.push(format!(
+                "the group consumed another message at queue {} offset {} than is stored there",
+                place.0, place.1
+            ));
+        }
+    }
+    let skipped = reference
+        .iter()
+        .enumerate()
+        .flat_map(|(queue, records)| {
+            records
+                .iter()
+                .map(move |(offset, body)| ((queue as u32, *offset), body))
+        })
+        .filter(|(place, body)| acknowledged_set.contains(body) && !delivered.contains_key(place))
+        .count();
+    let duplicates: usize = delivered.values().map(|n| n - 1).sum();
+    write_resume.sort();
+    eprintln!(
+        "chaos: {rounds} rounds {injected:?}; {} acknowledged, {} deliveries; lost {lost}, \
+         unconsumed {unconsumed}, skipped {skipped}, diverged {}, duplicates {duplicates}; \
+         writes back after a master's kill -9 (ms): {:?}",
+        acknowledged.len(),
+        deliveries.len(),
+        diverged.len(),
+        write_resume
+            .iter()
+            .map(Duration::as_millis)
+            .collect::<Vec<_>>()
+    );
+    assert!(!acknowledged.is_empty());
+    assert_eq!(lost, 0, "acknowledged messages lost");
+    assert!(
+        diverged.is_empty(),
+        "{:?}",
+        &diverged[..diverged.len().min(10)]
+    );
+    assert_eq!(
+        unconsumed, 0,
+        "acknowledged messages never consumed by the group"
+    );
+    assert_eq!(
+        skipped, 0,
+        "queue offsets holding acknowledged messages skipped"
+    );
+}
+
+/// Broker `id`'s copy of every queue of the topic, by queue offset.
+fn copy_of(group: &mut HaGroup, id: i64) -> Vec<BTreeMap<u64, Vec<u8>>> {
+    let mut client = group.broker(id).client();
+    (0..QUEUES as i32)
+        .map(|queue| {
+            let (records, end) = pull_queue(&mut client, TOPIC, queue);
+            if let QueueEnd::Refused {
+                status, message, ..
+            } = end
+            {
+                eprintln!("broker {id} queue {queue}: pull refused, {status:?} {message:?}");
+            }
+            records
+                .into_iter()
+                .map(|r| (r.queue_offset, r.body))
+                .collect()
+        })
+        .collect()
+}
+
+/// A member of the SyncStateSet other than the master.
+fn pick_slave(status: &GroupStatus, rng: &mut Rng) -> i64 {
+    let slaves: Vec<i64> = status
+        .in_sync
+        .iter()
+        .copied()
+        .filter(|&id| id != status.master_id)
+        .collect();
+    assert!(!slaves.is_empty(), "a slave in sync: {status:?}");
+    slaves[rng.below(slaves.len())]
+}
+
+/// A power loss under async flush on a stopped broker: every storage shard's CommitLog is cut
+/// back to the offset its checkpoint says is durable, and the page-cache journal that would
+/// restore the rest is gone.
+fn cut_to_checkpoints(data_dir: &std::path::Path) {
+    for entry in std::fs::read_dir(data_dir).unwrap() {
+        let shard_dir = entry.unwrap().path();
+        let checkpoint = shard_dir.join("checkpoint");
+        let Ok(bytes) = std::fs::read(&checkpoint) else {
+            continue;
+        };
+        let durable = u64::from_be_bytes(bytes[8..16].try_into().unwrap());
+        match std::fs::remove_file(shard_dir.join("journal")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                panic!("removing the journal: {e}")
+            }
+            _ => {}
+        }
+        let Ok(segments) = std::fs::read_dir(shard_dir.join("commitlog")) else {
+            continue;
+        };
+        for segment in segments {
+            let path = segment.unwrap().path();
+            let Some(base) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if base >= durable {
+                std::fs::remove_file(&path).unwrap();
+            } else {
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                if file.metadata().unwrap().len() > durable - base {
+                    file.set_len(durable - base).unwrap();
+                }
+            }
+        }
+    }
+}

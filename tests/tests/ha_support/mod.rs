@@ -1,0 +1,330 @@
+//! A controller group of real processes for the failover and fault-injection tests: three
+//! name servers each running a controller (one Raft group), three brokers of one group in
+//! `--broker-role auto`, producers through the client library, and what checks that nothing
+//! acknowledged is lost.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::reliability_support::pull_queue;
+use shardmq_schema::wire;
+use shardmq_tests::{free_port, wait_until, BrokerProcess, NamesrvProcess, TestClient};
+
+pub const TOPIC: &str = "Failover";
+pub const QUEUES: u32 = 4;
+/// Longest anything here may take to settle.
+pub const SETTLE: Duration = Duration::from_secs(30);
+
+/// A broker group as one controller reports it.
+#[derive(Debug, Clone, Default)]
+pub struct GroupStatus {
+    pub leader: u64,
+    pub master_id: i64,
+    pub master_address: String,
+    pub epoch: u64,
+    pub in_sync: Vec<i64>,
+}
+
+/// Three controllers (in name servers) and three brokers in `auto` role.
+pub struct HaGroup {
+    pub controllers: Vec<Option<NamesrvProcess>>,
+    pub controller_addresses: Vec<String>,
+    pub namesrv_list: String,
+    pub brokers: Vec<BrokerProcess>,
+    pub _dirs: Vec<tempfile::TempDir>,
+}
+
+impl HaGroup {
+    pub fn start() -> HaGroup {
+        HaGroup::start_with(&[])
+    }
+
+    /// Starts the group with `extra` options on every broker.
+    pub fn start_with(extra: &[&str]) -> HaGroup {
+        let controller_addresses: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let peers: Vec<String> = controller_addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
+        let peers = peers.join(",");
+        let mut dirs = Vec::new();
+        let mut controllers = Vec::new();
+        for (i, address) in controller_addresses.iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let id = (i + 1).to_string();
+            controllers.push(Some(NamesrvProcess::start_with_args(&[
+                "--broker-timeout-ms",
+                "2000",
+                "--scan-interval-ms",
+                "100",
+                "--controller",
+                "--controller-listen",
+                address,
+                "--controller-peers",
+                &peers,
+                "--controller-id",
+                &id,
+                "--controller-data-dir",
+                dir.path().to_str().unwrap(),
+                "--controller-broker-timeout-ms",
+                "2000",
+            ])));
+            dirs.push(dir);
+        }
+        let namesrv_list = controllers
+            .iter()
+            .map(|c| c.as_ref().unwrap().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let controller_list = controller_addresses.join(",");
+        let mut brokers = Vec::new();
+        for id in 1..=3 {
+            let dir = tempfile::tempdir().unwrap();
+            let ha = format!("127.0.0.1:{}", free_port());
+            let id = id.to_string();
+            let mut args = vec![
+                "--namesrv",
+                &namesrv_list,
+                "--broker-role",
+                "auto",
+                "--broker-id",
+                &id,
+                "--controller",
+                &controller_list,
+                "--controller-heartbeat-ms",
+                "300",
+                "--ha-listen",
+                &ha,
+                "--register-interval-ms",
+                "500",
+                "--sync-flush-timeout-ms",
+                "3000",
+            ];
+            args.extend_from_slice(extra);
+            brokers.push(BrokerProcess::start(dir.path(), &args));
+            dirs.push(dir);
+        }
+        let group = HaGroup {
+            controllers,
+            controller_addresses,
+            namesrv_list,
+            brokers,
+            _dirs: dirs,
+        };
+        wait_until(SETTLE, "a master and all three brokers in sync", || {
+            let status = group.status()?;
+            (status.master_id > 0 && status.in_sync.len() == 3).then_some(())
+        });
+        group
+    }
+
+    /// The group as the first controller that answers reports it.
+    pub fn status(&self) -> Option<GroupStatus> {
+        for (i, address) in self.controller_addresses.iter().enumerate() {
+            if self.controllers[i].is_none() {
+                continue;
+            }
+            let Ok(mut client) = TestClient::connect(address.parse().unwrap()) else {
+                continue;
+            };
+            if client.handshake().is_err() {
+                continue;
+            }
+            let Some(answer) = status_request(&mut client) else {
+                continue;
+            };
+            let Some(r) = answer.frame().body_as_controller_status_response() else {
+                continue;
+            };
+            let group = r.groups().and_then(|g| g.iter().next());
+            return Some(match group {
+                Some(g) => GroupStatus {
+                    leader: r.leader_id(),
+                    master_id: g.master_id(),
+                    master_address: g.master_address().unwrap_or_default().to_owned(),
+                    epoch: g.epoch(),
+                    in_sync: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+                },
+                None => GroupStatus {
+                    leader: r.leader_id(),
+                    ..GroupStatus::default()
+                },
+            });
+        }
+        None
+    }
+
+    pub fn broker(&mut self, id: i64) -> &mut BrokerProcess {
+        &mut self.brokers[(id - 1) as usize]
+    }
+
+    pub fn master_client(&self) -> TestClient {
+        let status = self.status().expect("a controller answers");
+        let mut client = TestClient::connect(status.master_address.parse().unwrap()).unwrap();
+        client.handshake().unwrap();
+        client
+    }
+}
+
+/// Producers through the client library, sending until stopped; records each SEND_OK body and
+/// when the last one came.
+/// Acknowledged bodies and when each was acknowledged.
+pub type Acknowledged = Arc<Mutex<Vec<(Vec<u8>, Instant)>>>;
+
+pub struct Load {
+    acknowledged: Acknowledged,
+    stop: Arc<AtomicBool>,
+    runtime: tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(namesrv: &str, producers: usize) -> Load {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let acknowledged = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..producers)
+            .map(|p| {
+                let (namesrv, acknowledged, stop) =
+                    (namesrv.to_owned(), acknowledged.clone(), stop.clone());
+                runtime.spawn(async move {
+                    let producer = shardmq_client::Producer::builder()
+                        .namesrv(&namesrv)
+                        .send_timeout(Duration::from_secs(4))
+                        .build()
+                        .await
+                        .expect("a producer");
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = format!("p{p}-{i}").into_bytes();
+                        i += 1;
+                        match producer
+                            .send(shardmq_client::Message::new(TOPIC, body.clone()))
+                            .await
+                        {
+                            Ok(r) if r.status == shardmq_client::SendStatus::SendOk => {
+                                acknowledged.lock().unwrap().push((body, Instant::now()));
+                            }
+                            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                        }
+                    }
+                    producer.shutdown().await;
+                })
+            })
+            .collect();
+        Load {
+            acknowledged,
+            stop,
+            runtime,
+            tasks,
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.acknowledged.lock().unwrap().len()
+    }
+
+    /// When the first send after `since` was acknowledged.
+    pub fn first_ack_after(&self, since: Instant) -> Option<Instant> {
+        self.acknowledged
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| *at)
+            .find(|at| *at > since)
+    }
+
+    pub fn finish(self) -> Vec<Vec<u8>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let tasks = self.tasks;
+        self.runtime.block_on(async {
+            for task in tasks {
+                let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+            }
+        });
+        let acknowledged = self.acknowledged.lock().unwrap();
+        acknowledged.iter().map(|(b, _)| b.clone()).collect()
+    }
+}
+
+/// Every body stored in the topic on the broker `client` talks to.
+pub fn stored(client: &mut TestClient) -> HashSet<Vec<u8>> {
+    let mut bodies = HashSet::new();
+    for queue in 0..QUEUES as i32 {
+        bodies.extend(
+            pull_queue(client, TOPIC, queue)
+                .0
+                .into_iter()
+                .map(|r| r.body),
+        );
+    }
+    bodies
+}
+
+pub fn assert_all_stored(acknowledged: &[Vec<u8>], bodies: &HashSet<Vec<u8>>, where_: &str) {
+    let missing: Vec<String> = acknowledged
+        .iter()
+        .filter(|b| !bodies.contains(*b))
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages missing on {where_}: {:?}",
+        missing.len(),
+        acknowledged.len(),
+        &missing[..missing.len().min(10)]
+    );
+}
+
+/// `role` from a broker's `broker status`, if it answers.
+pub fn role_of(address: std::net::SocketAddr) -> Option<String> {
+    let mut client = TestClient::connect(address).ok()?;
+    client.handshake().ok()?;
+    let answer = shardmq_tests::broker_status(&mut client).ok()?;
+    answer
+        .frame()
+        .body_as_broker_status_response()
+        .and_then(|r| r.role())
+        .map(str::to_owned)
+}
+
+pub fn signal(process: &shardmq_tests::ServerProcess, name: &str) {
+    shardmq_tests::signal(process.pid(), name);
+}
+
+/// The first group one controller reports.
+pub fn controller_group(address: &str) -> Option<GroupStatus> {
+    let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
+    client.handshake().ok()?;
+    let answer = status_request(&mut client)?;
+    let r = answer.frame().body_as_controller_status_response()?;
+    let g = r.groups()?.iter().next()?;
+    Some(GroupStatus {
+        leader: r.leader_id(),
+        master_id: g.master_id(),
+        master_address: g.master_address().unwrap_or_default().to_owned(),
+        epoch: g.epoch(),
+        in_sync: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+    })
+}
+
+pub fn status_request(client: &mut TestClient) -> Option<shardmq_schema::VerifiedFrame> {
+    client
+        .request(|b| {
+            let body =
+                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+            (wire::Body::ControllerStatusRequest, body.as_union_value())
+        })
+        .ok()
+}
