@@ -2,8 +2,9 @@
 //! processes (three name servers with controllers, three brokers of one group in
 //! `--broker-role auto`, sync replication) under continuous produce and consume, with faults
 //! injected at seeded random moments: kill -9 of the master or of a slave, SIGSTOP of the
-//! master or of the controller leader for longer than the heartbeat timeout, and a slave
-//! restarted after a simulated power loss (its CommitLog cut back to its last checkpoint).
+//! master or of the controller leader for longer than the heartbeat timeout, and the master or
+//! a slave restarted after a simulated power loss (its CommitLog cut back to its last
+//! checkpoint, the rest reading as zeros).
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -43,10 +44,8 @@ enum Fault {
     MasterPowerLoss,
 }
 
-/// The faults a run draws from: every kind but `MasterPowerLoss` unless
-/// `SHARDMQ_CHAOS_FAULTS` names some (comma-separated, as printed), for example to replay one
-/// kind. `MasterPowerLoss` is left out by default while the fault it finds is open
-/// (docs/replication.md, "Fault injection").
+/// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
+/// (comma-separated, as printed), for example to replay one kind.
 fn faults() -> Vec<Fault> {
     let all = [
         Fault::KillMaster,
@@ -68,10 +67,7 @@ fn faults() -> Vec<Fault> {
             );
             chosen
         }
-        Err(_) => all
-            .into_iter()
-            .filter(|f| *f != Fault::MasterPowerLoss)
-            .collect(),
+        Err(_) => all.to_vec(),
     }
 }
 
@@ -225,8 +221,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
     // to settle has passed.
     let deadline = Instant::now() + SETTLE;
     let copies = loop {
-        let copies: Vec<(i64, Vec<BTreeMap<u64, Vec<u8>>>)> =
-            (1..=3).map(|id| (id, copy_of(&mut group, id))).collect();
+        let copies: Vec<(i64, Copy)> = (1..=3).map(|id| (id, copy_of(&mut group, id))).collect();
         let complete = copies.iter().all(|(_, queues)| {
             let bodies: HashSet<&Vec<u8>> = queues.iter().flat_map(|q| q.values()).collect();
             acknowledged_set.iter().all(|b| bodies.contains(*b))
@@ -338,8 +333,11 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
     );
 }
 
-/// Broker `id`'s copy of every queue of the topic, by queue offset.
-fn copy_of(group: &mut HaGroup, id: i64) -> Vec<BTreeMap<u64, Vec<u8>>> {
+/// A broker's copy of every queue of the topic: each queue's bodies by queue offset.
+type Copy = Vec<BTreeMap<u64, Vec<u8>>>;
+
+/// Broker `id`'s copy of every queue of the topic.
+fn copy_of(group: &mut HaGroup, id: i64) -> Copy {
     let mut client = group.broker(id).client();
     (0..QUEUES as i32)
         .map(|queue| {
@@ -402,9 +400,20 @@ fn cut_to_checkpoints(data_dir: &std::path::Path) {
             if base >= durable {
                 std::fs::remove_file(&path).unwrap();
             } else {
+                // The segment keeps its (preallocated) size; what was not durable reads back
+                // as zeros, as unwritten extents do after a power loss.
                 let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-                if file.metadata().unwrap().len() > durable - base {
-                    file.set_len(durable - base).unwrap();
+                let len = file.metadata().unwrap().len();
+                let from = durable - base;
+                if len > from {
+                    use std::os::unix::fs::FileExt;
+                    let zeros = vec![0u8; 1 << 20];
+                    let mut at = from;
+                    while at < len {
+                        let n = (len - at).min(zeros.len() as u64) as usize;
+                        file.write_all_at(&zeros[..n], at).unwrap();
+                        at += n as u64;
+                    }
                 }
             }
         }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use glommio::io::{DmaBuffer, DmaFile, ReadResult};
 use tracing::{info, warn};
 
@@ -737,6 +737,21 @@ impl CommitLog {
         if let Some(bytes) = self.ring.borrow().read(offset, end) {
             return Ok(bytes);
         }
+        let written = self.written.get();
+        if end > written && offset < written {
+            // The range begins on disk and ends in the write ring, whose bytes are not in
+            // their segment file yet (there they still read as zeros): the two parts, joined.
+            let on_disk = Box::pin(self.read(offset, written - offset)).await?;
+            let in_ring = self.ring.borrow().read(written, end).ok_or_else(|| {
+                io::Error::other(format!(
+                    "CommitLog bytes [{written}, {end}) are neither written nor in the write ring"
+                ))
+            })?;
+            let mut joined = BytesMut::with_capacity(len as usize);
+            joined.extend_from_slice(&on_disk);
+            joined.extend_from_slice(&in_ring);
+            return Ok(joined.freeze());
+        }
         let segment = self.segment_holding(offset)?;
         let file = segment.file().await?;
         read_exact_at(&file, offset - segment.base, len, &segment.path).await
@@ -938,6 +953,41 @@ mod tests {
 
     fn file_bytes(dir: &Path, base: u64) -> Vec<u8> {
         std::fs::read(dir.join(segment_file_name(base))).expect("segment file")
+    }
+
+    #[test]
+    fn a_read_from_the_disk_into_the_unwritten_ring_returns_the_bytes_not_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            crate::append_file::prime_direct_io_probe(&path)
+                .await
+                .unwrap();
+            let (log, _) = CommitLog::open(path.clone(), 4 << 20, 0, 0, &mut |_, _| {})
+                .await
+                .expect("open");
+            let pattern = |from: u64, len: usize| -> Vec<u8> {
+                (from..from + len as u64).map(|p| (p % 251) as u8).collect()
+            };
+            let mut end = 0u64;
+            while end < 1_500_000 {
+                append(&log, &pattern(end, 1000));
+                end += 1000;
+            }
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), end);
+            // Appended, not written yet: only in the ring.
+            append(&log, &pattern(end, 3000));
+            let from = 100_000;
+            let to = end + 3000;
+            assert!(
+                log.ring.borrow().read(from, to).is_none(),
+                "the ring no longer holds the start of the range"
+            );
+            let read = log.read(from, to - from).await.unwrap();
+            assert_eq!(read.len() as u64, to - from);
+            assert!(read[..] == pattern(from, (to - from) as usize)[..]);
+        });
     }
 
     #[test]
