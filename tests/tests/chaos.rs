@@ -127,7 +127,9 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             )
             .expect("a push consumer")
     };
-    let load = Load::start(&group.namesrv_list, 2);
+    // Paced (at most about 1,000 sends a second in all), so that a slave restarted by a fault
+    // can catch up and rejoin the SyncStateSet while the load goes on.
+    let load = Load::start_paced(&group.namesrv_list, 2, Duration::from_millis(2));
     wait_until(SETTLE, "the first acknowledged sends", || {
         (load.count() >= 50).then_some(())
     });
@@ -204,13 +206,28 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             }
         }
         *injected.entry(fault).or_default() += 1;
-        wait_until(
-            SETTLE,
-            "the group whole again (a master, three in sync)",
-            || {
-                let status = group.status()?;
-                (status.master_id > 0 && status.in_sync.len() == 3).then_some(())
-            },
+        let waiting_since = Instant::now();
+        let deadline = waiting_since + SETTLE;
+        while !group
+            .status()
+            .is_some_and(|s| s.master_id > 0 && s.in_sync.len() == 3)
+        {
+            if Instant::now() >= deadline {
+                let views: Vec<_> = group
+                    .controller_addresses
+                    .iter()
+                    .map(|address| controller_group(address))
+                    .collect();
+                panic!(
+                    "round {round} ({fault:?}): the group is not whole again after {SETTLE:?}; \
+                     each controller says {views:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!(
+            "chaos round {round}: whole again after {} ms",
+            waiting_since.elapsed().as_millis()
         );
     }
 

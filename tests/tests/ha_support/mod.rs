@@ -187,6 +187,12 @@ pub struct Load {
 
 impl Load {
     pub fn start(namesrv: &str, producers: usize) -> Load {
+        Load::start_paced(namesrv, producers, Duration::ZERO)
+    }
+
+    /// Like [`Load::start`], each producer pausing `pause` after each acknowledged send (a
+    /// load the slaves can catch up with after a fault).
+    pub fn start_paced(namesrv: &str, producers: usize, pause: Duration) -> Load {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -215,6 +221,9 @@ impl Load {
                         {
                             Ok(r) if r.status == shardmq_client::SendStatus::SendOk => {
                                 acknowledged.lock().unwrap().push((body, Instant::now()));
+                                if !pause.is_zero() {
+                                    tokio::time::sleep(pause).await;
+                                }
                             }
                             _ => tokio::time::sleep(Duration::from_millis(20)).await,
                         }
