@@ -18,13 +18,15 @@
 //!   topic, a body within the limit, a plain send's sys flag, no property only the broker may
 //!   set, the reported tags, keys and unique id, and the patched store host; the client reads it
 //!   too;
-//! - on failure, the records reported before it are exactly those before the failing one.
+//! - on failure, the records reported before it are exactly those before the failing one;
+//! - checked in pieces as it would arrive (`RunChecker`), the run gives the same outcome and
+//!   reports the same records.
 #![no_main]
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use shardmq_codec::{
-    check_run, decode_message, patch_record, record_crc, RecordView, RunError, RunRecord, RunRules,
+    check_run, decode_message, RunChecker, patch_record, record_crc, RecordView, RunError, RunRecord, RunRules,
     StorePatch, CRC_TRAILER_BYTES, SYS_FLAG_BORN_HOST_V6, SYS_FLAG_COMPRESSED, SYS_FLAG_MULTI_TAGS,
     SYS_FLAG_STORE_HOST_V6,
 };
@@ -63,7 +65,22 @@ fuzz_target!(|data: &[u8]| {
         reserved_properties: RESERVED,
     };
     let mut reported: Vec<RunRecord<'_>> = Vec::new();
-    match check_run(&run, &rules, |record| reported.push(record)) {
+    let whole = check_run(&run, &rules, |record| reported.push(record));
+    // Checked as it arrives (in pieces of 1 to 128 bytes, bit 7 choosing the small end), the
+    // run gives exactly what the whole check gives.
+    let piece = if control & 0x80 != 0 { 1 + run.len() % 7 } else { 1 + run.len() % 128 };
+    let mut checker = RunChecker::default();
+    let mut in_pieces: Vec<RunRecord<'_>> = Vec::new();
+    let mut arrived = 0;
+    let mut outcome = Ok(());
+    while arrived < run.len() && outcome.is_ok() {
+        arrived = (arrived + piece).min(run.len());
+        outcome = checker.check_arrived(&run[..arrived], run.len(), &rules, |r| in_pieces.push(r));
+    }
+    let outcome = outcome.and_then(|()| checker.finish(run.len()));
+    assert_eq!(outcome, whole, "checked in pieces, the run gives another outcome");
+    assert_eq!(in_pieces, reported, "checked in pieces, other records are reported");
+    match whole {
         Ok(count) => {
             assert_eq!(
                 count,
