@@ -42,6 +42,8 @@ enum Fault {
     PauseControllerLeader,
     SlavePowerLoss,
     MasterPowerLoss,
+    /// A slave's power loss, then the master's kill -9 before the slave has caught up.
+    SlavePowerLossThenKillMaster,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -54,6 +56,7 @@ fn faults() -> Vec<Fault> {
         Fault::PauseControllerLeader,
         Fault::SlavePowerLoss,
         Fault::MasterPowerLoss,
+        Fault::SlavePowerLossThenKillMaster,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
         Ok(names) => {
@@ -149,7 +152,15 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             load.count()
         );
         match fault {
-            Fault::KillMaster => {
+            Fault::KillMaster | Fault::SlavePowerLossThenKillMaster => {
+                if fault == Fault::SlavePowerLossThenKillMaster {
+                    let slave = pick_slave(&before, &mut rng);
+                    group.broker(slave).kill9();
+                    let dir = group.broker(slave).data_dir().to_owned();
+                    cut_to_checkpoints(&dir);
+                    group.broker(slave).restart();
+                    std::thread::sleep(Duration::from_millis(rng.in_range(0..=500)));
+                }
                 let master = before.master_id;
                 group.broker(master).kill9();
                 let killed_at = Instant::now();
