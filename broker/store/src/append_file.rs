@@ -347,7 +347,25 @@ impl AppendFile {
                 return Ok(Bytes::from(out));
             }
         }
-        self.read_from_disk(pos, len).await
+        loop {
+            let tail_start = self.tail.borrow().start;
+            if end <= tail_start {
+                // Everything before the hot tail is on disk.
+                return self.read_from_disk(pos, len).await;
+            }
+            // Begins before the hot tail and ends in it: the end may not be on disk yet (the
+            // tail holds everything not flushed), so the two parts are read where they are.
+            let on_disk = self.read_from_disk(pos, tail_start - pos).await?;
+            let tail = self.tail.borrow();
+            if tail.start > tail_start {
+                // A flush trimmed the tail meanwhile: what it held is on disk now.
+                continue;
+            }
+            let mut out = vec![0u8; len as usize];
+            out[..on_disk.len()].copy_from_slice(&on_disk);
+            tail.copy_range(tail_start, end, &mut out[on_disk.len()..]);
+            return Ok(Bytes::from(out));
+        }
     }
 
     async fn read_from_disk(&self, pos: u64, len: u64) -> io::Result<Bytes> {
@@ -472,6 +490,34 @@ mod tests {
     use super::*;
 
     use crate::run_local as run;
+
+    #[test]
+    fn a_read_from_the_disk_into_the_unflushed_tail_returns_both_parts() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("00000000000000000000");
+        run(move || async move {
+            prime_direct_io_probe(path.parent().unwrap()).await.unwrap();
+            // No hot tail beyond what is unflushed: flushed chunks leave memory.
+            let file = Rc::new(AppendFile::new_lazy(path.clone(), 0));
+            let byte = |p: u64| (p % 251) as u8;
+            let mut len = 0u64;
+            for _ in 0..3 {
+                for _ in 0..40 {
+                    let data: Vec<u8> = (len..len + 1000).map(byte).collect();
+                    file.append_copy(&data);
+                    len += 1000;
+                }
+                file.flush(false).await.unwrap();
+            }
+            let data: Vec<u8> = (len..len + 3000).map(byte).collect();
+            file.append_copy(&data);
+            len += 3000;
+            let start = file.tail.borrow().start;
+            assert!(start > 0, "flushed chunks left the tail");
+            let read = file.read(0, len).await.unwrap();
+            assert!(read.iter().enumerate().all(|(p, b)| *b == byte(p as u64)));
+        });
+    }
 
     #[test]
     fn a_file_removed_while_its_first_flush_creates_it_is_gone_afterwards() {
