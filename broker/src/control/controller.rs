@@ -40,6 +40,9 @@ pub struct Beat {
     pub epoch: u64,
     pub in_sync: BTreeSet<i64>,
     pub is_master: bool,
+    /// A master: the SyncStateSet without itself as the controller last told it, which
+    /// `in_sync` was judged against (the controller compares it with the set before changing it).
+    pub judged_against: Option<BTreeSet<i64>>,
 }
 
 /// The slaves a master reports in sync, from every storage shard's view (`views`, one per shard
@@ -89,6 +92,10 @@ pub fn encode_heartbeat<'b>(
     let ha = b.create_string(&beat.ha_address);
     let in_sync: Vec<i64> = beat.in_sync.iter().copied().collect();
     let in_sync = b.create_vector(&in_sync);
+    let judged_against = beat.judged_against.as_ref().map(|set| {
+        let set: Vec<i64> = set.iter().copied().collect();
+        b.create_vector(&set)
+    });
     let self_id = if config.controller_self_id > 0 {
         config.controller_self_id
     } else {
@@ -105,6 +112,7 @@ pub fn encode_heartbeat<'b>(
             epoch: beat.epoch,
             in_sync: Some(in_sync),
             is_master: beat.is_master,
+            judged_against,
         },
     );
     build_frame(
@@ -275,6 +283,11 @@ pub async fn run(shard: Rc<NetworkShard>) {
     let mut link: Option<crate::replication::MasterLink> = None;
     let mut next = 0usize;
     let mut said_unreachable = false;
+    // A master: the SyncStateSet (without itself) as the controller last told it; it starts as
+    // the set it was made master with (what its sends wait for before any heartbeat).
+    let mut told: BTreeSet<i64> = crate::role::sync_wait_set()
+        .map(|set| (*set).clone())
+        .unwrap_or_default();
     while !shard.stopping.load(Ordering::Relaxed) {
         let mut in_sync = std::collections::BTreeSet::new();
         if is_master {
@@ -313,6 +326,7 @@ pub async fn run(shard: Rc<NetworkShard>) {
             epoch: config.controller_epoch,
             in_sync,
             is_master,
+            judged_against: is_master.then(|| told.clone()),
         };
         let mut answer = None;
         for _ in 0..config.controller.len() {
@@ -384,6 +398,7 @@ pub async fn run(shard: Rc<NetworkShard>) {
                 if is_master {
                     let mut wait_for = group.sync_state_set.clone();
                     wait_for.remove(&self_id);
+                    told = wait_for.clone();
                     crate::role::set_sync_wait_set(Some(wait_for));
                 }
             }

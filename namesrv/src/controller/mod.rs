@@ -130,6 +130,8 @@ struct Heartbeat {
     epoch: u64,
     in_sync: BTreeSet<i64>,
     is_master: bool,
+    /// A master's SyncStateSet (without itself) as it was last told it (see `AlterSyncStateSet`).
+    judged_against: Option<BTreeSet<i64>>,
 }
 
 impl Heartbeat {
@@ -144,6 +146,7 @@ impl Heartbeat {
             epoch: r.epoch(),
             in_sync: r.in_sync().iter().flat_map(|v| v.iter()).collect(),
             is_master: r.is_master(),
+            judged_against: r.judged_against().map(|v| v.iter().collect()),
         }
     }
 
@@ -502,6 +505,24 @@ impl Controller {
         let mut group = group.ok_or("the group was not registered")?;
         if heartbeat.is_starting() && group.master == heartbeat.broker_id {
             group = self.replace_restarted_master(&heartbeat, group).await?;
+        } else if heartbeat.is_starting()
+            && group.master != 0
+            && group.sync_state_set.contains(&heartbeat.broker_id)
+        {
+            // A slave of the set starting again may hold less than it acknowledged (a power
+            // loss): it must not stay electable until its master finds it caught up.
+            let result = self
+                .write(Command::LeaveSyncStateSet {
+                    cluster_name: heartbeat.cluster_name.clone(),
+                    broker_name: heartbeat.broker_name.clone(),
+                    broker_id: heartbeat.broker_id,
+                    epoch: group.epoch,
+                })
+                .await?;
+            if result.applied {
+                info!(group = %key, broker = heartbeat.broker_id, set = ?result.group.as_ref().map(|g| &g.sync_state_set), "a slave of the SyncStateSet restarted: it leaves the set until it has caught up");
+            }
+            group = result.group.unwrap_or(group);
         }
         if group.master == 0 {
             let result = self
@@ -531,6 +552,7 @@ impl Controller {
                         master: heartbeat.broker_id,
                         epoch: heartbeat.epoch,
                         sync_state_set: set,
+                        expected: heartbeat.judged_against.clone(),
                     })
                     .await?;
                 if result.applied {
@@ -615,6 +637,10 @@ impl Controller {
                 );
                 let in_sync: Vec<i64> = hb.in_sync.iter().copied().collect();
                 let in_sync = b.create_vector(&in_sync);
+                let judged_against = hb.judged_against.as_ref().map(|set| {
+                    let set: Vec<i64> = set.iter().copied().collect();
+                    b.create_vector(&set)
+                });
                 let body = wire::ControllerHeartbeatRequest::create(
                     b,
                     &wire::ControllerHeartbeatRequestArgs {
@@ -626,6 +652,7 @@ impl Controller {
                         epoch: hb.epoch,
                         in_sync: Some(in_sync),
                         is_master: hb.is_master,
+                        judged_against,
                     },
                 );
                 build_frame(

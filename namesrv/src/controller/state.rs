@@ -57,13 +57,26 @@ pub enum Command {
         broker_id: i64,
         expected_epoch: u64,
     },
-    /// The master of `epoch` names its in-sync replicas.
+    /// A member of the SyncStateSet that is not the master is starting again: it may hold less
+    /// than it acknowledged (a power loss), so it leaves the set of `epoch` and rejoins only
+    /// once its master finds it caught up.
+    LeaveSyncStateSet {
+        cluster_name: String,
+        broker_name: String,
+        broker_id: i64,
+        epoch: u64,
+    },
+    /// The master of `epoch` names its in-sync replicas, judged against `expected` (the set as
+    /// the controller last told it, the master left out): applied only while that is still the
+    /// set (compare and set; `None`, from brokers before this field, skips the comparison).
     AlterSyncStateSet {
         cluster_name: String,
         broker_name: String,
         master: i64,
         epoch: u64,
         sync_state_set: BTreeSet<i64>,
+        #[serde(default)]
+        expected: Option<BTreeSet<i64>>,
     },
 }
 
@@ -154,12 +167,38 @@ impl Groups {
                     group: Some(group.clone()),
                 }
             }
+            Command::LeaveSyncStateSet {
+                cluster_name,
+                broker_name,
+                broker_id,
+                epoch,
+            } => {
+                let Some(group) = self.groups.get_mut(&group_key(cluster_name, broker_name)) else {
+                    return refuse(None, "no such group".into());
+                };
+                if group.epoch != *epoch || group.master == *broker_id {
+                    return refuse(
+                        Some(group),
+                        format!(
+                            "broker {broker_id} is the master or the epoch is {}, not {epoch}",
+                            group.epoch
+                        ),
+                    );
+                }
+                let changed = group.sync_state_set.remove(broker_id);
+                CommandResult {
+                    applied: changed,
+                    why_not: String::new(),
+                    group: Some(group.clone()),
+                }
+            }
             Command::AlterSyncStateSet {
                 cluster_name,
                 broker_name,
                 master,
                 epoch,
                 sync_state_set,
+                expected,
             } => {
                 let Some(group) = self.groups.get_mut(&group_key(cluster_name, broker_name)) else {
                     return refuse(None, "no such group".into());
@@ -172,6 +211,19 @@ impl Groups {
                             group.master, group.epoch
                         ),
                     );
+                }
+                if let Some(expected) = expected {
+                    let mut others = group.sync_state_set.clone();
+                    others.remove(master);
+                    if *expected != others {
+                        return refuse(
+                            Some(group),
+                            format!(
+                                "the set was judged against {expected:?}, but it is {:?} now",
+                                group.sync_state_set
+                            ),
+                        );
+                    }
                 }
                 let mut set = sync_state_set.clone();
                 set.retain(|id| group.replicas.contains_key(id));
@@ -220,6 +272,7 @@ mod tests {
             master,
             epoch,
             sync_state_set: set.iter().copied().collect(),
+            expected: None,
         })
     }
 
@@ -242,6 +295,63 @@ mod tests {
         let group = result.group.unwrap();
         assert_eq!((group.master, group.epoch), (2, 2));
         assert_eq!(group.sync_state_set, BTreeSet::from([2]));
+    }
+
+    #[test]
+    fn a_starting_slave_leaves_the_set_but_the_master_never_does() {
+        let mut groups = Groups::default();
+        for id in 1..=3 {
+            register(&mut groups, id);
+        }
+        let elect = groups.apply(&Command::Elect {
+            cluster_name: "c".into(),
+            broker_name: "b".into(),
+            broker_id: 1,
+            expected_epoch: 0,
+        });
+        assert!(elect.applied);
+        let alter = groups.apply(&Command::AlterSyncStateSet {
+            cluster_name: "c".into(),
+            broker_name: "b".into(),
+            master: 1,
+            epoch: 1,
+            sync_state_set: BTreeSet::from([1, 2, 3]),
+            expected: None,
+        });
+        assert!(alter.applied);
+        let leave = |groups: &mut Groups, id: i64, epoch: u64| {
+            groups.apply(&Command::LeaveSyncStateSet {
+                cluster_name: "c".into(),
+                broker_name: "b".into(),
+                broker_id: id,
+                epoch,
+            })
+        };
+        assert!(!leave(&mut groups, 1, 1).applied, "the master stays");
+        assert!(
+            !leave(&mut groups, 2, 0).applied,
+            "a stale epoch changes nothing"
+        );
+        let left = leave(&mut groups, 2, 1);
+        assert!(left.applied);
+        assert_eq!(left.group.unwrap().sync_state_set, BTreeSet::from([1, 3]));
+        assert!(!leave(&mut groups, 2, 1).applied, "gone already");
+        // A heartbeat the master judged against the set before the leave does not bring the
+        // slave back; one judged against the set as it is now does.
+        let alter = |groups: &mut Groups, expected: &[i64]| {
+            groups.apply(&Command::AlterSyncStateSet {
+                cluster_name: "c".into(),
+                broker_name: "b".into(),
+                master: 1,
+                epoch: 1,
+                sync_state_set: BTreeSet::from([1, 2, 3]),
+                expected: Some(expected.iter().copied().collect()),
+            })
+        };
+        let stale = alter(&mut groups, &[2, 3]);
+        assert!(!stale.applied);
+        assert_eq!(stale.group.unwrap().sync_state_set, BTreeSet::from([1, 3]));
+        assert!(alter(&mut groups, &[3]).applied);
     }
 
     #[test]

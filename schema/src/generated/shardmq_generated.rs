@@ -16826,6 +16826,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
   pub const VT_EPOCH: ::flatbuffers::VOffsetT = 14;
   pub const VT_IN_SYNC: ::flatbuffers::VOffsetT = 16;
   pub const VT_IS_MASTER: ::flatbuffers::VOffsetT = 18;
+  pub const VT_JUDGED_AGAINST: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -16839,6 +16840,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     let mut builder = ControllerHeartbeatRequestBuilder::new(_fbb);
     builder.add_epoch(args.epoch);
     builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.judged_against { builder.add_judged_against(x); }
     if let Some(x) = args.in_sync { builder.add_in_sync(x); }
     if let Some(x) = args.ha_address { builder.add_ha_address(x); }
     if let Some(x) = args.address { builder.add_address(x); }
@@ -16867,6 +16869,9 @@ impl<'a> ControllerHeartbeatRequest<'a> {
       x.into_iter().collect()
     });
     let is_master = self.is_master();
+    let judged_against = self.judged_against().map(|x| {
+      x.into_iter().collect()
+    });
     ControllerHeartbeatRequestT {
       cluster_name,
       broker_name,
@@ -16876,6 +16881,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
       epoch,
       in_sync,
       is_master,
+      judged_against,
     }
   }
 
@@ -16940,6 +16946,17 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(ControllerHeartbeatRequest::VT_IS_MASTER, Some(false)).unwrap()}
   }
+  /// A master only: the SyncStateSet (without the master) it judged `in_sync` against, as the
+  /// controller last told it. The controller changes the set only when this is still the
+  /// group's set (compare and set): a heartbeat judged against an older set changes nothing,
+  /// and its answer tells the master the current one.
+  #[inline]
+  pub fn judged_against(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
@@ -16956,6 +16973,7 @@ impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
      .visit_field::<u64>("epoch", Self::VT_EPOCH, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("in_sync", Self::VT_IN_SYNC, false)?
      .visit_field::<bool>("is_master", Self::VT_IS_MASTER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("judged_against", Self::VT_JUDGED_AGAINST, false)?
      .finish();
     Ok(())
   }
@@ -16969,6 +16987,7 @@ pub struct ControllerHeartbeatRequestArgs<'a> {
     pub epoch: u64,
     pub in_sync: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
     pub is_master: bool,
+    pub judged_against: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
 }
 impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
   #[inline]
@@ -16982,6 +17001,7 @@ impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
       epoch: 0,
       in_sync: None,
       is_master: false,
+      judged_against: None,
     }
   }
 }
@@ -17024,6 +17044,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerHeartbeatRequestBui
     self.fbb_.push_slot::<bool>(ControllerHeartbeatRequest::VT_IS_MASTER, is_master, false);
   }
   #[inline]
+  pub fn add_judged_against(&mut self, judged_against: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST, judged_against);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerHeartbeatRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ControllerHeartbeatRequestBuilder {
@@ -17049,6 +17073,7 @@ impl ::core::fmt::Debug for ControllerHeartbeatRequest<'_> {
       ds.field("epoch", &self.epoch());
       ds.field("in_sync", &self.in_sync());
       ds.field("is_master", &self.is_master());
+      ds.field("judged_against", &self.judged_against());
       ds.finish()
   }
 }
@@ -17063,6 +17088,7 @@ pub struct ControllerHeartbeatRequestT {
   pub epoch: u64,
   pub in_sync: Option<alloc::vec::Vec<i64>>,
   pub is_master: bool,
+  pub judged_against: Option<alloc::vec::Vec<i64>>,
 }
 impl Default for ControllerHeartbeatRequestT {
   fn default() -> Self {
@@ -17075,6 +17101,7 @@ impl Default for ControllerHeartbeatRequestT {
       epoch: 0,
       in_sync: None,
       is_master: false,
+      judged_against: None,
     }
   }
 }
@@ -17101,6 +17128,9 @@ impl ControllerHeartbeatRequestT {
       _fbb.create_vector(x)
     });
     let is_master = self.is_master;
+    let judged_against = self.judged_against.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
     ControllerHeartbeatRequest::create(_fbb, &ControllerHeartbeatRequestArgs{
       cluster_name,
       broker_name,
@@ -17110,6 +17140,7 @@ impl ControllerHeartbeatRequestT {
       epoch,
       in_sync,
       is_master,
+      judged_against,
     })
   }
 }

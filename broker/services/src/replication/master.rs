@@ -26,6 +26,9 @@ struct SlaveState {
     peer: String,
     /// The confirmed offset the last answer to this slave carried.
     confirmed_sent: u64,
+    /// It rejoined holding less than it had acknowledged (a power loss took its tail): it is
+    /// not in sync, whatever its lag, until it holds everything this master has again.
+    regressed: bool,
 }
 
 /// A master storage shard's replication state: its terms, its slaves' acknowledgements, and
@@ -149,8 +152,12 @@ impl MasterSide {
             seen: Instant::now(),
             peer: String::new(),
             confirmed_sent: 0,
+            regressed: false,
         });
         state.seen = Instant::now();
+        if state.regressed && acknowledged >= log_end {
+            state.regressed = false;
+        }
         if !peer.is_empty() && state.peer != peer {
             state.peer = peer.to_owned();
         }
@@ -167,7 +174,9 @@ impl MasterSide {
         }
     }
 
-    /// A slave (re)joined: its acknowledgement restarts from what it holds.
+    /// A slave (re)joined: its acknowledgement restarts from what it holds. One that holds less
+    /// than it had acknowledged lost bytes the sends it acknowledged counted on: it is no
+    /// longer in sync until it has caught up whole ([`sync_view`](Self::sync_view)).
     pub fn on_join(&self, broker_id: i64, peer: &str, end: u64) {
         let mut slaves = self.slaves.borrow_mut();
         let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
@@ -175,10 +184,12 @@ impl MasterSide {
             seen: Instant::now(),
             peer: String::new(),
             confirmed_sent: 0,
+            regressed: false,
         });
         state.seen = Instant::now();
         state.peer = peer.to_owned();
         state.confirmed_sent = 0;
+        state.regressed |= end < state.acknowledged;
         state.acknowledged = end;
     }
 
@@ -243,15 +254,19 @@ impl MasterSide {
         }
     }
 
-    /// Controller mode: each slave's acknowledgement on this shard and whether it asked within
-    /// [`SLAVE_SILENCE`], with this log's end.
+    /// Controller mode: each slave's acknowledgement on this shard and whether it counts as
+    /// alive (it asked within [`SLAVE_SILENCE`] and has not rejoined behind what it had
+    /// acknowledged without catching up since), with this log's end.
     pub fn sync_view(&self, log_end: u64) -> SyncView {
         let slaves = self.slaves.borrow();
         (
             log_end,
             slaves
                 .iter()
-                .map(|(id, s)| (*id, s.acknowledged, s.seen.elapsed() < SLAVE_SILENCE))
+                .map(|(id, s)| {
+                    let alive = s.seen.elapsed() < SLAVE_SILENCE && !s.regressed;
+                    (*id, s.acknowledged, alive)
+                })
                 .collect(),
         )
     }
@@ -325,5 +340,39 @@ impl MasterSide {
             master_end: log_end,
             consistent_end: epochs.consistent_end(log_end, slave, slave_end),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn master() -> MasterSide {
+        let dir = tempfile::tempdir().unwrap();
+        let epochs = EpochLog::load(dir.path()).unwrap();
+        MasterSide::new(Rc::new(RefCell::new(epochs)))
+    }
+
+    fn alive(view: &SyncView, id: i64) -> bool {
+        view.1.iter().any(|(i, _, alive)| *i == id && *alive)
+    }
+
+    #[test]
+    fn a_slave_that_rejoins_behind_its_acknowledgement_is_out_of_sync_until_caught_up() {
+        let master = master();
+        master.on_join(2, "p", 0);
+        master.on_pull(2, "p", 1000, 1000);
+        assert!(alive(&master.sync_view(1000), 2));
+        // A plain reconnect where it was: still in sync.
+        master.on_join(2, "p", 1000);
+        assert!(alive(&master.sync_view(1000), 2));
+        // Back after a power loss with less than it acknowledged: out, however small the gap.
+        master.on_join(2, "p", 900);
+        assert!(!alive(&master.sync_view(1000), 2));
+        master.on_pull(2, "p", 990, 1200);
+        assert!(!alive(&master.sync_view(1200), 2));
+        // Caught up whole: in again.
+        master.on_pull(2, "p", 1200, 1200);
+        assert!(alive(&master.sync_view(1200), 2));
     }
 }
