@@ -734,19 +734,26 @@ impl CommitLog {
                 ),
             ));
         };
-        if let Some(bytes) = self.ring.borrow().read(offset, end) {
-            return Ok(bytes);
-        }
-        let written = self.written.get();
-        if end > written && offset < written {
+        loop {
+            if let Some(bytes) = self.ring.borrow().read(offset, end) {
+                return Ok(bytes);
+            }
+            let written = self.written.get();
+            if end <= written {
+                break;
+            }
+            if offset >= written {
+                return Err(io::Error::other(format!(
+                    "CommitLog bytes [{offset}, {end}) are neither written nor in the write ring"
+                )));
+            }
             // The range begins on disk and ends in the write ring, whose bytes are not in
             // their segment file yet (there they still read as zeros): the two parts, joined.
             let on_disk = Box::pin(self.read(offset, written - offset)).await?;
-            let in_ring = self.ring.borrow().read(written, end).ok_or_else(|| {
-                io::Error::other(format!(
-                    "CommitLog bytes [{written}, {end}) are neither written nor in the write ring"
-                ))
-            })?;
+            let Some(in_ring) = self.ring.borrow().read(written, end) else {
+                // Written and trimmed from the ring while the disk part was read: again.
+                continue;
+            };
             let mut joined = BytesMut::with_capacity(len as usize);
             joined.extend_from_slice(&on_disk);
             joined.extend_from_slice(&in_ring);
