@@ -155,10 +155,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             Fault::KillMaster | Fault::SlavePowerLossThenKillMaster => {
                 if fault == Fault::SlavePowerLossThenKillMaster {
                     let slave = pick_slave(&before, &mut rng);
-                    group.broker(slave).kill9();
-                    let dir = group.broker(slave).data_dir().to_owned();
-                    cut_to_checkpoints(&dir);
-                    group.broker(slave).restart();
+                    power_loss(group.broker(slave));
                     std::thread::sleep(Duration::from_millis(rng.in_range(0..=500)));
                 }
                 let master = before.master_id;
@@ -186,17 +183,11 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             }
             Fault::SlavePowerLoss => {
                 let slave = pick_slave(&before, &mut rng);
-                group.broker(slave).kill9();
-                let dir = group.broker(slave).data_dir().to_owned();
-                cut_to_checkpoints(&dir);
-                group.broker(slave).restart();
+                power_loss(group.broker(slave));
             }
             Fault::MasterPowerLoss => {
                 let master = before.master_id;
-                group.broker(master).kill9();
-                let dir = group.broker(master).data_dir().to_owned();
-                cut_to_checkpoints(&dir);
-                group.broker(master).restart();
+                power_loss(group.broker(master));
             }
             Fault::PauseMaster => {
                 let master = before.master_id;
@@ -394,6 +385,14 @@ fn pick_slave(status: &GroupStatus, rng: &mut Rng) -> i64 {
         .collect();
     assert!(!slaves.is_empty(), "a slave in sync: {status:?}");
     slaves[rng.below(slaves.len())]
+}
+
+/// A power loss of `broker`: killed, its CommitLogs cut back as [`cut_to_checkpoints`] says,
+/// started again.
+fn power_loss(broker: &mut shardmq_tests::BrokerProcess) {
+    broker.kill9();
+    cut_to_checkpoints(broker.data_dir());
+    broker.restart();
 }
 
 /// A power loss under async flush on a stopped broker: every storage shard's CommitLog is cut

@@ -276,16 +276,6 @@ pub(super) struct EarlyRun {
 }
 
 impl EarlyRun {
-    fn rules(&self) -> RunRules<'_> {
-        RunRules {
-            topic: &self.topic,
-            max_body_bytes: self.max_body_bytes,
-            max_records: self.count,
-            store_host_is_v6: self.store_host_is_v6,
-            reserved_properties: BROKER_ONLY_PROPERTIES,
-        }
-    }
-
     fn is_for(&self, run_at: usize, run_len: usize, rules: &RunRules<'_>) -> bool {
         self.run_at == run_at
             && self.run_len == run_len
@@ -307,9 +297,16 @@ impl EarlyRun {
         if self.refused.is_some() || arrived.len() <= self.run_at {
             return;
         }
-        let mut checked = std::mem::replace(&mut self.checked, CheckedRun::with_capacity(0));
-        let outcome = checked.check(&arrived[self.run_at..], self.run_len, &self.rules());
-        self.checked = checked;
+        let rules = RunRules {
+            topic: &self.topic,
+            max_body_bytes: self.max_body_bytes,
+            max_records: self.count,
+            store_host_is_v6: self.store_host_is_v6,
+            reserved_properties: BROKER_ONLY_PROPERTIES,
+        };
+        let outcome = self
+            .checked
+            .check(&arrived[self.run_at..], self.run_len, &rules);
         if let Err(error) = outcome {
             self.refused = Some(error);
         }

@@ -749,7 +749,7 @@ impl CommitLog {
             }
             // The range begins on disk and ends in the write ring, whose bytes are not in
             // their segment file yet (there they still read as zeros): the two parts, joined.
-            let on_disk = Box::pin(self.read(offset, written - offset)).await?;
+            let on_disk = self.read_from_disk(offset, written - offset).await?;
             let Some(in_ring) = self.ring.borrow().read(written, end) else {
                 // Written and trimmed from the ring while the disk part was read: again.
                 continue;
@@ -759,6 +759,11 @@ impl CommitLog {
             joined.extend_from_slice(&in_ring);
             return Ok(joined.freeze());
         }
+        self.read_from_disk(offset, len).await
+    }
+
+    /// Reads `[offset, offset + len)`, which must be written, from its segment file.
+    async fn read_from_disk(&self, offset: u64, len: u64) -> io::Result<Bytes> {
         let segment = self.segment_holding(offset)?;
         let file = segment.file().await?;
         read_exact_at(&file, offset - segment.base, len, &segment.path).await
