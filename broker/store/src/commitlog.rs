@@ -313,6 +313,7 @@ impl CommitLog {
             segments.insert(base, segment);
         }
         let mut ring = WriteRing::new(chunk_bytes, write_offset);
+        ring.use_registered_memory();
         if let Some(partial) = partial_block {
             ring.prepend_partial(&partial);
         }

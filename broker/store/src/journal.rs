@@ -29,6 +29,8 @@ use std::io;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use crate::stream_copy::stream_copy;
+
 /// The journal file's name in a shard directory.
 pub const JOURNAL_FILE: &str = "journal";
 /// Bytes before the data.
@@ -183,8 +185,9 @@ impl Journal {
         let data = self.data_mut();
         let at = (from % data_bytes) as usize;
         let first = bytes.len().min(data.len() - at);
-        data[at..at + first].copy_from_slice(&bytes[..first]);
-        data[..bytes.len() - first].copy_from_slice(&bytes[first..]);
+        // Read back only after a crash: streamed past the caches (see `stream_copy`).
+        stream_copy(&mut data[at..at + first], &bytes[..first]);
+        stream_copy(&mut data[..bytes.len() - first], &bytes[first..]);
     }
 
     /// The log's bytes `[from, to)` as journaled (`to - from` at most `data_bytes`).

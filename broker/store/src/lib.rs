@@ -21,6 +21,7 @@ pub mod message_store;
 pub mod notify;
 pub mod read_ahead;
 pub mod scan;
+pub mod stream_copy;
 pub mod verify;
 pub mod write_ring;
 

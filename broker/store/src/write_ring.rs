@@ -74,6 +74,8 @@ pub struct WriteRing {
     retired: Vec<Chunk>,
     /// Where a record that spans two chunks is patched before it is copied in.
     scratch: Vec<u8>,
+    /// New chunks come from the executor's registered I/O memory (see `new_chunk`).
+    is_registered: bool,
 }
 
 impl WriteRing {
@@ -92,7 +94,16 @@ impl WriteRing {
             spare: Vec::new(),
             retired: Vec::new(),
             scratch: Vec::new(),
+            is_registered: false,
         }
+    }
+
+    /// From now on new chunks come from the running glommio executor's I/O memory, which is
+    /// registered with io_uring: a chunk from there is written with `WRITE_FIXED`, without
+    /// pinning its pages for every write. When that memory is full a chunk comes from the
+    /// heap. Call it only on the executor that owns the ring (the storage core).
+    pub fn use_registered_memory(&mut self) {
+        self.is_registered = true;
     }
 
     pub fn chunk_bytes(&self) -> u64 {
@@ -131,10 +142,13 @@ impl WriteRing {
         match self.spare.pop() {
             Some(chunk) => chunk,
             None => Chunk {
-                // Long-lived: from the heap, not glommio's I/O buffer pool.
-                buffer: Rc::new(glommio::allocate_dma_buffer_global(
-                    self.chunk_bytes as usize,
-                )),
+                // The storage core sizes its I/O memory for the ring
+                // (`StoreConfig::ring_io_memory_bytes`).
+                buffer: Rc::new(if self.is_registered {
+                    glommio::allocate_dma_buffer(self.chunk_bytes as usize)
+                } else {
+                    glommio::allocate_dma_buffer_global(self.chunk_bytes as usize)
+                }),
                 pin: Arc::new(()),
             },
         }

@@ -23,7 +23,7 @@ use super::types::{FlushMode, FlushObserver, StoreConfig, StoreError};
 
 /// With the journal on, appends wait while more than this waits for its write ([`Inner::pace`]):
 /// enough to keep every O_DIRECT write in flight busy, with a chunk filling behind them.
-pub(super) const PACE_UNWRITTEN_BYTES: u64 = 8 << 20;
+pub(crate) const PACE_UNWRITTEN_BYTES: u64 = 8 << 20;
 
 /// With the journal on, how long the newest, partly filled chunk may wait to fill before it is
 /// written as it is (when nothing else is being written). Under a steady load the next append

@@ -116,6 +116,16 @@ impl StoreConfig {
         }
     }
 
+    /// Bytes of the storage core's registered I/O memory (glommio's `io_memory`, registered
+    /// with io_uring) that hold this store's write ring: what is not yet written
+    /// (`PACE_UNWRITTEN_BYTES` and the chunks in flight) and the hot tail. A ring chunk taken
+    /// from that memory is written with `WRITE_FIXED`, without pinning its pages for every
+    /// write; a chunk that does not fit comes from the heap and is written as before.
+    pub fn ring_io_memory_bytes(&self) -> usize {
+        let bytes = self.hot_tail_bytes + super::state::PACE_UNWRITTEN_BYTES + (4 << 20);
+        usize::try_from(bytes.next_multiple_of(1 << 20)).unwrap_or(usize::MAX)
+    }
+
     pub fn validate(&self) -> Result<(), StoreError> {
         let fail = |why: String| Err(StoreError::Config(why));
         if !self.segment_bytes.is_multiple_of(DMA_ALIGNMENT_BYTES) || self.segment_bytes < 64 << 10
