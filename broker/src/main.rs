@@ -156,6 +156,10 @@ struct ServeArgs {
     /// behind (per storage shard). [default: 4194304]
     #[arg(long)]
     in_sync_max_lag_bytes: Option<u64>,
+    /// Controller mode: preference among members of equal progress when a master is elected;
+    /// lower is preferred. [default: 4294967295]
+    #[arg(long)]
+    election_priority: Option<u32>,
     /// Controller mode: a send is acknowledged SEND_OK only while the SyncStateSet (master
     /// included) has at least this many members; below, SLAVE_NOT_AVAILABLE. [default: 1]
     #[arg(long)]
@@ -277,6 +281,7 @@ impl ServeArgs {
             controller,
             controller_heartbeat_ms,
             in_sync_max_lag_bytes,
+            election_priority,
             min_in_sync_replicas,
             consume_queue_entries_per_file,
             disk_max_used_ratio,

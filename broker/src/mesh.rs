@@ -54,6 +54,9 @@ pub struct ReplicaPull {
     pub suspend_ms: u64,
     pub epoch: u64,
     pub broker_id: i64,
+    /// The connection the pull came on (its acknowledgement counts only from the one the
+    /// slave joined on).
+    pub link: crate::replication::ReplicaLink,
     pub reply: Reply<Result<crate::replication::ReplicaChunk, String>>,
 }
 
@@ -129,12 +132,18 @@ pub enum StorageRequest {
     ReplicaSyncView {
         reply: Reply<crate::replication::SyncView>,
     },
+    /// Controller mode: the newest master term this shard's log holds and the log's end, which
+    /// the controller ranks members by in an election.
+    ReplicaProgress {
+        reply: Reply<(u64, u64)>,
+    },
     /// A slave joins: where the bytes it shares with this master end.
     ReplicaJoin {
         broker_id: i64,
         peer: String,
         end: u64,
         epochs: crate::store::epochs::EpochLog,
+        link: crate::replication::ReplicaLink,
         reply: Reply<crate::replication::JoinAnswer>,
     },
     // Control requests, served by storage shard 0 only.

@@ -495,3 +495,40 @@ fn below_min_in_sync_replicas_a_master_stores_but_does_not_acknowledge() {
         (send(&mut master, "two in sync") == wire::Status::OK).then_some(())
     });
 }
+
+#[test]
+fn the_controller_elects_by_progress_then_election_priority_not_by_lowest_id() {
+    // Equal progress (both slaves hold the whole log, of the same term): the election
+    // priority decides, and it prefers the higher id here (broker N has priority 4 - N), so a
+    // lowest-id election would pick the other slave.
+    let mut group = HaGroup::start_each(&[], |id| {
+        vec!["--election-priority".into(), (4 - id).to_string()]
+    });
+    let mut master = group.master_client();
+    create_topic(&mut master, TOPIC, 1);
+    for i in 0..20 {
+        let message = shardmq_tests::TestMessage::new(format!("before the election {i}"));
+        let answer = master
+            .request(|b| {
+                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
+            })
+            .unwrap();
+        assert_eq!(shardmq_tests::status_of(&answer).0, wire::Status::OK);
+    }
+    let before = group.status().unwrap();
+    assert_eq!(before.in_sync.len(), 3, "every member in sync: {before:?}");
+    // The slaves' next heartbeats carry the progress the sends made.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let slaves: Vec<i64> = (1..=3).filter(|id| *id != before.master_id).collect();
+    let expected = *slaves.iter().max().unwrap();
+    group.broker(before.master_id).kill9();
+    let after = wait_until(SETTLE, "a new master", || {
+        let status = group.status()?;
+        (status.master_id != before.master_id && status.master_id > 0).then_some(status)
+    });
+    assert_eq!(
+        after.master_id, expected,
+        "of slaves {slaves:?} at equal progress the one with the lowest election priority value is elected"
+    );
+    assert_eq!(after.epoch, before.epoch + 1);
+}

@@ -395,24 +395,33 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
             })
             .expect("an answer")
     };
+    let replica_pull_as = |client: &mut shardmq_tests::TestClient,
+                           broker_id: i64,
+                           shard: u32,
+                           from: u64,
+                           epoch: u64| {
+        client
+            .request(|b| {
+                let body = wire::ReplicaPullRequest::create(
+                    b,
+                    &wire::ReplicaPullRequestArgs {
+                        storage_shard: shard,
+                        from,
+                        max_bytes: 1 << 20,
+                        suspend_timeout_ms: 0,
+                        epoch,
+                        broker_id,
+                        ..Default::default()
+                    },
+                );
+                (wire::Body::ReplicaPullRequest, body.as_union_value())
+            })
+            .expect("an answer")
+    };
+    // Pulls as broker 1, which joins below.
     let replica_pull =
         |client: &mut shardmq_tests::TestClient, shard: u32, from: u64, epoch: u64| {
-            client
-                .request(|b| {
-                    let body = wire::ReplicaPullRequest::create(
-                        b,
-                        &wire::ReplicaPullRequestArgs {
-                            storage_shard: shard,
-                            from,
-                            max_bytes: 1 << 20,
-                            suspend_timeout_ms: 0,
-                            epoch,
-                            ..Default::default()
-                        },
-                    );
-                    (wire::Body::ReplicaPullRequest, body.as_union_value())
-                })
-                .expect("an answer")
+            replica_pull_as(client, 1, shard, from, epoch)
         };
     // On the HA address as on the client address: the ordinary protocol and its checks.
     let mut ha = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();
@@ -469,17 +478,59 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
     assert!(epoch >= 1);
     assert!(joined.master_end() > 0);
     assert_eq!(joined.consistent_end(), 0);
-    for (shard, from, epoch, what) in [
-        (7, 0, epoch, "a storage shard the master lacks"),
-        (0, 1 << 40, epoch, "an offset past the master's end"),
-        (0, 0, epoch + 1, "another term"),
+    for (shard, from, epoch, what, names) in [
+        (
+            7,
+            0,
+            epoch,
+            "a storage shard the master lacks",
+            "storage shard",
+        ),
+        (
+            0,
+            1 << 40,
+            epoch,
+            "an offset past the master's end",
+            "outside this CommitLog",
+        ),
+        (0, 0, epoch + 1, "another term", "term"),
     ] {
         let answer = replica_pull(&mut ha, shard, from, epoch);
+        let (status, message) = status_of(&answer);
         assert_eq!(
-            status_of(&answer).0,
+            status,
             wire::Status::INVALID_ARGUMENT,
-            "{what}: {:?}",
-            status_of(&answer)
+            "{what}: {message:?}"
+        );
+        assert!(
+            message.as_deref().unwrap_or_default().contains(names),
+            "{what}: {message:?}"
+        );
+    }
+    // Acknowledgements count only from the connection a slave joined on: a broker id that
+    // did not join there, and the joined one on another connection (here the client port),
+    // are refused and counted for nothing.
+    for (client, broker_id, what) in [
+        (
+            &mut ha,
+            2,
+            "a broker id that did not join on this connection",
+        ),
+        (&mut client, 1, "the joined broker id on another connection"),
+    ] {
+        let answer = replica_pull_as(client, broker_id, 0, 0, epoch);
+        let (status, message) = status_of(&answer);
+        assert_eq!(
+            status,
+            wire::Status::INVALID_ARGUMENT,
+            "{what}: {message:?}"
+        );
+        assert!(
+            message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("join first"),
+            "{what}: {message:?}"
         );
     }
     // Garbage on the HA port is answered or closed, as on the client port.

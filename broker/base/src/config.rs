@@ -126,6 +126,10 @@ pub struct BrokerConfig {
     /// A master in controller mode keeps a slave in the SyncStateSet while its lag stays under
     /// this many bytes (per storage shard); a slave joins the set once it has everything.
     pub in_sync_max_lag_bytes: u64,
+    /// Controller mode: the operator's preference when the controller elects a master among
+    /// members of equal progress (same newest term, same log end): lower is preferred
+    /// (RocketMQ's `brokerElectionPriority`).
+    pub election_priority: u32,
     /// A master in controller mode acknowledges a send `SEND_OK` only while its SyncStateSet
     /// (itself included) has at least this many members; below, sends are stored and answered
     /// SLAVE_NOT_AVAILABLE (RocketMQ's minInSyncReplicas).
@@ -240,6 +244,7 @@ impl Default for BrokerConfig {
             controller: Vec::new(),
             controller_heartbeat_ms: 500,
             in_sync_max_lag_bytes: 4 << 20,
+            election_priority: u32::MAX,
             min_in_sync_replicas: 1,
             controller_epoch: 0,
             controller_self_id: 0,

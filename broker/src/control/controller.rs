@@ -43,6 +43,10 @@ pub struct Beat {
     /// A master: the SyncStateSet without itself as the controller last told it, which
     /// `in_sync` was judged against (the controller compares it with the set before changing it).
     pub judged_against: Option<BTreeSet<i64>>,
+    /// The newest master term the broker's log holds (the largest over its storage shards) and
+    /// its log's end (the sum over them): what the controller ranks members by in an election.
+    pub last_epoch: u64,
+    pub log_end: u64,
 }
 
 /// The slaves a master reports in sync, from every storage shard's view (`views`, one per shard
@@ -113,6 +117,9 @@ pub fn encode_heartbeat<'b>(
             in_sync: Some(in_sync),
             is_master: beat.is_master,
             judged_against,
+            last_epoch: beat.last_epoch,
+            log_end: beat.log_end,
+            election_priority: config.election_priority,
         },
     );
     build_frame(
@@ -316,6 +323,16 @@ pub async fn run(shard: Rc<NetworkShard>) {
             wait_for.remove(&self_id);
             crate::role::set_sync_wait_set(Some(wait_for));
         }
+        let (mut last_epoch, mut log_end) = (0, 0);
+        for storage in 0..shard.storage_shards() {
+            if let Ok((epoch, end)) = shard
+                .ask(storage, |reply| StorageRequest::ReplicaProgress { reply })
+                .await
+            {
+                last_epoch = last_epoch.max(epoch);
+                log_end += end;
+            }
+        }
         let beat = Beat {
             address: shard.store_host.get().to_string(),
             ha_address: shard
@@ -327,6 +344,8 @@ pub async fn run(shard: Rc<NetworkShard>) {
             in_sync,
             is_master,
             judged_against: is_master.then(|| told.clone()),
+            last_epoch,
+            log_end,
         };
         let mut answer = None;
         for _ in 0..config.controller.len() {

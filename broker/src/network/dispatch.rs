@@ -208,10 +208,24 @@ async fn dispatch(
         }
         // Replication (a master serving its slaves).
         Body::ReplicaJoinRequest => {
-            replica::join(shard, id, body!(request, body_as_replica_join_request)).await
+            let link = (shard.id, connection.id);
+            replica::join(
+                shard,
+                id,
+                link,
+                body!(request, body_as_replica_join_request),
+            )
+            .await
         }
         Body::ReplicaPullRequest => {
-            replica::pull(shard, id, body!(request, body_as_replica_pull_request)).await
+            let link = (shard.id, connection.id);
+            replica::pull(
+                shard,
+                id,
+                link,
+                body!(request, body_as_replica_pull_request),
+            )
+            .await
         }
         Body::ReplicaFileRequest => {
             replica::file(shard, id, body!(request, body_as_replica_file_request)).await

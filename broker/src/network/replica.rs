@@ -34,7 +34,12 @@ fn replica_storage_shard(shard: &NetworkShard, storage: u32) -> Result<usize, Re
 /// A slave joins for one storage shard (services `replication`): it must be of this cluster and
 /// broker name, a slave id, with the same storage shard count; the answer says where the bytes
 /// it shares with this master end (store/epochs.rs).
-pub(super) async fn join(shard: &NetworkShard, id: u64, r: wire::ReplicaJoinRequest<'_>) -> Answer {
+pub(super) async fn join(
+    shard: &NetworkShard,
+    id: u64,
+    link: crate::replication::ReplicaLink,
+    r: wire::ReplicaJoinRequest<'_>,
+) -> Answer {
     refuse_if_slave(shard)?;
     let config = &shard.config;
     let (cluster, broker) = (
@@ -78,6 +83,7 @@ pub(super) async fn join(shard: &NetworkShard, id: u64, r: wire::ReplicaJoinRequ
             peer,
             end,
             epochs,
+            link,
             reply,
         })
         .await?;
@@ -140,7 +146,12 @@ pub(super) async fn file(shard: &NetworkShard, id: u64, r: wire::ReplicaFileRequ
 /// A slave's replica pull (services `replication`): the CommitLog bytes of one storage shard from
 /// where the slave's log ends, sent as the answer's trailing bytes (a slice of the write ring
 /// or of a disk read, not copied).
-pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::ReplicaPullRequest<'_>) -> Answer {
+pub(super) async fn pull(
+    shard: &NetworkShard,
+    id: u64,
+    link: crate::replication::ReplicaLink,
+    r: wire::ReplicaPullRequest<'_>,
+) -> Answer {
     refuse_if_slave(shard)?;
     let storage = replica_storage_shard(shard, r.storage_shard())?;
     let from = r.from();
@@ -159,6 +170,7 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::ReplicaPullRequ
                 suspend_ms,
                 epoch,
                 broker_id,
+                link,
                 reply,
             })
         })

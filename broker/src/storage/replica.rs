@@ -19,10 +19,14 @@ impl StorageShard {
             suspend_ms,
             epoch,
             broker_id,
+            link,
             reply,
         } = pull;
         let log_end = self.store.commitlog_offsets().1;
-        self.master.on_pull(broker_id, "", acknowledged, log_end);
+        if let Err(why) = self.master.on_pull(broker_id, link, acknowledged, log_end) {
+            let _ = reply.send(Err(why));
+            return;
+        }
         self.refresh_confirmed();
         if epoch != self.master.epoch() {
             let _ = reply.send(Err(format!(
@@ -114,18 +118,24 @@ impl StorageShard {
         let _ = reply.send(self.master.sync_view(self.store.commitlog_offsets().1));
     }
 
+    pub(super) fn replica_progress(&self, reply: Reply<(u64, u64)>) {
+        let last_epoch = self.master.epochs.borrow().last().epoch;
+        let _ = reply.send((last_epoch, self.store.commitlog_offsets().1));
+    }
+
     pub(super) fn replica_join(
         &self,
         broker_id: i64,
         peer: String,
         end: u64,
         epochs: crate::store::epochs::EpochLog,
+        link: crate::replication::ReplicaLink,
         reply: Reply<crate::replication::JoinAnswer>,
     ) {
         let log_end = self.store.commitlog_offsets().1;
         let answer = self.master.join(&epochs, end, log_end);
         self.master
-            .on_join(broker_id, &peer, answer.consistent_end.min(end));
+            .on_join(broker_id, &peer, answer.consistent_end.min(end), link);
         let _ = reply.send(answer);
     }
 

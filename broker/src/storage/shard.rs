@@ -125,13 +125,15 @@ impl StorageShard {
             }
             StorageRequest::StoredQueues { reply } => self.stored_queues(reply),
             StorageRequest::ReplicaSyncView { reply } => self.replica_sync_view(reply),
+            StorageRequest::ReplicaProgress { reply } => self.replica_progress(reply),
             StorageRequest::ReplicaJoin {
                 broker_id,
                 peer,
                 end,
                 epochs,
+                link,
                 reply,
-            } => self.replica_join(broker_id, peer, end, epochs, reply),
+            } => self.replica_join(broker_id, peer, end, epochs, link, reply),
             StorageRequest::UpsertTopic {
                 config,
                 is_create_only,

@@ -109,14 +109,55 @@ pub struct Controller {
     config: ControllerConfig,
     raft: Raft<TypeConfig>,
     machine: store::StateMachine,
-    /// (group key, broker id) → last heartbeat, on this node (meaningful on the leader).
-    alive: Mutex<HashMap<(String, i64), Instant>>,
+    /// (group key, broker id) → last heartbeat and the progress it carried, on this node
+    /// (meaningful on the leader).
+    alive: Mutex<HashMap<(String, i64), (Instant, Progress)>>,
     /// Since when this node has been leader (`None`: it is not).
     leader_since: Mutex<Option<Instant>>,
     /// A follower's link to the leader, for forwarded heartbeats.
     to_leader: tokio::sync::Mutex<Option<(String, Link)>>,
     /// Groups whose master is dead with no in-sync replica alive (logged once).
     stuck: Mutex<BTreeSet<String>>,
+}
+
+/// What a broker's heartbeat says of its log, which an election ranks members by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// The newest master term the broker's log holds.
+    pub last_epoch: u64,
+    /// Where its log ends (summed over its storage shards).
+    pub log_end: u64,
+    /// The operator's preference among equals: lower is preferred.
+    pub priority: u32,
+}
+
+/// The member to elect among `set` (the SyncStateSet, every member of which holds everything
+/// acknowledged) but `excluded` (the master being replaced): alive, and first by progress, as
+/// RocketMQ 5's election policy ranks them: the newest term, then the longest log (the fewest
+/// bytes written but not yet acknowledged are cut from the others when they follow it), then
+/// the lowest priority value, then the lowest id. A member never heard from ranks last.
+pub fn pick_candidate(
+    set: &BTreeSet<i64>,
+    excluded: i64,
+    alive: &BTreeSet<i64>,
+    progress: &HashMap<i64, Progress>,
+) -> Option<i64> {
+    set.iter()
+        .copied()
+        .filter(|id| *id != excluded && alive.contains(id))
+        .max_by_key(|id| {
+            let p = progress.get(id).copied().unwrap_or(Progress {
+                last_epoch: 0,
+                log_end: 0,
+                priority: u32::MAX,
+            });
+            (
+                p.last_epoch,
+                p.log_end,
+                std::cmp::Reverse(p.priority),
+                std::cmp::Reverse(*id),
+            )
+        })
 }
 
 /// A broker's heartbeat, decoded.
@@ -132,6 +173,7 @@ struct Heartbeat {
     is_master: bool,
     /// A master's SyncStateSet (without itself) as it was last told it (see `AlterSyncStateSet`).
     judged_against: Option<BTreeSet<i64>>,
+    progress: Progress,
 }
 
 impl Heartbeat {
@@ -147,6 +189,11 @@ impl Heartbeat {
             in_sync: r.in_sync().iter().flat_map(|v| v.iter()).collect(),
             is_master: r.is_master(),
             judged_against: r.judged_against().map(|v| v.iter().collect()),
+            progress: Progress {
+                last_epoch: r.last_epoch(),
+                log_end: r.log_end(),
+                priority: r.election_priority(),
+            },
         }
     }
 
@@ -448,12 +495,23 @@ impl Controller {
     /// Alive broker ids per group key (the leader's view).
     fn alive_ids(&self) -> HashMap<String, BTreeSet<i64>> {
         let mut out: HashMap<String, BTreeSet<i64>> = HashMap::new();
-        for ((key, id), seen) in self.alive.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ((key, id), (seen, _)) in self.alive.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             if seen.elapsed() < self.config.broker_timeout {
                 out.entry(key.clone()).or_default().insert(*id);
             }
         }
         out
+    }
+
+    /// The progress each broker of group `key` last reported to this node.
+    fn progress_of(&self, key: &str) -> HashMap<i64, Progress> {
+        self.alive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((group, _), _)| group == key)
+            .map(|((_, id), (_, progress))| (*id, *progress))
+            .collect()
     }
 
     /// Proposes `command`; the applied result, or why it could not be (not the leader, no
@@ -475,10 +533,10 @@ impl Controller {
             return self.forward(heartbeat).await;
         }
         let key = heartbeat.key();
-        self.alive
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((key.clone(), heartbeat.broker_id), Instant::now());
+        self.alive.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            (key.clone(), heartbeat.broker_id),
+            (Instant::now(), heartbeat.progress),
+        );
         let replica = Replica {
             address: heartbeat.address.clone(),
             ha_address: heartbeat.ha_address.clone(),
@@ -578,11 +636,12 @@ impl Controller {
     ) -> Result<Group, String> {
         let key = heartbeat.key();
         let alive = self.alive_ids().remove(&key).unwrap_or_default();
-        let candidate = group
-            .sync_state_set
-            .iter()
-            .copied()
-            .find(|id| *id != heartbeat.broker_id && alive.contains(id));
+        let candidate = pick_candidate(
+            &group.sync_state_set,
+            heartbeat.broker_id,
+            &alive,
+            &self.progress_of(&key),
+        );
         let Some(candidate) = candidate else {
             if group.sync_state_set.len() > 1 {
                 warn!(group = %key, master = heartbeat.broker_id, set = ?group.sync_state_set, "the master restarted and no other in-sync replica is alive: it stays master with what it holds (a tail it lost in a power loss is lost)");
@@ -653,6 +712,9 @@ impl Controller {
                         in_sync: Some(in_sync),
                         is_master: hb.is_master,
                         judged_against,
+                        last_epoch: hb.progress.last_epoch,
+                        log_end: hb.progress.log_end,
+                        election_priority: hb.progress.priority,
                     },
                 );
                 build_frame(
@@ -717,11 +779,12 @@ impl Controller {
                         .remove(&key);
                     continue;
                 }
-                let candidate = group
-                    .sync_state_set
-                    .iter()
-                    .copied()
-                    .find(|id| *id != group.master && alive.contains(id));
+                let candidate = pick_candidate(
+                    &group.sync_state_set,
+                    group.master,
+                    &alive,
+                    &self.progress_of(&key),
+                );
                 let Some(candidate) = candidate else {
                     if self
                         .stuck
@@ -893,4 +956,55 @@ pub fn spawn(
         .recv()
         .map_err(|_| io::Error::other("the controller thread ended before it started"))??;
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pick_candidate, Progress};
+    use std::collections::{BTreeSet, HashMap};
+
+    fn progress(last_epoch: u64, log_end: u64, priority: u32) -> Progress {
+        Progress {
+            last_epoch,
+            log_end,
+            priority,
+        }
+    }
+
+    #[test]
+    fn the_election_ranks_alive_members_by_term_then_log_then_priority_then_id() {
+        let set: BTreeSet<i64> = [1, 2, 3, 4].into();
+        let alive: BTreeSet<i64> = [2, 3, 4].into();
+        // The newest term wins over a longer log.
+        let p: HashMap<i64, Progress> = [
+            (2, progress(3, 900, 0)),
+            (3, progress(4, 100, u32::MAX)),
+            (4, progress(3, 5_000, 0)),
+        ]
+        .into();
+        assert_eq!(pick_candidate(&set, 1, &alive, &p), Some(3));
+        // Same term: the longest log.
+        let p: HashMap<i64, Progress> = [
+            (2, progress(4, 900, 0)),
+            (3, progress(4, 1_000, u32::MAX)),
+            (4, progress(4, 999, 0)),
+        ]
+        .into();
+        assert_eq!(pick_candidate(&set, 1, &alive, &p), Some(3));
+        // Same term and log: the lowest priority value, then the lowest id.
+        let p: HashMap<i64, Progress> = [
+            (2, progress(4, 1_000, 7)),
+            (3, progress(4, 1_000, 5)),
+            (4, progress(4, 1_000, 5)),
+        ]
+        .into();
+        assert_eq!(pick_candidate(&set, 1, &alive, &p), Some(3));
+        // The replaced master, dead members and non-members are never picked; a member never
+        // heard from ranks last but is still a candidate.
+        let p: HashMap<i64, Progress> =
+            [(1, progress(9, 9_999, 0)), (5, progress(9, 9_999, 0))].into();
+        let alive_all: BTreeSet<i64> = [1, 2, 5].into();
+        assert_eq!(pick_candidate(&set, 1, &alive_all, &p), Some(2));
+        assert_eq!(pick_candidate(&set, 1, &[1, 5].into(), &p), None);
+    }
 }

@@ -16827,6 +16827,9 @@ impl<'a> ControllerHeartbeatRequest<'a> {
   pub const VT_IN_SYNC: ::flatbuffers::VOffsetT = 16;
   pub const VT_IS_MASTER: ::flatbuffers::VOffsetT = 18;
   pub const VT_JUDGED_AGAINST: ::flatbuffers::VOffsetT = 20;
+  pub const VT_LAST_EPOCH: ::flatbuffers::VOffsetT = 22;
+  pub const VT_LOG_END: ::flatbuffers::VOffsetT = 24;
+  pub const VT_ELECTION_PRIORITY: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -16838,8 +16841,11 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     args: &'args ControllerHeartbeatRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatRequest<'bldr>> {
     let mut builder = ControllerHeartbeatRequestBuilder::new(_fbb);
+    builder.add_log_end(args.log_end);
+    builder.add_last_epoch(args.last_epoch);
     builder.add_epoch(args.epoch);
     builder.add_broker_id(args.broker_id);
+    builder.add_election_priority(args.election_priority);
     if let Some(x) = args.judged_against { builder.add_judged_against(x); }
     if let Some(x) = args.in_sync { builder.add_in_sync(x); }
     if let Some(x) = args.ha_address { builder.add_ha_address(x); }
@@ -16872,6 +16878,9 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     let judged_against = self.judged_against().map(|x| {
       x.into_iter().collect()
     });
+    let last_epoch = self.last_epoch();
+    let log_end = self.log_end();
+    let election_priority = self.election_priority();
     ControllerHeartbeatRequestT {
       cluster_name,
       broker_name,
@@ -16882,6 +16891,9 @@ impl<'a> ControllerHeartbeatRequest<'a> {
       in_sync,
       is_master,
       judged_against,
+      last_epoch,
+      log_end,
+      election_priority,
     }
   }
 
@@ -16957,6 +16969,34 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST, None)}
   }
+  /// The broker's progress, which the controller ranks members by when it elects a master
+  /// (the highest `last_epoch`, then the longest log, then the lowest `election_priority`,
+  /// then the lowest id): the newest master term its log holds (the largest over its storage
+  /// shards) and its log's end (the sum over its storage shards). 0 from a broker that does
+  /// not send them.
+  #[inline]
+  pub fn last_epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerHeartbeatRequest::VT_LAST_EPOCH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn log_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerHeartbeatRequest::VT_LOG_END, Some(0)).unwrap()}
+  }
+  /// The operator's preference among equal members: lower is preferred (RocketMQ's
+  /// `brokerElectionPriority`).
+  #[inline]
+  pub fn election_priority(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ControllerHeartbeatRequest::VT_ELECTION_PRIORITY, Some(4294967295)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
@@ -16974,6 +17014,9 @@ impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("in_sync", Self::VT_IN_SYNC, false)?
      .visit_field::<bool>("is_master", Self::VT_IS_MASTER, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("judged_against", Self::VT_JUDGED_AGAINST, false)?
+     .visit_field::<u64>("last_epoch", Self::VT_LAST_EPOCH, false)?
+     .visit_field::<u64>("log_end", Self::VT_LOG_END, false)?
+     .visit_field::<u32>("election_priority", Self::VT_ELECTION_PRIORITY, false)?
      .finish();
     Ok(())
   }
@@ -16988,6 +17031,9 @@ pub struct ControllerHeartbeatRequestArgs<'a> {
     pub in_sync: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
     pub is_master: bool,
     pub judged_against: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+    pub last_epoch: u64,
+    pub log_end: u64,
+    pub election_priority: u32,
 }
 impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
   #[inline]
@@ -17002,6 +17048,9 @@ impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
       in_sync: None,
       is_master: false,
       judged_against: None,
+      last_epoch: 0,
+      log_end: 0,
+      election_priority: 4294967295,
     }
   }
 }
@@ -17048,6 +17097,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerHeartbeatRequestBui
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST, judged_against);
   }
   #[inline]
+  pub fn add_last_epoch(&mut self, last_epoch: u64) {
+    self.fbb_.push_slot::<u64>(ControllerHeartbeatRequest::VT_LAST_EPOCH, last_epoch, 0);
+  }
+  #[inline]
+  pub fn add_log_end(&mut self, log_end: u64) {
+    self.fbb_.push_slot::<u64>(ControllerHeartbeatRequest::VT_LOG_END, log_end, 0);
+  }
+  #[inline]
+  pub fn add_election_priority(&mut self, election_priority: u32) {
+    self.fbb_.push_slot::<u32>(ControllerHeartbeatRequest::VT_ELECTION_PRIORITY, election_priority, 4294967295);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerHeartbeatRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ControllerHeartbeatRequestBuilder {
@@ -17074,6 +17135,9 @@ impl ::core::fmt::Debug for ControllerHeartbeatRequest<'_> {
       ds.field("in_sync", &self.in_sync());
       ds.field("is_master", &self.is_master());
       ds.field("judged_against", &self.judged_against());
+      ds.field("last_epoch", &self.last_epoch());
+      ds.field("log_end", &self.log_end());
+      ds.field("election_priority", &self.election_priority());
       ds.finish()
   }
 }
@@ -17089,6 +17153,9 @@ pub struct ControllerHeartbeatRequestT {
   pub in_sync: Option<alloc::vec::Vec<i64>>,
   pub is_master: bool,
   pub judged_against: Option<alloc::vec::Vec<i64>>,
+  pub last_epoch: u64,
+  pub log_end: u64,
+  pub election_priority: u32,
 }
 impl Default for ControllerHeartbeatRequestT {
   fn default() -> Self {
@@ -17102,6 +17169,9 @@ impl Default for ControllerHeartbeatRequestT {
       in_sync: None,
       is_master: false,
       judged_against: None,
+      last_epoch: 0,
+      log_end: 0,
+      election_priority: 4294967295,
     }
   }
 }
@@ -17131,6 +17201,9 @@ impl ControllerHeartbeatRequestT {
     let judged_against = self.judged_against.as_ref().map(|x|{
       _fbb.create_vector(x)
     });
+    let last_epoch = self.last_epoch;
+    let log_end = self.log_end;
+    let election_priority = self.election_priority;
     ControllerHeartbeatRequest::create(_fbb, &ControllerHeartbeatRequestArgs{
       cluster_name,
       broker_name,
@@ -17141,6 +17214,9 @@ impl ControllerHeartbeatRequestT {
       in_sync,
       is_master,
       judged_against,
+      last_epoch,
+      log_end,
+      election_priority,
     })
   }
 }

@@ -45,6 +45,11 @@ impl HaGroup {
 
     /// Starts the group with `extra` options on every broker.
     pub fn start_with(extra: &[&str]) -> HaGroup {
+        HaGroup::start_each(extra, |_| Vec::new())
+    }
+
+    /// Starts the group with `extra` options on every broker and `own(id)` on broker `id`.
+    pub fn start_each(extra: &[&str], own: impl Fn(i64) -> Vec<String>) -> HaGroup {
         let controller_addresses: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -88,6 +93,7 @@ impl HaGroup {
         for id in 1..=3 {
             let dir = tempfile::tempdir().unwrap();
             let ha = format!("127.0.0.1:{}", free_port());
+            let own_args = own(id);
             let id = id.to_string();
             let mut args = vec![
                 "--namesrv",
@@ -108,6 +114,7 @@ impl HaGroup {
                 "3000",
             ];
             args.extend_from_slice(extra);
+            args.extend(own_args.iter().map(String::as_str));
             brokers.push(BrokerProcess::start(dir.path(), &args));
             dirs.push(dir);
         }

@@ -20,10 +20,20 @@ const MARK_EVERY: Duration = Duration::from_millis(5);
 /// Most append-time marks kept (at one per `MARK_EVERY`, 20 s of history; older ones merge).
 const MAX_MARKS: usize = 4096;
 
+/// The connection a slave joined on: (network shard, connection id). Its acknowledgements
+/// count only from that connection.
+pub type ReplicaLink = (usize, u64);
+
+/// A slave not heard from for this long is forgotten (its entry leaves the map; it joins
+/// again like a new one).
+pub const SLAVE_FORGET: Duration = Duration::from_secs(60);
+
 struct SlaveState {
     acknowledged: u64,
     seen: Instant,
     peer: String,
+    /// The connection it joined on.
+    link: ReplicaLink,
     /// The confirmed offset the last answer to this slave carried.
     confirmed_sent: u64,
     /// It rejoined holding less than it had acknowledged (a power loss took its tail): it is
@@ -143,23 +153,26 @@ impl MasterSide {
             .map(|(id, _)| *id)
     }
 
-    /// A slave asked for bytes, acknowledging `acknowledged` (ignored past `log_end`: a slave
-    /// holding bytes this master does not is not counted).
-    pub fn on_pull(&self, broker_id: i64, peer: &str, acknowledged: u64, log_end: u64) {
+    /// A slave asked for bytes on `link`, acknowledging `acknowledged` (ignored past
+    /// `log_end`: a slave holding bytes this master does not is not counted). `Err` when
+    /// `broker_id` has not joined on that connection (a pull on another connection, a
+    /// client's, or one forgotten): nothing it says is counted, and it must join first.
+    pub fn on_pull(
+        &self,
+        broker_id: i64,
+        link: ReplicaLink,
+        acknowledged: u64,
+        log_end: u64,
+    ) -> Result<(), String> {
         let mut slaves = self.slaves.borrow_mut();
-        let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
-            acknowledged: 0,
-            seen: Instant::now(),
-            peer: String::new(),
-            confirmed_sent: 0,
-            regressed: false,
-        });
+        let Some(state) = slaves.get_mut(&broker_id).filter(|s| s.link == link) else {
+            return Err(format!(
+                "broker {broker_id} has not joined on this connection: join first"
+            ));
+        };
         state.seen = Instant::now();
         if state.regressed && acknowledged >= log_end {
             state.regressed = false;
-        }
-        if !peer.is_empty() && state.peer != peer {
-            state.peer = peer.to_owned();
         }
         if acknowledged <= log_end && acknowledged > state.acknowledged {
             state.acknowledged = acknowledged;
@@ -172,21 +185,27 @@ impl MasterSide {
             drop(marks);
             self.progress.notify_all();
         }
+        Ok(())
     }
 
     /// A slave (re)joined: its acknowledgement restarts from what it holds. One that holds less
     /// than it had acknowledged lost bytes the sends it acknowledged counted on: it is no
     /// longer in sync until it has caught up whole ([`sync_view`](Self::sync_view)).
-    pub fn on_join(&self, broker_id: i64, peer: &str, end: u64) {
+    /// From now on its acknowledgements count only from `link`, the connection it joined on.
+    /// Slaves not heard from for [`SLAVE_FORGET`] are forgotten.
+    pub fn on_join(&self, broker_id: i64, peer: &str, end: u64, link: ReplicaLink) {
         let mut slaves = self.slaves.borrow_mut();
+        slaves.retain(|id, s| *id == broker_id || s.seen.elapsed() < SLAVE_FORGET);
         let state = slaves.entry(broker_id).or_insert_with(|| SlaveState {
             acknowledged: 0,
             seen: Instant::now(),
             peer: String::new(),
+            link,
             confirmed_sent: 0,
             regressed: false,
         });
         state.seen = Instant::now();
+        state.link = link;
         state.peer = peer.to_owned();
         state.confirmed_sent = 0;
         state.regressed |= end < state.acknowledged;
@@ -360,19 +379,39 @@ mod tests {
     #[test]
     fn a_slave_that_rejoins_behind_its_acknowledgement_is_out_of_sync_until_caught_up() {
         let master = master();
-        master.on_join(2, "p", 0);
-        master.on_pull(2, "p", 1000, 1000);
+        let link = (0, 7);
+        master.on_join(2, "p", 0, link);
+        master.on_pull(2, link, 1000, 1000).unwrap();
         assert!(alive(&master.sync_view(1000), 2));
         // A plain reconnect where it was: still in sync.
-        master.on_join(2, "p", 1000);
+        master.on_join(2, "p", 1000, link);
         assert!(alive(&master.sync_view(1000), 2));
         // Back after a power loss with less than it acknowledged: out, however small the gap.
-        master.on_join(2, "p", 900);
+        master.on_join(2, "p", 900, link);
         assert!(!alive(&master.sync_view(1000), 2));
-        master.on_pull(2, "p", 990, 1200);
+        master.on_pull(2, link, 990, 1200).unwrap();
         assert!(!alive(&master.sync_view(1200), 2));
         // Caught up whole: in again.
-        master.on_pull(2, "p", 1200, 1200);
+        master.on_pull(2, link, 1200, 1200).unwrap();
         assert!(alive(&master.sync_view(1200), 2));
+    }
+
+    #[test]
+    fn acknowledgements_count_only_from_the_connection_the_slave_joined_on() {
+        let master = master();
+        // Never joined: refused, and nothing counted.
+        assert!(master.on_pull(3, (0, 1), 5_000, 5_000).is_err());
+        assert!(master.sync_view(5_000).1.is_empty());
+        master.on_join(3, "slave", 100, (0, 1));
+        // The same broker id on another connection (a client's, or a stale one) is refused.
+        assert!(master.on_pull(3, (0, 2), 5_000, 5_000).is_err());
+        assert!(master.on_pull(3, (1, 1), 5_000, 5_000).is_err());
+        assert_eq!(master.sync_view(5_000).1, vec![(3, 100, true)]);
+        master.on_pull(3, (0, 1), 4_000, 5_000).unwrap();
+        assert_eq!(master.sync_view(5_000).1, vec![(3, 4_000, true)]);
+        // Joining again on a new connection moves the binding there.
+        master.on_join(3, "slave", 4_000, (0, 9));
+        assert!(master.on_pull(3, (0, 1), 5_000, 5_000).is_err());
+        master.on_pull(3, (0, 9), 5_000, 5_000).unwrap();
     }
 }
