@@ -532,3 +532,81 @@ fn the_controller_elects_by_progress_then_election_priority_not_by_lowest_id() {
     );
     assert_eq!(after.epoch, before.epoch + 1);
 }
+
+#[test]
+fn a_master_that_restarts_alone_stays_master_in_a_new_epoch_from_the_controller() {
+    // A term's identity is its epoch, which only the controller hands out: a master that
+    // starts again with no other member alive stays master, but in a new epoch, so that a
+    // later election cannot make a term of the same epoch elsewhere.
+    let mut group = HaGroup::start();
+    let mut master = group.master_client();
+    create_topic(&mut master, TOPIC, QUEUES);
+    let send = |client: &mut TestClient, body: &str| {
+        let message = shardmq_tests::TestMessage::new(body.to_owned());
+        let answer = client
+            .request(|b| {
+                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
+            })
+            .unwrap();
+        shardmq_tests::status_of(&answer).0
+    };
+    assert_eq!(send(&mut master, "first term"), wire::Status::OK);
+    let before = group.status().unwrap();
+    let slaves: Vec<i64> = (1..=3).filter(|id| *id != before.master_id).collect();
+    for id in &slaves {
+        group.broker(*id).kill9();
+    }
+    wait_until(SETTLE, "the dead slaves out of the SyncStateSet", || {
+        let status = group.status()?;
+        (status.in_sync == vec![before.master_id]).then_some(())
+    });
+    group.broker(before.master_id).kill9();
+    group.broker(before.master_id).restart();
+    let after = wait_until(SETTLE, "the master back", || {
+        let status = group.status()?;
+        (status.master_id == before.master_id && status.epoch != before.epoch).then_some(status)
+    });
+    assert_eq!(after.epoch, before.epoch + 1, "{after:?}");
+    let mut master = wait_until(SETTLE, "the master listening", || {
+        let status = group.status()?;
+        let mut client = TestClient::connect(status.master_address.parse().ok()?).ok()?;
+        client.handshake().ok()?;
+        Some(client)
+    });
+    let _ = master.set_read_timeout(Duration::from_secs(10));
+    wait_until(SETTLE, "a send acknowledged in the new epoch", || {
+        (send(&mut master, "second term") == wire::Status::OK).then_some(())
+    });
+    // The slaves come back as slaves of that epoch; the next election makes the one after.
+    for id in &slaves {
+        group.broker(*id).restart();
+    }
+    wait_until(SETTLE, "all three in sync again", || {
+        let status = group.status()?;
+        (status.in_sync.len() == 3).then_some(())
+    });
+    let whole = group.status().unwrap();
+    assert_eq!(
+        (whole.master_id, whole.epoch),
+        (before.master_id, after.epoch)
+    );
+    group.broker(before.master_id).kill9();
+    let elected = wait_until(SETTLE, "a new master", || {
+        let status = group.status()?;
+        (status.master_id != before.master_id && status.master_id > 0).then_some(status)
+    });
+    assert_eq!(elected.epoch, after.epoch + 1);
+    let mut master = wait_until(SETTLE, "the master listening", || {
+        let status = group.status()?;
+        let mut client = TestClient::connect(status.master_address.parse().ok()?).ok()?;
+        client.handshake().ok()?;
+        Some(client)
+    });
+    let bodies = stored(&mut master);
+    for body in ["first term", "second term"] {
+        assert!(
+            bodies.contains(body.as_bytes()),
+            "{body:?} is on the new master"
+        );
+    }
+}

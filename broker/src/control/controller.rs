@@ -207,6 +207,22 @@ fn blocking_call(
     }
 }
 
+/// The newest master term recorded by any storage shard under `data_dir` (0 for a new data
+/// directory; an epoch log that cannot be read counts as 0 here, and the shard's start
+/// reports it).
+fn last_epoch_on_disk(data_dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(data_dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
+        .filter_map(|e| crate::store::epochs::EpochLog::load(&e.path()).ok())
+        .map(|log| log.last().epoch)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Asks the controllers (each in turn, until one answers with a master elected) what this
 /// broker is, and returns the configuration to run with: as master `sync-master` with broker
 /// id 0, else `slave` of the elected master. Retries every second while no controller answers
@@ -223,9 +239,12 @@ pub fn resolve(
         .filter(|a| a.port() != 0)
         .map(|a| a.to_string())
         .unwrap_or_default();
+    // The newest term this broker's log holds tells the controller whether a master starting
+    // again already began a term in the group's epoch (then it needs a new one).
     let beat = Beat {
         address: config.listen.clone(),
         ha_address,
+        last_epoch: last_epoch_on_disk(&config.data_dir),
         ..Beat::default()
     };
     let mut said = String::new();

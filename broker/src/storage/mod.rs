@@ -109,6 +109,16 @@ pub async fn run(
             epochs.truncate(end);
         } else {
             let term = epochs.begin_term(end, config.controller_epoch);
+            if config.controller_self_id > 0 && term.epoch != config.controller_epoch {
+                // Only when this log holds a term the controller's state does not know (its
+                // data was replaced): the term still follows this log's last.
+                warn!(
+                    shard = id,
+                    epoch = term.epoch,
+                    controller_epoch = config.controller_epoch,
+                    "this log holds a newer term than the controller's epoch: the master term takes the next after it"
+                );
+            }
             info!(
                 shard = id,
                 epoch = term.epoch,

@@ -628,7 +628,9 @@ impl Controller {
     /// takes its unsynced tail), and a master that began a term there would make its slaves
     /// cut acknowledged messages. So while another member of the set is alive, that member is
     /// elected (it holds everything acknowledged) and the restarted broker returns as its
-    /// slave, taking back what it lost. Alone, it stays master with what it has, and says so.
+    /// slave, taking back what it lost. Alone, it stays master with what it has, and says so,
+    /// in a new epoch when its log already holds a term of the current one (a term's identity
+    /// is its epoch, which only the controller hands out).
     async fn replace_restarted_master(
         &self,
         heartbeat: &Heartbeat,
@@ -643,10 +645,29 @@ impl Controller {
             &self.progress_of(&key),
         );
         let Some(candidate) = candidate else {
+            if heartbeat.progress.last_epoch < group.epoch {
+                // Elected in this epoch and starting its first term in it (a slave that became
+                // master starts again as one): the epoch is new already.
+                return Ok(group);
+            }
             if group.sync_state_set.len() > 1 {
                 warn!(group = %key, master = heartbeat.broker_id, set = ?group.sync_state_set, "the master restarted and no other in-sync replica is alive: it stays master with what it holds (a tail it lost in a power loss is lost)");
             }
-            return Ok(group);
+            // It stays master, but in a new epoch: every master start begins its term under an
+            // epoch the controller gave it through Raft, so no two terms (this one and one a
+            // later election makes) share an epoch, whatever their start.
+            let result = self
+                .write(Command::Elect {
+                    cluster_name: heartbeat.cluster_name.clone(),
+                    broker_name: heartbeat.broker_name.clone(),
+                    broker_id: heartbeat.broker_id,
+                    expected_epoch: group.epoch,
+                })
+                .await?;
+            if result.applied {
+                info!(group = %key, master = heartbeat.broker_id, epoch = group.epoch + 1, "the master restarted alone: it stays master in a new epoch");
+            }
+            return Ok(result.group.unwrap_or(group));
         };
         let result = self
             .write(Command::Elect {
