@@ -453,6 +453,9 @@ pub struct ControllerStatus {
     pub term: u64,
     pub last_applied: u64,
     pub groups: Vec<ControllerGroup>,
+    /// The controller node whose view of the brokers' heartbeats the groups' `alive` sets are
+    /// (the leader's); 0: no leader could be asked, and `alive` is unknown.
+    pub alive_from: u64,
 }
 
 impl ControllerGroup {
@@ -523,6 +526,7 @@ impl ConnectionPool {
                 .flat_map(|v| v.iter())
                 .map(|g| ControllerGroup::from_wire(&g))
                 .collect(),
+            alive_from: r.alive_from(),
         })
     }
 }

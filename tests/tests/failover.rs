@@ -129,6 +129,23 @@ fn a_killed_master_is_replaced_from_the_sync_state_set_and_nothing_acknowledged_
     let json: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
     assert_eq!(json["groups"][0]["master_id"], after.master_id);
     assert_eq!(json["groups"][0]["epoch"], after.epoch);
+    // Each member, a follower too, reports which brokers are alive as the leader sees them.
+    let survivors: Vec<i64> = (1..=3).filter(|id| *id != before.master_id).collect();
+    for address in &group.controller_addresses {
+        let cli = shardmq_tests::run_cli(
+            &group.namesrv_list,
+            &["--json", "controller", "status", "--controller", address],
+        );
+        assert!(
+            cli.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cli.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+        assert_ne!(json["alive_from"], 0, "controller {address}: {json}");
+        let alive: Vec<i64> = serde_json::from_value(json["groups"][0]["alive"].clone()).unwrap();
+        assert_eq!(alive, survivors, "controller {address}: {json}");
+    }
 
     // The old master returns as a slave of the new one and catches up.
     group.broker(before.master_id).restart();

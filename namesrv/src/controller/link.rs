@@ -21,7 +21,7 @@ pub struct Link {
     next_request_id: u64,
 }
 
-type Build<'a> = Box<
+pub type Build<'a> = Box<
     dyn FnOnce(
             &mut flatbuffers::FlatBufferBuilder<'static>,
             FrameHeader<'static>,

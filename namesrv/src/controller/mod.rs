@@ -445,7 +445,7 @@ impl Controller {
         if request.body_as_controller_status_request().is_some() {
             let metrics = self.raft.metrics().borrow().clone();
             let groups = self.machine.groups();
-            let alive = self.alive_ids();
+            let (alive_from, alive) = self.leader_alive().await.unwrap_or_default();
             let members: Vec<String> = metrics
                 .membership_config
                 .nodes()
@@ -475,6 +475,7 @@ impl Controller {
                         term: metrics.current_term,
                         last_applied: metrics.last_applied.map_or(0, |l| l.index),
                         groups: Some(groups),
+                        alive_from,
                     },
                 );
                 build_frame(
@@ -683,8 +684,9 @@ impl Controller {
         Ok(result.group.unwrap_or(group))
     }
 
-    /// A follower passes a heartbeat to the leader and relays its answer.
-    async fn forward(&self, heartbeat: Heartbeat) -> Result<(Group, BTreeSet<i64>), String> {
+    /// Sends a request built by `build` to the leader over this follower's link to it (kept
+    /// between calls) and returns the answer, which must be OK.
+    async fn ask_leader(&self, build: link::Build<'_>) -> Result<VerifiedFrame, String> {
         let leader = self.leader().ok_or("no controller leader is elected")?;
         let address = self
             .raft
@@ -703,10 +705,28 @@ impl Controller {
             *slot = Some((address.clone(), link));
         }
         let (_, link) = slot.as_mut().expect("connected above");
+        let answer = match tokio::time::timeout(Duration::from_secs(3), link.request(build)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                *slot = None;
+                return Err(format!("the leader at {address}: {e}"));
+            }
+            Err(_) => {
+                *slot = None;
+                return Err(format!("the leader at {address} did not answer"));
+            }
+        };
+        if answer.frame().status() != wire::Status::OK {
+            return Err(answer.frame().message().unwrap_or("refused").to_owned());
+        }
+        Ok(answer)
+    }
+
+    /// A follower passes a heartbeat to the leader and relays its answer.
+    async fn forward(&self, heartbeat: Heartbeat) -> Result<(Group, BTreeSet<i64>), String> {
         let hb = heartbeat.clone();
-        let answer = tokio::time::timeout(
-            Duration::from_secs(3),
-            link.request(Box::new(move |b, header| {
+        let answer = self
+            .ask_leader(Box::new(move |b, header| {
                 let (cluster, broker) = (
                     b.create_string(&hb.cluster_name),
                     b.create_string(&hb.broker_name),
@@ -744,29 +764,54 @@ impl Controller {
                     wire::Body::ControllerHeartbeatRequest,
                     Some(body.as_union_value()),
                 )
-            })),
-        )
-        .await;
-        let answer = match answer {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
-                *slot = None;
-                return Err(format!("the leader at {address}: {e}"));
-            }
-            Err(_) => {
-                *slot = None;
-                return Err(format!("the leader at {address} did not answer"));
-            }
-        };
-        let frame = answer.frame();
-        if frame.status() != wire::Status::OK {
-            return Err(frame.message().unwrap_or("refused").to_owned());
-        }
-        let group = frame
+            }))
+            .await?;
+        let group = answer
+            .frame()
             .body_as_controller_heartbeat_response()
             .and_then(|r| r.group())
             .ok_or("a heartbeat answer without its group")?;
         Ok(decode_group(&group))
+    }
+
+    /// The alive broker ids per group as the leader sees them, and the leader's id: this
+    /// node's own view when it leads, else asked of the leader (`None`: no leader answered).
+    async fn leader_alive(&self) -> Option<(u64, HashMap<String, BTreeSet<i64>>)> {
+        if self.is_leader() {
+            return Some((self.raft.metrics().borrow().id, self.alive_ids()));
+        }
+        let answer = self
+            .ask_leader(Box::new(|b, header| {
+                let body =
+                    wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ControllerStatusRequest,
+                    Some(body.as_union_value()),
+                )
+            }))
+            .await
+            .ok()?;
+        let r = answer.frame().body_as_controller_status_response()?;
+        if r.alive_from() == 0 {
+            return None;
+        }
+        let alive = r
+            .groups()
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|g| {
+                (
+                    state::group_key(
+                        g.cluster_name().unwrap_or_default(),
+                        g.broker_name().unwrap_or_default(),
+                    ),
+                    g.alive().iter().flat_map(|v| v.iter()).collect(),
+                )
+            })
+            .collect();
+        Some((r.alive_from(), alive))
     }
 
     /// On the leader: replaces every dead master by an alive member of its SyncStateSet.

@@ -17842,6 +17842,7 @@ impl<'a> ControllerStatusResponse<'a> {
   pub const VT_TERM: ::flatbuffers::VOffsetT = 10;
   pub const VT_LAST_APPLIED: ::flatbuffers::VOffsetT = 12;
   pub const VT_GROUPS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ALIVE_FROM: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -17853,6 +17854,7 @@ impl<'a> ControllerStatusResponse<'a> {
     args: &'args ControllerStatusResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ControllerStatusResponse<'bldr>> {
     let mut builder = ControllerStatusResponseBuilder::new(_fbb);
+    builder.add_alive_from(args.alive_from);
     builder.add_last_applied(args.last_applied);
     builder.add_term(args.term);
     builder.add_leader_id(args.leader_id);
@@ -17873,6 +17875,7 @@ impl<'a> ControllerStatusResponse<'a> {
     let groups = self.groups().map(|x| {
       x.iter().map(|t| t.unpack()).collect()
     });
+    let alive_from = self.alive_from();
     ControllerStatusResponseT {
       node_id,
       leader_id,
@@ -17880,6 +17883,7 @@ impl<'a> ControllerStatusResponse<'a> {
       term,
       last_applied,
       groups,
+      alive_from,
     }
   }
 
@@ -17927,6 +17931,16 @@ impl<'a> ControllerStatusResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ControllerGroup>>>>(ControllerStatusResponse::VT_GROUPS, None)}
   }
+  /// The node whose view of the brokers' heartbeats the groups' `alive` sets are: the
+  /// leader's (this node's when it leads; a follower asks the leader). 0: no leader could be
+  /// asked, and `alive` is empty because it is unknown, not because every broker is dead.
+  #[inline]
+  pub fn alive_from(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerStatusResponse::VT_ALIVE_FROM, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ControllerStatusResponse<'_> {
@@ -17941,6 +17955,7 @@ impl ::flatbuffers::Verifiable for ControllerStatusResponse<'_> {
      .visit_field::<u64>("term", Self::VT_TERM, false)?
      .visit_field::<u64>("last_applied", Self::VT_LAST_APPLIED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ControllerGroup>>>>("groups", Self::VT_GROUPS, false)?
+     .visit_field::<u64>("alive_from", Self::VT_ALIVE_FROM, false)?
      .finish();
     Ok(())
   }
@@ -17952,6 +17967,7 @@ pub struct ControllerStatusResponseArgs<'a> {
     pub term: u64,
     pub last_applied: u64,
     pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ControllerGroup<'a>>>>>,
+    pub alive_from: u64,
 }
 impl<'a> Default for ControllerStatusResponseArgs<'a> {
   #[inline]
@@ -17963,6 +17979,7 @@ impl<'a> Default for ControllerStatusResponseArgs<'a> {
       term: 0,
       last_applied: 0,
       groups: None,
+      alive_from: 0,
     }
   }
 }
@@ -17997,6 +18014,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerStatusResponseBuild
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerStatusResponse::VT_GROUPS, groups);
   }
   #[inline]
+  pub fn add_alive_from(&mut self, alive_from: u64) {
+    self.fbb_.push_slot::<u64>(ControllerStatusResponse::VT_ALIVE_FROM, alive_from, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerStatusResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ControllerStatusResponseBuilder {
@@ -18020,6 +18041,7 @@ impl ::core::fmt::Debug for ControllerStatusResponse<'_> {
       ds.field("term", &self.term());
       ds.field("last_applied", &self.last_applied());
       ds.field("groups", &self.groups());
+      ds.field("alive_from", &self.alive_from());
       ds.finish()
   }
 }
@@ -18032,6 +18054,7 @@ pub struct ControllerStatusResponseT {
   pub term: u64,
   pub last_applied: u64,
   pub groups: Option<alloc::vec::Vec<ControllerGroupT>>,
+  pub alive_from: u64,
 }
 impl Default for ControllerStatusResponseT {
   fn default() -> Self {
@@ -18042,6 +18065,7 @@ impl Default for ControllerStatusResponseT {
       term: 0,
       last_applied: 0,
       groups: None,
+      alive_from: 0,
     }
   }
 }
@@ -18060,6 +18084,7 @@ impl ControllerStatusResponseT {
     let groups = self.groups.as_ref().map(|x|{
       let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
     });
+    let alive_from = self.alive_from;
     ControllerStatusResponse::create(_fbb, &ControllerStatusResponseArgs{
       node_id,
       leader_id,
@@ -18067,6 +18092,7 @@ impl ControllerStatusResponseT {
       term,
       last_applied,
       groups,
+      alive_from,
     })
   }
 }

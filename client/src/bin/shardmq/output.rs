@@ -544,6 +544,7 @@ pub fn controller_status_json(status: &shardmq_client::ControllerStatus) -> Valu
         "members": status.members,
         "term": status.term,
         "last_applied": status.last_applied,
+        "alive_from": status.alive_from,
         "groups": status.groups.iter().map(|g| json!({
             "cluster_name": g.cluster_name,
             "broker_name": g.broker_name,
@@ -570,6 +571,14 @@ pub fn controller_status_text(status: &shardmq_client::ControllerStatus) -> Stri
             status.address, status.node_id, status.term, status.last_applied
         ),
         format!("members     {}", status.members.join(", ")),
+        if status.alive_from == 0 {
+            "alive       unknown (no leader could be asked)".to_owned()
+        } else {
+            format!(
+                "alive       as the leader (node {}) sees it",
+                status.alive_from
+            )
+        },
     ];
     for g in &status.groups {
         let replicas: Vec<String> = g
