@@ -137,6 +137,20 @@ pub enum StorageRequest {
     ReplicaProgress {
         reply: Reply<(u64, u64)>,
     },
+    /// A page of this shard's committed consumer offsets after a (group, topic, queue), for a
+    /// slave's copy; and whether more follow.
+    ConsumerOffsetPage {
+        after: Option<(String, String, u32)>,
+        max: usize,
+        reply: Reply<(Vec<crate::replication::OffsetRow>, bool)>,
+    },
+    /// A slave's copy of its master's offsets: each row moves the local offset only forward
+    /// (a group that consumed here while the master was gone is not sent back). Answers how
+    /// many moved.
+    MergeConsumerOffsets {
+        rows: Vec<crate::replication::OffsetRow>,
+        reply: Reply<usize>,
+    },
     /// A slave joins: where the bytes it shares with this master end.
     ReplicaJoin {
         broker_id: i64,

@@ -179,6 +179,18 @@ fn a_slave_copies_its_master_and_serves_every_acknowledged_message_after_the_mas
     wait_until(CATCH_UP, "the slave to hold the group's offset", || {
         (committed_offset(&mut on_slave, "Mover", TOPIC, 2) == Some(123)).then_some(())
     });
+    // More offsets than one page of the copy (4,096 rows): those past the first page reach the
+    // slave too.
+    let mut on_master = master.client();
+    for group in 0..5_000 {
+        commit_offset(&mut on_master, &format!("Page-{group:04}"), TOPIC, 1, 7);
+    }
+    wait_until(CATCH_UP, "the slave to hold every page of offsets", || {
+        ["Page-0000", "Page-4095", "Page-4096", "Page-4999"]
+            .iter()
+            .all(|group| committed_offset(&mut on_slave, group, TOPIC, 1) == Some(7))
+            .then_some(())
+    });
 
     // `broker status` says who is who, and that the slave has everything: per storage shard,
     // the same term on both sides, no lag in bytes or ms, the peer connected.

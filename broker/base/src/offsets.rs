@@ -114,6 +114,24 @@ impl ConsumerOffsets {
         encode(&rows)
     }
 
+    /// Up to `max` rows in (group, topic, queue) order, from the first after `after` (from the
+    /// start when `None`), and whether more follow.
+    pub fn rows_after(
+        &self,
+        after: Option<&(String, String, u32)>,
+        max: usize,
+    ) -> (Vec<(String, String, u32, u64)>, bool) {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut range = self.offsets.range((from, Bound::Unbounded));
+        let rows: Vec<_> = range
+            .by_ref()
+            .take(max)
+            .map(|((g, t, q), o)| (g.clone(), t.clone(), *q, *o))
+            .collect();
+        (rows, range.next().is_some())
+    }
+
     /// Every (group, topic, queue, offset), for admin listings.
     pub fn rows(&self) -> Vec<(String, String, u32, u64)> {
         self.offsets
@@ -148,6 +166,46 @@ fn decode(bytes: &[u8]) -> Result<Vec<OffsetRow>, String> {
         ));
     }
     serde_json::from_slice(body).map_err(|e| format!("not valid JSON: {e}"))
+}
+
+#[cfg(test)]
+mod paging_tests {
+    use super::ConsumerOffsets;
+
+    #[test]
+    fn rows_come_in_pages_in_key_order_until_none_are_left() {
+        let mut offsets = ConsumerOffsets::default();
+        for (g, q) in [("b", 1), ("a", 2), ("a", 0), ("c", 0), ("b", 0)] {
+            offsets.commit(g, "T", q, u64::from(q) + 10);
+        }
+        let (first, more) = offsets.rows_after(None, 2);
+        assert_eq!(
+            first,
+            vec![
+                ("a".into(), "T".into(), 0, 10),
+                ("a".into(), "T".into(), 2, 12)
+            ]
+        );
+        assert!(more);
+        let cursor = |rows: &[(String, String, u32, u64)]| {
+            let (g, t, q, _) = rows.last().unwrap().clone();
+            (g, t, q)
+        };
+        let (second, more) = offsets.rows_after(Some(&cursor(&first)), 2);
+        assert_eq!(
+            second,
+            vec![
+                ("b".into(), "T".into(), 0, 10),
+                ("b".into(), "T".into(), 1, 11)
+            ]
+        );
+        assert!(more);
+        let (third, more) = offsets.rows_after(Some(&cursor(&second)), 2);
+        assert_eq!(third, vec![("c".into(), "T".into(), 0, 10)]);
+        assert!(!more);
+        let (exact, more) = offsets.rows_after(None, 5);
+        assert_eq!((exact.len(), more), (5, false));
+    }
 }
 
 #[cfg(test)]

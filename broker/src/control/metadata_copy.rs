@@ -145,46 +145,43 @@ async fn copy_master_topics(
 }
 
 /// Copies the master's committed consumer offsets, moving a local one only forward (a
-/// group that consumed here while the master was gone is not sent back).
+/// group that consumed here while the master was gone is not sent back): one request per
+/// storage shard of the master (`ReplicaOffsetsRequest`, paged beyond
+/// `MAX_OFFSET_ROWS_PER_PAGE` rows) and one merge per local storage shard, for the queues of
+/// topics this broker knows.
 async fn copy_master_offsets(
     shard: &NetworkShard,
     link: &mut crate::replication::MasterLink,
 ) -> std::io::Result<()> {
     let topics = shard.topics();
-    for (group, group_topics) in link.groups().await? {
-        for topic in group_topics {
-            let Some(config) = topics.topics.get(&topic) else {
-                continue;
-            };
-            for queue_id in 0..config.read_queues.max(config.write_queues) {
-                let Some(offset) = link.committed_offset(&group, &topic, queue_id).await? else {
+    for master_shard in 0..shard.storage_shards() {
+        let mut after: Option<(String, String, u32)> = None;
+        loop {
+            let (rows, more) = link.offsets_page(master_shard, after.as_ref()).await?;
+            after = rows.last().map(|(g, t, q, _)| (g.clone(), t.clone(), *q));
+            let mut by_shard: BTreeMap<usize, Vec<crate::replication::OffsetRow>> = BTreeMap::new();
+            for row in rows {
+                let Some(config) = topics.topics.get(&row.1) else {
                     continue;
                 };
-                let storage = shard.shard_of(&topic, queue_id);
-                let (g, t) = (group.clone(), topic.clone());
-                let local = shard
-                    .ask(storage, |reply| StorageRequest::QueryConsumerOffset {
-                        group: g,
-                        topic: t,
-                        queue_id,
-                        reply,
-                    })
-                    .await
-                    .ok()
-                    .flatten();
-                if local.is_some_and(|local| local >= offset) {
+                if row.2 >= config.read_queues.max(config.write_queues) {
                     continue;
                 }
-                let (group, topic) = (group.clone(), topic.clone());
+                by_shard
+                    .entry(shard.shard_of(&row.1, row.2))
+                    .or_default()
+                    .push(row);
+            }
+            for (storage, rows) in by_shard {
                 let _ = shard
-                    .ask(storage, |reply| StorageRequest::CommitConsumerOffset {
-                        group,
-                        topic,
-                        queue_id,
-                        offset,
+                    .ask(storage, |reply| StorageRequest::MergeConsumerOffsets {
+                        rows,
                         reply,
                     })
                     .await;
+            }
+            if !more || after.is_none() {
+                break;
             }
         }
     }

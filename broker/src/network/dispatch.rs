@@ -230,6 +230,9 @@ async fn dispatch(
         Body::ReplicaFileRequest => {
             replica::file(shard, id, body!(request, body_as_replica_file_request)).await
         }
+        Body::ReplicaOffsetsRequest => {
+            replica::offsets(shard, id, body!(request, body_as_replica_offsets_request)).await
+        }
         _ => Err(unknown(&request)),
     }
 }

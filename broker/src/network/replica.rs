@@ -107,6 +107,56 @@ pub(super) async fn join(
     })
 }
 
+/// A slave copies the committed consumer offsets of one storage shard, a page at a time.
+pub(super) async fn offsets(
+    shard: &NetworkShard,
+    id: u64,
+    r: wire::ReplicaOffsetsRequest<'_>,
+) -> Answer {
+    refuse_if_slave(shard)?;
+    let storage = replica_storage_shard(shard, r.storage_shard())?;
+    let after = r.has_cursor().then(|| {
+        (
+            r.after_group().unwrap_or_default().to_owned(),
+            r.after_topic().unwrap_or_default().to_owned(),
+            r.after_queue_id(),
+        )
+    });
+    let (rows, more) = shard
+        .ask(storage, |reply| StorageRequest::ConsumerOffsetPage {
+            after,
+            max: crate::replication::MAX_OFFSET_ROWS_PER_PAGE,
+            reply,
+        })
+        .await?;
+    encode_ok(shard, id, |b| {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(group, topic, queue_id, offset)| {
+                let (group, topic) = (b.create_string(group), b.create_string(topic));
+                wire::ConsumerOffsetRow::create(
+                    b,
+                    &wire::ConsumerOffsetRowArgs {
+                        group: Some(group),
+                        topic: Some(topic),
+                        queue_id: *queue_id,
+                        offset: *offset,
+                    },
+                )
+            })
+            .collect();
+        let rows = b.create_vector(&rows);
+        let body = wire::ReplicaOffsetsResponse::create(
+            b,
+            &wire::ReplicaOffsetsResponseArgs {
+                rows: Some(rows),
+                more,
+            },
+        );
+        (wire::Body::ReplicaOffsetsResponse, body.as_union_value())
+    })
+}
+
 /// A slave copies one of the master's per-shard state files (`replication::COPIED_FILES`).
 pub(super) async fn file(shard: &NetworkShard, id: u64, r: wire::ReplicaFileRequest<'_>) -> Answer {
     refuse_if_slave(shard)?;

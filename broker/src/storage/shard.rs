@@ -126,6 +126,12 @@ impl StorageShard {
             StorageRequest::StoredQueues { reply } => self.stored_queues(reply),
             StorageRequest::ReplicaSyncView { reply } => self.replica_sync_view(reply),
             StorageRequest::ReplicaProgress { reply } => self.replica_progress(reply),
+            StorageRequest::ConsumerOffsetPage { after, max, reply } => {
+                let _ = reply.send(self.offsets.borrow().rows_after(after.as_ref(), max));
+            }
+            StorageRequest::MergeConsumerOffsets { rows, reply } => {
+                let _ = reply.send(self.merge_consumer_offsets(rows));
+            }
             StorageRequest::ReplicaJoin {
                 broker_id,
                 peer,

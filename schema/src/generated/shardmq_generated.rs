@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 62;
+pub const ENUM_MAX_BODY: u8 = 64;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 63] = [
+pub const ENUM_VALUES_BODY: [Body; 65] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -660,6 +660,8 @@ pub const ENUM_VALUES_BODY: [Body; 63] = [
   Body::ControllerStatusResponse,
   Body::SendRecordsRequest,
   Body::SendRecordsResponse,
+  Body::ReplicaOffsetsRequest,
+  Body::ReplicaOffsetsResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -733,9 +735,11 @@ impl Body {
   pub const ControllerStatusResponse: Self = Self(60);
   pub const SendRecordsRequest: Self = Self(61);
   pub const SendRecordsResponse: Self = Self(62);
+  pub const ReplicaOffsetsRequest: Self = Self(63);
+  pub const ReplicaOffsetsResponse: Self = Self(64);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 62;
+  pub const ENUM_MAX: u8 = 64;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -800,6 +804,8 @@ impl Body {
     Self::ControllerStatusResponse,
     Self::SendRecordsRequest,
     Self::SendRecordsResponse,
+    Self::ReplicaOffsetsRequest,
+    Self::ReplicaOffsetsResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -867,6 +873,8 @@ impl Body {
       Self::ControllerStatusResponse => Some("ControllerStatusResponse"),
       Self::SendRecordsRequest => Some("SendRecordsRequest"),
       Self::SendRecordsResponse => Some("SendRecordsResponse"),
+      Self::ReplicaOffsetsRequest => Some("ReplicaOffsetsRequest"),
+      Self::ReplicaOffsetsResponse => Some("ReplicaOffsetsResponse"),
       _ => None,
     }
   }
@@ -990,6 +998,8 @@ pub enum BodyT {
   ControllerStatusResponse(alloc::boxed::Box<ControllerStatusResponseT>),
   SendRecordsRequest(alloc::boxed::Box<SendRecordsRequestT>),
   SendRecordsResponse(alloc::boxed::Box<SendRecordsResponseT>),
+  ReplicaOffsetsRequest(alloc::boxed::Box<ReplicaOffsetsRequestT>),
+  ReplicaOffsetsResponse(alloc::boxed::Box<ReplicaOffsetsResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1062,6 +1072,8 @@ impl BodyT {
       Self::ControllerStatusResponse(_) => Body::ControllerStatusResponse,
       Self::SendRecordsRequest(_) => Body::SendRecordsRequest,
       Self::SendRecordsResponse(_) => Body::SendRecordsResponse,
+      Self::ReplicaOffsetsRequest(_) => Body::ReplicaOffsetsRequest,
+      Self::ReplicaOffsetsResponse(_) => Body::ReplicaOffsetsResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1129,6 +1141,8 @@ impl BodyT {
       Self::ControllerStatusResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::SendRecordsRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::SendRecordsResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaOffsetsRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaOffsetsResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2432,6 +2446,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the SendRecordsResponseT.
   pub fn as_send_records_response_mut(&mut self) -> Option<&mut SendRecordsResponseT> {
     if let Self::SendRecordsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaOffsetsRequestT, setting the union to NONE.
+  pub fn take_replica_offsets_request(&mut self) -> Option<alloc::boxed::Box<ReplicaOffsetsRequestT>> {
+    if let Self::ReplicaOffsetsRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaOffsetsRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaOffsetsRequestT.
+  pub fn as_replica_offsets_request(&self) -> Option<&ReplicaOffsetsRequestT> {
+    if let Self::ReplicaOffsetsRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaOffsetsRequestT.
+  pub fn as_replica_offsets_request_mut(&mut self) -> Option<&mut ReplicaOffsetsRequestT> {
+    if let Self::ReplicaOffsetsRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaOffsetsResponseT, setting the union to NONE.
+  pub fn take_replica_offsets_response(&mut self) -> Option<alloc::boxed::Box<ReplicaOffsetsResponseT>> {
+    if let Self::ReplicaOffsetsResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaOffsetsResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaOffsetsResponseT.
+  pub fn as_replica_offsets_response(&self) -> Option<&ReplicaOffsetsResponseT> {
+    if let Self::ReplicaOffsetsResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaOffsetsResponseT.
+  pub fn as_replica_offsets_response_mut(&mut self) -> Option<&mut ReplicaOffsetsResponseT> {
+    if let Self::ReplicaOffsetsResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 /// A record of a SendRecordsResponse that starts a new CommitLog segment.
@@ -16512,6 +16568,590 @@ impl ReplicaFileResponseT {
     })
   }
 }
+pub enum ReplicaOffsetsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A slave copies the committed consumer offsets one storage shard of its master holds: one
+/// request per shard and round, paged. The first page has no cursor; each next page starts
+/// after the (group, topic, queue) the previous one ended at.
+pub struct ReplicaOffsetsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaOffsetsRequest<'a> {
+  type Inner = ReplicaOffsetsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaOffsetsRequest<'a> {
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 4;
+  pub const VT_HAS_CURSOR: ::flatbuffers::VOffsetT = 6;
+  pub const VT_AFTER_GROUP: ::flatbuffers::VOffsetT = 8;
+  pub const VT_AFTER_TOPIC: ::flatbuffers::VOffsetT = 10;
+  pub const VT_AFTER_QUEUE_ID: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaOffsetsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaOffsetsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaOffsetsRequest<'bldr>> {
+    let mut builder = ReplicaOffsetsRequestBuilder::new(_fbb);
+    builder.add_after_queue_id(args.after_queue_id);
+    if let Some(x) = args.after_topic { builder.add_after_topic(x); }
+    if let Some(x) = args.after_group { builder.add_after_group(x); }
+    builder.add_storage_shard(args.storage_shard);
+    builder.add_has_cursor(args.has_cursor);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaOffsetsRequestT {
+    let storage_shard = self.storage_shard();
+    let has_cursor = self.has_cursor();
+    let after_group = self.after_group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let after_topic = self.after_topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let after_queue_id = self.after_queue_id();
+    ReplicaOffsetsRequestT {
+      storage_shard,
+      has_cursor,
+      after_group,
+      after_topic,
+      after_queue_id,
+    }
+  }
+
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaOffsetsRequest::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn has_cursor(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReplicaOffsetsRequest::VT_HAS_CURSOR, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn after_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaOffsetsRequest::VT_AFTER_GROUP, None)}
+  }
+  #[inline]
+  pub fn after_topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaOffsetsRequest::VT_AFTER_TOPIC, None)}
+  }
+  #[inline]
+  pub fn after_queue_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaOffsetsRequest::VT_AFTER_QUEUE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaOffsetsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<bool>("has_cursor", Self::VT_HAS_CURSOR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("after_group", Self::VT_AFTER_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("after_topic", Self::VT_AFTER_TOPIC, false)?
+     .visit_field::<u32>("after_queue_id", Self::VT_AFTER_QUEUE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaOffsetsRequestArgs<'a> {
+    pub storage_shard: u32,
+    pub has_cursor: bool,
+    pub after_group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub after_topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub after_queue_id: u32,
+}
+impl<'a> Default for ReplicaOffsetsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaOffsetsRequestArgs {
+      storage_shard: 0,
+      has_cursor: false,
+      after_group: None,
+      after_topic: None,
+      after_queue_id: 0,
+    }
+  }
+}
+
+pub struct ReplicaOffsetsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaOffsetsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaOffsetsRequest::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_has_cursor(&mut self, has_cursor: bool) {
+    self.fbb_.push_slot::<bool>(ReplicaOffsetsRequest::VT_HAS_CURSOR, has_cursor, false);
+  }
+  #[inline]
+  pub fn add_after_group(&mut self, after_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaOffsetsRequest::VT_AFTER_GROUP, after_group);
+  }
+  #[inline]
+  pub fn add_after_topic(&mut self, after_topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaOffsetsRequest::VT_AFTER_TOPIC, after_topic);
+  }
+  #[inline]
+  pub fn add_after_queue_id(&mut self, after_queue_id: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaOffsetsRequest::VT_AFTER_QUEUE_ID, after_queue_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaOffsetsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaOffsetsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaOffsetsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaOffsetsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaOffsetsRequest");
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("has_cursor", &self.has_cursor());
+      ds.field("after_group", &self.after_group());
+      ds.field("after_topic", &self.after_topic());
+      ds.field("after_queue_id", &self.after_queue_id());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaOffsetsRequestT {
+  pub storage_shard: u32,
+  pub has_cursor: bool,
+  pub after_group: Option<alloc::string::String>,
+  pub after_topic: Option<alloc::string::String>,
+  pub after_queue_id: u32,
+}
+impl Default for ReplicaOffsetsRequestT {
+  fn default() -> Self {
+    Self {
+      storage_shard: 0,
+      has_cursor: false,
+      after_group: None,
+      after_topic: None,
+      after_queue_id: 0,
+    }
+  }
+}
+impl ReplicaOffsetsRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaOffsetsRequest<'b>> {
+    let storage_shard = self.storage_shard;
+    let has_cursor = self.has_cursor;
+    let after_group = self.after_group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let after_topic = self.after_topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let after_queue_id = self.after_queue_id;
+    ReplicaOffsetsRequest::create(_fbb, &ReplicaOffsetsRequestArgs{
+      storage_shard,
+      has_cursor,
+      after_group,
+      after_topic,
+      after_queue_id,
+    })
+  }
+}
+pub enum ConsumerOffsetRowOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ConsumerOffsetRow<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerOffsetRow<'a> {
+  type Inner = ConsumerOffsetRow<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerOffsetRow<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerOffsetRow { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerOffsetRowArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerOffsetRow<'bldr>> {
+    let mut builder = ConsumerOffsetRowBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerOffsetRowT {
+    let group = self.group().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    let offset = self.offset();
+    ConsumerOffsetRowT {
+      group,
+      topic,
+      queue_id,
+      offset,
+    }
+  }
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerOffsetRow::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerOffsetRow::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ConsumerOffsetRow::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ConsumerOffsetRow::VT_OFFSET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerOffsetRow<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerOffsetRowArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: u32,
+    pub offset: u64,
+}
+impl<'a> Default for ConsumerOffsetRowArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerOffsetRowArgs {
+      group: None,
+      topic: None,
+      queue_id: 0,
+      offset: 0,
+    }
+  }
+}
+
+pub struct ConsumerOffsetRowBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerOffsetRowBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerOffsetRow::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerOffsetRow::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: u32) {
+    self.fbb_.push_slot::<u32>(ConsumerOffsetRow::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: u64) {
+    self.fbb_.push_slot::<u64>(ConsumerOffsetRow::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerOffsetRowBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerOffsetRowBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerOffsetRow<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerOffsetRow<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerOffsetRow");
+      ds.field("group", &self.group());
+      ds.field("topic", &self.topic());
+      ds.field("queue_id", &self.queue_id());
+      ds.field("offset", &self.offset());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerOffsetRowT {
+  pub group: Option<alloc::string::String>,
+  pub topic: Option<alloc::string::String>,
+  pub queue_id: u32,
+  pub offset: u64,
+}
+impl Default for ConsumerOffsetRowT {
+  fn default() -> Self {
+    Self {
+      group: None,
+      topic: None,
+      queue_id: 0,
+      offset: 0,
+    }
+  }
+}
+impl ConsumerOffsetRowT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerOffsetRow<'b>> {
+    let group = self.group.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    let offset = self.offset;
+    ConsumerOffsetRow::create(_fbb, &ConsumerOffsetRowArgs{
+      group,
+      topic,
+      queue_id,
+      offset,
+    })
+  }
+}
+pub enum ReplicaOffsetsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// At most `MAX_OFFSET_ROWS_PER_PAGE` rows in (group, topic, queue) order; `more` when the
+/// shard holds rows after the last.
+pub struct ReplicaOffsetsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaOffsetsResponse<'a> {
+  type Inner = ReplicaOffsetsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaOffsetsResponse<'a> {
+  pub const VT_ROWS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MORE: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaOffsetsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaOffsetsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaOffsetsResponse<'bldr>> {
+    let mut builder = ReplicaOffsetsResponseBuilder::new(_fbb);
+    if let Some(x) = args.rows { builder.add_rows(x); }
+    builder.add_more(args.more);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaOffsetsResponseT {
+    let rows = self.rows().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    let more = self.more();
+    ReplicaOffsetsResponseT {
+      rows,
+      more,
+    }
+  }
+
+  #[inline]
+  pub fn rows(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerOffsetRow<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerOffsetRow>>>>(ReplicaOffsetsResponse::VT_ROWS, None)}
+  }
+  #[inline]
+  pub fn more(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReplicaOffsetsResponse::VT_MORE, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaOffsetsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ConsumerOffsetRow>>>>("rows", Self::VT_ROWS, false)?
+     .visit_field::<bool>("more", Self::VT_MORE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaOffsetsResponseArgs<'a> {
+    pub rows: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerOffsetRow<'a>>>>>,
+    pub more: bool,
+}
+impl<'a> Default for ReplicaOffsetsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaOffsetsResponseArgs {
+      rows: None,
+      more: false,
+    }
+  }
+}
+
+pub struct ReplicaOffsetsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaOffsetsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_rows(&mut self, rows: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ConsumerOffsetRow<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaOffsetsResponse::VT_ROWS, rows);
+  }
+  #[inline]
+  pub fn add_more(&mut self, more: bool) {
+    self.fbb_.push_slot::<bool>(ReplicaOffsetsResponse::VT_MORE, more, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaOffsetsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaOffsetsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaOffsetsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaOffsetsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaOffsetsResponse");
+      ds.field("rows", &self.rows());
+      ds.field("more", &self.more());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaOffsetsResponseT {
+  pub rows: Option<alloc::vec::Vec<ConsumerOffsetRowT>>,
+  pub more: bool,
+}
+impl Default for ReplicaOffsetsResponseT {
+  fn default() -> Self {
+    Self {
+      rows: None,
+      more: false,
+    }
+  }
+}
+impl ReplicaOffsetsResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaOffsetsResponse<'b>> {
+    let rows = self.rows.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    let more = self.more;
+    ReplicaOffsetsResponse::create(_fbb, &ReplicaOffsetsResponseArgs{
+      rows,
+      more,
+    })
+  }
+}
 pub enum ControllerRaftRequestOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -18459,6 +19099,16 @@ impl<'a> Frame<'a> {
             .expect("Invalid union table, expected `Body::SendRecordsResponse`.")
             .unpack()
       )),
+      Body::ReplicaOffsetsRequest => BodyT::ReplicaOffsetsRequest(alloc::boxed::Box::new(
+        self.body_as_replica_offsets_request()
+            .expect("Invalid union table, expected `Body::ReplicaOffsetsRequest`.")
+            .unpack()
+      )),
+      Body::ReplicaOffsetsResponse => BodyT::ReplicaOffsetsResponse(alloc::boxed::Box::new(
+        self.body_as_replica_offsets_response()
+            .expect("Invalid union table, expected `Body::ReplicaOffsetsResponse`.")
+            .unpack()
+      )),
       _ => BodyT::NONE,
     };
     FrameT {
@@ -19447,6 +20097,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_offsets_request(&self) -> Option<ReplicaOffsetsRequest<'a>> {
+    if self.body_type() == Body::ReplicaOffsetsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaOffsetsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_offsets_response(&self) -> Option<ReplicaOffsetsResponse<'a>> {
+    if self.body_type() == Body::ReplicaOffsetsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaOffsetsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -19523,6 +20203,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ControllerStatusResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerStatusResponse>>("Body::ControllerStatusResponse", pos),
           Body::SendRecordsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendRecordsRequest>>("Body::SendRecordsRequest", pos),
           Body::SendRecordsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendRecordsResponse>>("Body::SendRecordsResponse", pos),
+          Body::ReplicaOffsetsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaOffsetsRequest>>("Body::ReplicaOffsetsRequest", pos),
+          Body::ReplicaOffsetsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaOffsetsResponse>>("Body::ReplicaOffsetsResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -20034,6 +20716,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::SendRecordsResponse => {
           if let Some(x) = self.body_as_send_records_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaOffsetsRequest => {
+          if let Some(x) = self.body_as_replica_offsets_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaOffsetsResponse => {
+          if let Some(x) = self.body_as_replica_offsets_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -257,6 +257,56 @@ impl MasterLink {
         }))
     }
 
+    /// A page of the committed consumer offsets of the master's `storage_shard`, after
+    /// (group, topic, queue) `after` (from the first when `None`), and whether more follow.
+    pub async fn offsets_page(
+        &mut self,
+        storage_shard: usize,
+        after: Option<&(String, String, u32)>,
+    ) -> io::Result<(Vec<super::OffsetRow>, bool)> {
+        let answer = self
+            .request(|b, header| {
+                let (group, topic) = match after {
+                    Some((g, t, _)) => (Some(b.create_string(g)), Some(b.create_string(t))),
+                    None => (None, None),
+                };
+                let body = wire::ReplicaOffsetsRequest::create(
+                    b,
+                    &wire::ReplicaOffsetsRequestArgs {
+                        storage_shard: storage_shard as u32,
+                        has_cursor: after.is_some(),
+                        after_group: group,
+                        after_topic: topic,
+                        after_queue_id: after.map_or(0, |(_, _, q)| *q),
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaOffsetsRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let body = require_ok(&answer, "consumer offsets")?
+            .body_as_replica_offsets_response()
+            .ok_or_else(|| io::Error::other("a ReplicaOffsetsResponse without its body"))?;
+        let rows = body
+            .rows()
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|r| {
+                (
+                    r.group().unwrap_or_default().to_owned(),
+                    r.topic().unwrap_or_default().to_owned(),
+                    r.queue_id(),
+                    r.offset(),
+                )
+            })
+            .collect();
+        Ok((rows, body.more()))
+    }
+
     /// The master's topic configs, user and system topics.
     pub async fn topics(&mut self) -> io::Result<Vec<crate::topics::TopicConfig>> {
         let answer = self
@@ -284,69 +334,5 @@ impl MasterLink {
             .iter()
             .map(|t| crate::topics::TopicConfig::from_wire(&t))
             .collect())
-    }
-
-    /// The master's consumer groups and the topics each has offsets for or subscribes to.
-    pub async fn groups(&mut self) -> io::Result<Vec<(String, Vec<String>)>> {
-        let answer = self
-            .request(|b, header| {
-                let body = wire::GroupListRequest::create(b, &wire::GroupListRequestArgs {});
-                build_frame(
-                    b,
-                    &header,
-                    wire::Body::GroupListRequest,
-                    Some(body.as_union_value()),
-                )
-            })
-            .await?;
-        let groups = answer
-            .frame()
-            .body_as_group_list_response()
-            .and_then(|r| r.groups())
-            .ok_or_else(|| io::Error::other("a GroupListResponse without groups"))?;
-        Ok(groups
-            .iter()
-            .map(|g| {
-                let topics = g
-                    .topics()
-                    .iter()
-                    .flat_map(|t| t.iter())
-                    .map(str::to_owned)
-                    .collect();
-                (g.group().unwrap_or_default().to_owned(), topics)
-            })
-            .collect())
-    }
-
-    /// The master's committed offset of `group` for one queue, if it has one.
-    pub async fn committed_offset(
-        &mut self,
-        group: &str,
-        topic: &str,
-        queue_id: u32,
-    ) -> io::Result<Option<u64>> {
-        let answer = self
-            .request(|b, header| {
-                let (group, topic) = (b.create_string(group), b.create_string(topic));
-                let body = wire::QueryConsumerOffsetRequest::create(
-                    b,
-                    &wire::QueryConsumerOffsetRequestArgs {
-                        consumer_group: Some(group),
-                        topic: Some(topic),
-                        queue_id: queue_id as i32,
-                    },
-                );
-                build_frame(
-                    b,
-                    &header,
-                    wire::Body::QueryConsumerOffsetRequest,
-                    Some(body.as_union_value()),
-                )
-            })
-            .await?;
-        Ok(answer
-            .frame()
-            .body_as_offset_response()
-            .and_then(|r| u64::try_from(r.offset()).ok()))
     }
 }

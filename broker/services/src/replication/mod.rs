@@ -35,6 +35,13 @@ use crate::store::epochs::Epoch;
 
 /// Most bytes one replica pull asks for.
 pub const REPLICA_PULL_BYTES: u32 = 4 << 20;
+
+/// Most consumer offset rows in one `ReplicaOffsetsResponse` (a few hundred bytes each at
+/// most: an answer stays well under the frame limit).
+pub const MAX_OFFSET_ROWS_PER_PAGE: usize = 4096;
+
+/// (group, topic, queue id, offset).
+pub type OffsetRow = (String, String, u32, u64);
 /// How long the master holds a replica pull that finds nothing new.
 pub const REPLICA_SUSPEND_MS: u32 = 1_000;
 
