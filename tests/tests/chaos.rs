@@ -4,7 +4,8 @@
 //! injected at seeded random moments: kill -9 of the master or of a slave, SIGSTOP of the
 //! master or of the controller leader for longer than the heartbeat timeout, and the master or
 //! a slave restarted after a simulated power loss (its CommitLog cut back to its last
-//! checkpoint, the rest reading as zeros).
+//! checkpoint, the rest reading as zeros), and a crash-looping master (killed and restarted
+//! three times in quick succession).
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -44,6 +45,9 @@ enum Fault {
     MasterPowerLoss,
     /// A slave's power loss, then the master's kill -9 before the slave has caught up.
     SlavePowerLossThenKillMaster,
+    /// The master crash-loops: killed with kill -9 and started again three times, each time
+    /// after 0.2-1.5 s (finished starting or not, master again or not), then left running.
+    CrashLoopMaster,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -57,6 +61,7 @@ fn faults() -> Vec<Fault> {
         Fault::SlavePowerLoss,
         Fault::MasterPowerLoss,
         Fault::SlavePowerLossThenKillMaster,
+        Fault::CrashLoopMaster,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
         Ok(names) => {
@@ -174,6 +179,15 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                 }
                 std::thread::sleep(Duration::from_millis(rng.in_range(0..=1000)));
                 group.broker(master).restart();
+            }
+            Fault::CrashLoopMaster => {
+                let master = before.master_id;
+                for _ in 0..3 {
+                    group.broker(master).kill9();
+                    std::thread::sleep(Duration::from_millis(rng.in_range(0..=300)));
+                    group.broker(master).restart();
+                    std::thread::sleep(Duration::from_millis(rng.in_range(200..=1500)));
+                }
             }
             Fault::KillSlave => {
                 let slave = pick_slave(&before, &mut rng);
