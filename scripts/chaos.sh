@@ -3,9 +3,9 @@
 # `tests/tests/chaos.rs` with many rounds, against release binaries. Each round injects one
 # fault at a random moment under continuous produce and consume (kill -9 of the master or a
 # slave, SIGSTOP of the master or of the controller leader past the heartbeat timeout, a slave
-# restarted after a simulated power loss); the checker then reports acknowledged messages lost,
-# unconsumed, skipped and diverged (each must be 0), duplicates, and how long writes took to
-# come back after each kill -9 of the master.
+# or the master restarted after a simulated power loss, a crash-looping master); the checker
+# then reports acknowledged messages lost, unconsumed, skipped and diverged (each must be 0),
+# duplicates, and how long writes took to come back after each kill -9 of the master.
 #
 # Usage: scripts/chaos.sh [--rounds N] [--seed S]
 #   --rounds N  rounds of one run (default 200)
