@@ -175,6 +175,10 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                     (load.count() > at_election).then_some(())
                 });
                 if let Some(first) = load.first_ack_after(killed_at) {
+                    eprintln!(
+                        "chaos round {round}: writes back {} ms after the master's kill -9",
+                        (first - killed_at).as_millis()
+                    );
                     write_resume.push(first - killed_at);
                 }
                 std::thread::sleep(Duration::from_millis(rng.in_range(0..=1000)));

@@ -480,16 +480,7 @@ fn below_min_in_sync_replicas_a_master_stores_but_does_not_acknowledge() {
     let mut group = HaGroup::start_with(&["--min-in-sync-replicas", "2"]);
     let mut master = group.master_client();
     create_topic(&mut master, TOPIC, 1);
-    let send = |client: &mut TestClient, body: &str| {
-        let message = shardmq_tests::TestMessage::new(body.to_owned());
-        let answer = client
-            .request(|b| {
-                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
-            })
-            .unwrap();
-        shardmq_tests::status_of(&answer).0
-    };
-    assert_eq!(send(&mut master, "three in sync"), wire::Status::OK);
+    assert_eq!(send_one(&mut master, "three in sync"), wire::Status::OK);
     let status = group.status().unwrap();
     let slaves: Vec<i64> = (1..=3).filter(|id| *id != status.master_id).collect();
     for id in &slaves {
@@ -498,7 +489,7 @@ fn below_min_in_sync_replicas_a_master_stores_but_does_not_acknowledge() {
     // The master drops the dead slaves from its set; once it is alone, sends are refused.
     let _ = master.set_read_timeout(Duration::from_secs(10));
     wait_until(SETTLE, "sends to be answered SLAVE_NOT_AVAILABLE", || {
-        (send(&mut master, "alone") == wire::Status::SLAVE_NOT_AVAILABLE).then_some(())
+        (send_one(&mut master, "alone") == wire::Status::SLAVE_NOT_AVAILABLE).then_some(())
     });
     let alone = group.status().unwrap();
     assert_eq!(
@@ -509,7 +500,7 @@ fn below_min_in_sync_replicas_a_master_stores_but_does_not_acknowledge() {
     // One slave back in sync: two members again, sends acknowledged.
     group.broker(slaves[0]).restart();
     wait_until(SETTLE, "a send acknowledged again", || {
-        (send(&mut master, "two in sync") == wire::Status::OK).then_some(())
+        (send_one(&mut master, "two in sync") == wire::Status::OK).then_some(())
     });
 }
 
@@ -524,13 +515,8 @@ fn the_controller_elects_by_progress_then_election_priority_not_by_lowest_id() {
     let mut master = group.master_client();
     create_topic(&mut master, TOPIC, 1);
     for i in 0..20 {
-        let message = shardmq_tests::TestMessage::new(format!("before the election {i}"));
-        let answer = master
-            .request(|b| {
-                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
-            })
-            .unwrap();
-        assert_eq!(shardmq_tests::status_of(&answer).0, wire::Status::OK);
+        let body = format!("before the election {i}");
+        assert_eq!(send_one(&mut master, &body), wire::Status::OK);
     }
     let before = group.status().unwrap();
     assert_eq!(before.in_sync.len(), 3, "every member in sync: {before:?}");
@@ -558,16 +544,7 @@ fn a_master_that_restarts_alone_stays_master_in_a_new_epoch_from_the_controller(
     let mut group = HaGroup::start();
     let mut master = group.master_client();
     create_topic(&mut master, TOPIC, QUEUES);
-    let send = |client: &mut TestClient, body: &str| {
-        let message = shardmq_tests::TestMessage::new(body.to_owned());
-        let answer = client
-            .request(|b| {
-                shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message))
-            })
-            .unwrap();
-        shardmq_tests::status_of(&answer).0
-    };
-    assert_eq!(send(&mut master, "first term"), wire::Status::OK);
+    assert_eq!(send_one(&mut master, "first term"), wire::Status::OK);
     let before = group.status().unwrap();
     let slaves: Vec<i64> = (1..=3).filter(|id| *id != before.master_id).collect();
     for id in &slaves {
@@ -584,15 +561,10 @@ fn a_master_that_restarts_alone_stays_master_in_a_new_epoch_from_the_controller(
         (status.master_id == before.master_id && status.epoch != before.epoch).then_some(status)
     });
     assert_eq!(after.epoch, before.epoch + 1, "{after:?}");
-    let mut master = wait_until(SETTLE, "the master listening", || {
-        let status = group.status()?;
-        let mut client = TestClient::connect(status.master_address.parse().ok()?).ok()?;
-        client.handshake().ok()?;
-        Some(client)
-    });
+    let mut master = connect_master(&group);
     let _ = master.set_read_timeout(Duration::from_secs(10));
     wait_until(SETTLE, "a send acknowledged in the new epoch", || {
-        (send(&mut master, "second term") == wire::Status::OK).then_some(())
+        (send_one(&mut master, "second term") == wire::Status::OK).then_some(())
     });
     // The slaves come back as slaves of that epoch; the next election makes the one after.
     for id in &slaves {
@@ -613,12 +585,7 @@ fn a_master_that_restarts_alone_stays_master_in_a_new_epoch_from_the_controller(
         (status.master_id != before.master_id && status.master_id > 0).then_some(status)
     });
     assert_eq!(elected.epoch, after.epoch + 1);
-    let mut master = wait_until(SETTLE, "the master listening", || {
-        let status = group.status()?;
-        let mut client = TestClient::connect(status.master_address.parse().ok()?).ok()?;
-        client.handshake().ok()?;
-        Some(client)
-    });
+    let mut master = connect_master(&group);
     let bodies = stored(&mut master);
     for body in ["first term", "second term"] {
         assert!(

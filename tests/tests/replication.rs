@@ -375,6 +375,20 @@ fn a_sync_master_acknowledges_only_what_its_slave_holds() {
     assert_eq!(on_slave, acknowledged.iter().collect::<Vec<_>>());
 }
 
+/// `answer` is INVALID_ARGUMENT with a message that contains `names`.
+fn refused_naming(answer: &shardmq_schema::VerifiedFrame, what: &str, names: &str) {
+    let (status, message) = status_of(answer);
+    assert_eq!(
+        status,
+        wire::Status::INVALID_ARGUMENT,
+        "{what}: {message:?}"
+    );
+    assert!(
+        message.as_deref().unwrap_or_default().contains(names),
+        "{what}: {message:?}"
+    );
+}
+
 #[test]
 fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() {
     let group = Group::new();
@@ -507,17 +521,7 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
         ),
         (0, 0, epoch + 1, "another term", "term"),
     ] {
-        let answer = replica_pull(&mut ha, shard, from, epoch);
-        let (status, message) = status_of(&answer);
-        assert_eq!(
-            status,
-            wire::Status::INVALID_ARGUMENT,
-            "{what}: {message:?}"
-        );
-        assert!(
-            message.as_deref().unwrap_or_default().contains(names),
-            "{what}: {message:?}"
-        );
+        refused_naming(&replica_pull(&mut ha, shard, from, epoch), what, names);
     }
     // Acknowledgements count only from the connection a slave joined on: a broker id that
     // did not join there, and the joined one on another connection (here the client port),
@@ -531,19 +535,7 @@ fn replica_joins_and_pulls_that_cannot_be_served_are_refused_and_harm_nothing() 
         (&mut client, 1, "the joined broker id on another connection"),
     ] {
         let answer = replica_pull_as(client, broker_id, 0, 0, epoch);
-        let (status, message) = status_of(&answer);
-        assert_eq!(
-            status,
-            wire::Status::INVALID_ARGUMENT,
-            "{what}: {message:?}"
-        );
-        assert!(
-            message
-                .as_deref()
-                .unwrap_or_default()
-                .contains("join first"),
-            "{what}: {message:?}"
-        );
+        refused_naming(&answer, what, "join first");
     }
     // Garbage on the HA port is answered or closed, as on the client port.
     let mut garbage = shardmq_tests::TestClient::connect(group.ha.parse().unwrap()).unwrap();

@@ -180,6 +180,25 @@ impl HaGroup {
     }
 }
 
+/// Sends one message of `body` to queue 0 of [`TOPIC`] on `client`: the answer's status.
+pub fn send_one(client: &mut TestClient, body: &str) -> wire::Status {
+    let message = shardmq_tests::TestMessage::new(body.to_owned());
+    let answer = client
+        .request(|b| shardmq_tests::send_request_body(b, TOPIC, 0, std::slice::from_ref(&message)))
+        .unwrap();
+    shardmq_tests::status_of(&answer).0
+}
+
+/// A client of the master the controllers name, once that broker accepts connections.
+pub fn connect_master(group: &HaGroup) -> TestClient {
+    wait_until(SETTLE, "the master listening", || {
+        let status = group.status()?;
+        let mut client = TestClient::connect(status.master_address.parse().ok()?).ok()?;
+        client.handshake().ok()?;
+        Some(client)
+    })
+}
+
 /// Producers through the client library, sending until stopped; records each SEND_OK body and
 /// when the last one came.
 /// Acknowledged bodies and when each was acknowledged.
