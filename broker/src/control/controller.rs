@@ -49,38 +49,95 @@ pub struct Beat {
     pub log_end: u64,
 }
 
-/// The slaves a master reports in sync, from every storage shard's view (`views`, one per shard
-/// of `shards`; fewer: a shard did not answer, and no slave is vouched for). A slave is in sync
-/// on every shard: alive, and within `max_lag_bytes` if it is in the set already (`current`),
-/// or holding everything if it is joining.
-pub fn in_sync_slaves(
-    views: &[crate::replication::SyncView],
-    shards: usize,
-    current: &BTreeSet<i64>,
-    max_lag_bytes: u64,
-) -> BTreeSet<i64> {
-    if views.len() < shards || views.is_empty() {
-        return BTreeSet::new();
+/// A master's slaves joining its SyncStateSet, in two phases (the set's rule: every member
+/// holds every acknowledged message). A slave not in the set that is alive and within
+/// `in_sync_max_lag_bytes` on every storage shard is first *waited for*: from then on the
+/// master's sends wait for it as for a member. At the next heartbeat the log ends of that
+/// moment become its target (every send acknowledged since was waited for on it, and every one
+/// before lies below them); it is reported in sync once it has acknowledged its target on
+/// every shard. A joiner that falls behind or goes silent starts again. (Asking a joiner to
+/// hold everything at one instant, as before, could not be met under a steady load: its
+/// acknowledgement trails the master's end by the bytes in flight.)
+#[derive(Debug, Default)]
+pub struct Joins {
+    /// Joiner → its target per storage shard (`None`: waited for since the last heartbeat).
+    targets: std::collections::BTreeMap<i64, Option<Vec<u64>>>,
+}
+
+impl Joins {
+    /// The joiners the master's sends wait for.
+    pub fn waited(&self) -> BTreeSet<i64> {
+        self.targets.keys().copied().collect()
     }
-    let in_sync_on = |(end, slaves): &crate::replication::SyncView| -> BTreeSet<i64> {
-        slaves
-            .iter()
-            .filter(|(id, acknowledged, alive)| {
-                *alive
-                    && if current.contains(id) {
-                        end.saturating_sub(*acknowledged) <= max_lag_bytes
-                    } else {
-                        acknowledged >= end
-                    }
+
+    /// The controller's set now holds these: they are members, no longer joiners.
+    pub fn joined(&mut self, set: &BTreeSet<i64>) {
+        self.targets.retain(|id, _| !set.contains(id));
+    }
+
+    /// The slaves to report in sync, from every storage shard's view (`views`, one per shard of
+    /// `shards`; fewer: a shard did not answer, nobody is vouched for and the joins start
+    /// again): the `members` alive and within `max_lag_bytes` on every shard, and the joiners
+    /// that reached their target.
+    pub fn judge(
+        &mut self,
+        views: &[crate::replication::SyncView],
+        shards: usize,
+        members: &BTreeSet<i64>,
+        max_lag_bytes: u64,
+    ) -> BTreeSet<i64> {
+        if views.len() < shards || views.is_empty() {
+            self.targets.clear();
+            return BTreeSet::new();
+        }
+        let acknowledged = |slaves: &[(i64, u64, bool)], id: i64| {
+            slaves
+                .iter()
+                .find(|(i, _, alive)| *i == id && *alive)
+                .map(|(_, acknowledged, _)| *acknowledged)
+        };
+        let near = |id: i64| {
+            views.iter().all(|(end, slaves)| {
+                acknowledged(slaves, id).is_some_and(|a| end.saturating_sub(a) <= max_lag_bytes)
             })
-            .map(|(id, _, _)| *id)
-            .collect()
-    };
-    views
-        .iter()
-        .map(in_sync_on)
-        .reduce(|so_far, here| so_far.intersection(&here).copied().collect())
-        .unwrap_or_default()
+        };
+        let seen: BTreeSet<i64> = views
+            .iter()
+            .flat_map(|(_, slaves)| slaves.iter().map(|(id, _, _)| *id))
+            .collect();
+        self.targets.retain(|id, _| seen.contains(id));
+        let mut in_sync = BTreeSet::new();
+        for id in seen {
+            if members.contains(&id) {
+                if near(id) {
+                    in_sync.insert(id);
+                }
+                continue;
+            }
+            if !near(id) {
+                self.targets.remove(&id);
+                continue;
+            }
+            match self.targets.get_mut(&id) {
+                None => {
+                    self.targets.insert(id, None);
+                }
+                Some(target @ None) => {
+                    *target = Some(views.iter().map(|(end, _)| *end).collect());
+                }
+                Some(Some(target)) => {
+                    let reached = views
+                        .iter()
+                        .zip(target.iter())
+                        .all(|((_, slaves), t)| acknowledged(slaves, id).is_some_and(|a| a >= *t));
+                    if reached {
+                        in_sync.insert(id);
+                    }
+                }
+            }
+        }
+        in_sync
+    }
 }
 
 /// Builds a `ControllerHeartbeatRequest` frame body.
@@ -314,6 +371,7 @@ pub async fn run(shard: Rc<NetworkShard>) {
     let mut told: BTreeSet<i64> = crate::role::sync_wait_set()
         .map(|set| (*set).clone())
         .unwrap_or_default();
+    let mut joins = Joins::default();
     while !shard.stopping.load(Ordering::Relaxed) {
         let mut in_sync = std::collections::BTreeSet::new();
         if is_master {
@@ -329,16 +387,20 @@ pub async fn run(shard: Rc<NetworkShard>) {
                 };
                 views.push(view);
             }
-            in_sync = in_sync_slaves(
+            let members: BTreeSet<i64> = current.difference(&joins.waited()).copied().collect();
+            in_sync = joins.judge(
                 &views,
                 shard.storage_shards(),
-                &current,
+                &members,
                 config.in_sync_max_lag_bytes,
             );
             // Joining slaves are waited for from now on, before the controller agrees:
             // a send acknowledged meanwhile is then on them too.
-            let mut wait_for: std::collections::BTreeSet<i64> =
-                current.union(&in_sync).copied().collect();
+            let mut wait_for: BTreeSet<i64> = members
+                .union(&in_sync)
+                .copied()
+                .chain(joins.waited())
+                .collect();
             wait_for.remove(&self_id);
             crate::role::set_sync_wait_set(Some(wait_for));
         }
@@ -436,7 +498,9 @@ pub async fn run(shard: Rc<NetworkShard>) {
                 if is_master {
                     let mut wait_for = group.sync_state_set.clone();
                     wait_for.remove(&self_id);
+                    joins.joined(&wait_for);
                     told = wait_for.clone();
+                    wait_for.extend(joins.waited());
                     crate::role::set_sync_wait_set(Some(wait_for));
                 }
             }
@@ -450,20 +514,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slave_is_in_sync_on_every_shard_or_not_at_all() {
-        let current = BTreeSet::from([2]);
-        // Shard 0: slave 2 a little behind (kept), slave 3 caught up (joins); shard 1: slave 3
-        // one byte short, so it does not join yet.
-        let views = vec![
-            (1000, vec![(2, 990, true), (3, 1000, true)]),
-            (500, vec![(2, 500, true), (3, 499, true)]),
-        ];
-        assert_eq!(in_sync_slaves(&views, 2, &current, 64), BTreeSet::from([2]));
+    fn a_member_is_in_sync_on_every_shard_or_not_at_all() {
+        let members = BTreeSet::from([2]);
+        let mut joins = Joins::default();
+        // Slave 2 a little behind on shard 0 and caught up on shard 1: in sync.
+        let views = vec![(1000, vec![(2, 990, true)]), (500, vec![(2, 500, true)])];
+        assert_eq!(joins.judge(&views, 2, &members, 64), BTreeSet::from([2]));
         // Past the lag bound, or silent, a member drops out.
         let views = vec![(1000, vec![(2, 900, true)]), (500, vec![(2, 500, false)])];
-        assert!(in_sync_slaves(&views, 2, &current, 64).is_empty());
+        assert!(joins.judge(&views, 2, &members, 64).is_empty());
         // A shard that did not answer vouches for nobody.
         let views = vec![(1000, vec![(2, 1000, true)])];
-        assert!(in_sync_slaves(&views, 2, &current, 64).is_empty());
+        assert!(joins.judge(&views, 2, &members, 64).is_empty());
+    }
+
+    #[test]
+    fn a_joiner_is_waited_for_then_in_sync_once_it_reaches_where_the_log_was_then() {
+        let members = BTreeSet::new();
+        let mut joins = Joins::default();
+        // Far behind: not waited for.
+        let views = vec![(1000, vec![(3, 100, true)])];
+        assert!(joins.judge(&views, 1, &members, 64).is_empty());
+        assert!(joins.waited().is_empty());
+        // Near (under a load its acknowledgement always trails the end): waited for first.
+        let views = vec![(1000, vec![(3, 990, true)])];
+        assert!(joins.judge(&views, 1, &members, 64).is_empty());
+        assert_eq!(joins.waited(), BTreeSet::from([3]));
+        // Next heartbeat: the log's end now (1200) becomes its target.
+        let views = vec![(1200, vec![(3, 1190, true)])];
+        assert!(joins.judge(&views, 1, &members, 64).is_empty());
+        // Still trailing the end, but past the target: in sync, and still waited for.
+        let views = vec![(1400, vec![(3, 1200, true)])];
+        assert!(joins.judge(&views, 1, &members, 256).contains(&3));
+        assert_eq!(joins.waited(), BTreeSet::from([3]));
+        // The controller made it a member: no longer a joiner.
+        joins.joined(&BTreeSet::from([3]));
+        assert!(joins.waited().is_empty());
+        // A joiner that falls behind starts again.
+        let views = vec![(2000, vec![(4, 1995, true)])];
+        joins.judge(&views, 1, &members, 64);
+        let views = vec![(3000, vec![(4, 1000, true)])];
+        joins.judge(&views, 1, &members, 64);
+        assert!(joins.waited().is_empty());
     }
 }
