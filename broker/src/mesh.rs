@@ -145,11 +145,10 @@ pub enum StorageRequest {
         reply: Reply<(Vec<crate::replication::OffsetRow>, bool)>,
     },
     /// A slave's copy of its master's offsets: each row moves the local offset only forward
-    /// (a group that consumed here while the master was gone is not sent back). Answers how
-    /// many moved.
+    /// (a group that consumed here while the master was gone is not sent back).
     MergeConsumerOffsets {
         rows: Vec<crate::replication::OffsetRow>,
-        reply: Reply<usize>,
+        reply: Reply<()>,
     },
     /// A slave joins: where the bytes it shares with this master end.
     ReplicaJoin {

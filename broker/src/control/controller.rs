@@ -264,17 +264,14 @@ fn blocking_call(
     }
 }
 
-/// The newest master term recorded by any storage shard under `data_dir` (0 for a new data
+/// The newest master term recorded by any of this broker's storage shards (0 for a new data
 /// directory; an epoch log that cannot be read counts as 0 here, and the shard's start
 /// reports it).
-fn last_epoch_on_disk(data_dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(data_dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
-        .filter_map(|e| crate::store::epochs::EpochLog::load(&e.path()).ok())
+fn last_epoch_on_disk(config: &BrokerConfig) -> u64 {
+    (0..config.storage_cores.len())
+        .filter_map(|shard| {
+            crate::store::epochs::EpochLog::load(&config.store_config(shard).shard_dir).ok()
+        })
         .map(|log| log.last().epoch)
         .max()
         .unwrap_or(0)
@@ -301,7 +298,7 @@ pub fn resolve(
     let beat = Beat {
         address: config.listen.clone(),
         ha_address,
-        last_epoch: last_epoch_on_disk(&config.data_dir),
+        last_epoch: last_epoch_on_disk(config),
         ..Beat::default()
     };
     let mut said = String::new();

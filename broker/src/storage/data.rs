@@ -139,19 +139,16 @@ impl StorageShard {
         let _ = reply.send(());
     }
 
-    pub(super) fn merge_consumer_offsets(&self, rows: Vec<crate::replication::OffsetRow>) -> usize {
+    pub(super) fn merge_consumer_offsets(&self, rows: Vec<crate::replication::OffsetRow>) {
         let mut offsets = self.offsets.borrow_mut();
-        let mut moved = 0;
         for (group, topic, queue_id, offset) in rows {
             if offsets
                 .get(&group, &topic, queue_id)
                 .is_none_or(|local| local < offset)
             {
                 offsets.commit(&group, &topic, queue_id, offset);
-                moved += 1;
             }
         }
-        moved
     }
 
     pub(super) async fn query_by_key(

@@ -130,7 +130,8 @@ impl StorageShard {
                 let _ = reply.send(self.offsets.borrow().rows_after(after.as_ref(), max));
             }
             StorageRequest::MergeConsumerOffsets { rows, reply } => {
-                let _ = reply.send(self.merge_consumer_offsets(rows));
+                self.merge_consumer_offsets(rows);
+                let _ = reply.send(());
             }
             StorageRequest::ReplicaJoin {
                 broker_id,

@@ -121,7 +121,7 @@ pub struct Controller {
 }
 
 /// What a broker's heartbeat says of its log, which an election ranks members by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
     /// The newest master term the broker's log holds.
     pub last_epoch: u64,
@@ -129,6 +129,17 @@ pub struct Progress {
     pub log_end: u64,
     /// The operator's preference among equals: lower is preferred.
     pub priority: u32,
+}
+
+impl Default for Progress {
+    /// A broker never heard from: no term, an empty log, no preference.
+    fn default() -> Progress {
+        Progress {
+            last_epoch: 0,
+            log_end: 0,
+            priority: u32::MAX,
+        }
+    }
 }
 
 /// The member to elect among `set` (the SyncStateSet, every member of which holds everything
@@ -146,11 +157,7 @@ pub fn pick_candidate(
         .copied()
         .filter(|id| *id != excluded && alive.contains(id))
         .max_by_key(|id| {
-            let p = progress.get(id).copied().unwrap_or(Progress {
-                last_epoch: 0,
-                log_end: 0,
-                priority: u32::MAX,
-            });
+            let p = progress.get(id).copied().unwrap_or_default();
             (
                 p.last_epoch,
                 p.log_end,

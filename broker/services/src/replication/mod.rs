@@ -24,7 +24,7 @@ mod master;
 
 pub use follower::{follow, Follower, SlaveView};
 pub use link::MasterLink;
-pub use master::{MasterSide, ReplicaLink, SLAVE_FORGET};
+pub use master::{MasterSide, ReplicaLink};
 
 use std::time::Duration;
 
