@@ -4,7 +4,7 @@
 #
 # 1. builds the binaries (release);
 # 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks, io_uring, iodepth 8,
-#    1 GiB into fresh space; three runs, the median is the reference) and the latency of fdatasync after 4 KiB O_DIRECT writes on the
+#    1 GiB into fresh space; three runs, the median is the reference) and the latency of fdatasync after 4 KiB O_DIRECT writes, and of 4 KiB O_DSYNC writes, on the
 #    disk of the data directory (installing fio with apt-get when missing), and TCP loopback
 #    throughput and round trip (python3);
 # 3. the storage engine alone: `shardmq-perf store`, 64 producers x batch 64, async;
@@ -171,6 +171,13 @@ fio --name=fdatasync --rw=write --bs=4k --direct=1 --fdatasync=1 --size=16m --ru
   --output="$work_dir/fio.json" >&2
 python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
   record fio fdatasync
+rm -f "$work_dir/fio.dat"
+step "fio: 4 KiB O_DIRECT write with O_DSYNC (10 s; the least a durable lone send costs)"
+fio --name=dsync --rw=write --bs=4k --direct=1 --sync=dsync --size=16m --runtime=10 \
+  --ioengine=sync --filename="$work_dir/fio.dat" --output-format=json \
+  --output="$work_dir/fio.json" >&2
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
+  record fio dsync
 rm -f "$work_dir/fio.dat"
 
 step "loopback: TCP throughput (2 GiB, 1 MiB writes) and 1 KiB round trips"
@@ -470,6 +477,8 @@ say("| limit | value |")
 say("|---|---:|")
 say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 8, fresh space ({env['BENCH_FIO_ENGINE']}), median of 3 (range) | {num(seq_mib)} MiB/s ({num(seq_runs[0])}–{num(seq_runs[2])}) |")
 say(f"| fio 4 KiB O_DIRECT write + fdatasync: fdatasync p50 / p99 | {num(fdatasync_p50)} / {num(fdatasync_p99)} µs |")
+dsync_pct = result("fio", "dsync")["write"]["clat_ns"]["percentile"]
+say(f"| fio 4 KiB O_DIRECT write with O_DSYNC: p50 / p99 | {num(dsync_pct['50.000000'] / 1000)} / {num(dsync_pct['99.000000'] / 1000)} µs |")
 say(f"| TCP loopback, one connection, 1 MiB writes (python3) | {num(loop_mib)} MiB/s |")
 say(f"| TCP loopback 1 KiB round trip p50 / p99 (python3) | {num(loop['rtt_p50_us'])} / {num(loop['rtt_p99_us'])} µs |")
 say("")

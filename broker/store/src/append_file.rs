@@ -470,6 +470,19 @@ pub async fn open_read_write(path: &Path) -> io::Result<DmaFile> {
         .map_err(to_io)
 }
 
+/// Opens (creating if needed) a file for O_DIRECT reads and `O_DSYNC` writes: a write
+/// completes once it is durable.
+pub async fn open_read_write_dsync(path: &Path) -> io::Result<DmaFile> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DSYNC)
+        .dma_open(path)
+        .await
+        .map_err(to_io)
+}
+
 /// Makes glommio decide correctly whether the device under `dir` supports polled I/O.
 ///
 /// glommio probes this once per device and thread, with a read at offset 0 of the first

@@ -30,7 +30,8 @@ use glommio::io::{DmaBuffer, DmaFile, ReadResult};
 use tracing::{info, warn};
 
 use super::append_file::{
-    align_down, align_up, open_read_write, read_exact_at, DMA_ALIGNMENT_BYTES,
+    align_down, align_up, open_read_write, open_read_write_dsync, read_exact_at,
+    DMA_ALIGNMENT_BYTES,
 };
 use super::record::{blank_header, RecordView, BLANK_MIN_BYTES};
 use super::scan::{scan_window, ScanStop};
@@ -93,16 +94,30 @@ struct Segment {
     /// Opens of the file in flight: retention does not delete the segment meanwhile (an open
     /// that completes after the unlink would create the file again, or fail inside glommio).
     opens_in_flight: Cell<u32>,
+    writes: SegmentWrites,
+}
+
+/// How a segment's O_DIRECT writes end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentWrites {
+    /// A completed write is in the kernel and on the device's volatile path; an `fdatasync`
+    /// makes it durable (async flush: one `fdatasync` every `flush_interval_ms`).
+    Plain,
+    /// The file is opened with `O_DSYNC`: a write completes once its bytes and the metadata
+    /// needed to read them back are durable (a FUA write or a cache flush by the kernel), so
+    /// no `fdatasync` follows (sync flush: one I/O per round instead of two in series).
+    Durable,
 }
 
 impl Segment {
-    fn new(base: u64, path: PathBuf) -> Segment {
+    fn new(base: u64, path: PathBuf, writes: SegmentWrites) -> Segment {
         Segment {
             base,
             path,
             file: RefCell::new(None),
             allocated_len: Cell::new(None),
             opens_in_flight: Cell::new(0),
+            writes,
         }
     }
 
@@ -112,7 +127,10 @@ impl Segment {
         }
         let is_new = !self.path.exists();
         self.opens_in_flight.set(self.opens_in_flight.get() + 1);
-        let opened = open_read_write(&self.path).await;
+        let opened = match self.writes {
+            SegmentWrites::Plain => open_read_write(&self.path).await,
+            SegmentWrites::Durable => open_read_write_dsync(&self.path).await,
+        };
         self.opens_in_flight.set(self.opens_in_flight.get() - 1);
         let file = Rc::new(opened?);
         if is_new {
@@ -171,6 +189,7 @@ pub struct CommitLog {
     dir: PathBuf,
     segment_bytes: u64,
     hot_tail_bytes: u64,
+    writes: SegmentWrites,
     /// Pre-allocate segment files this far past the data (0: never).
     preallocate_ahead_bytes: Cell<u64>,
     segments: RefCell<BTreeMap<u64, Rc<Segment>>>,
@@ -208,6 +227,7 @@ impl CommitLog {
         segment_bytes: u64,
         hot_tail_bytes: u64,
         scan_from: u64,
+        writes: SegmentWrites,
         on_record: &mut dyn FnMut(u64, &RecordView<'_>),
     ) -> io::Result<(CommitLog, RecoveryScan)> {
         assert!(
@@ -289,7 +309,7 @@ impl CommitLog {
         let mut write_offset = 0;
         let mut partial_block: Option<Bytes> = None;
         for (index, (base, path, valid_len)) in kept.into_iter().enumerate() {
-            let segment = Rc::new(Segment::new(base, path));
+            let segment = Rc::new(Segment::new(base, path, writes));
             write_offset = base + valid_len;
             if index == last {
                 // Cut garbage after the valid end so a later scan never mistakes it for data.
@@ -321,6 +341,7 @@ impl CommitLog {
             dir,
             segment_bytes,
             hot_tail_bytes,
+            writes,
             preallocate_ahead_bytes: Cell::new(0),
             segments: RefCell::new(segments),
             ring: RefCell::new(ring),
@@ -370,7 +391,7 @@ impl CommitLog {
         self.written.get()
     }
 
-    /// Every byte below this is `fdatasync`ed.
+    /// Every byte below this is durable (`fdatasync`ed, or written with `O_DSYNC`).
     pub fn synced_offset(&self) -> u64 {
         self.synced.get()
     }
@@ -400,7 +421,10 @@ impl CommitLog {
         self.segments
             .borrow_mut()
             .entry(base)
-            .or_insert_with(|| Rc::new(Segment::new(base, self.dir.join(segment_file_name(base)))))
+            .or_insert_with(|| {
+                let path = self.dir.join(segment_file_name(base));
+                Rc::new(Segment::new(base, path, self.writes))
+            })
             .clone()
     }
 
@@ -605,6 +629,9 @@ impl CommitLog {
             let done = in_flight.pop_front().expect("front");
             if done.data_to > self.written.get() {
                 self.written.set(done.data_to);
+                if self.writes == SegmentWrites::Durable {
+                    self.synced.set(done.data_to);
+                }
                 advanced = true;
             }
         }
@@ -634,8 +661,8 @@ impl CommitLog {
         !self.in_flight.borrow().is_empty()
     }
 
-    /// `fdatasync`s every segment holding written bytes not yet synced. Returns the offset now
-    /// synced.
+    /// `fdatasync`s every segment holding written bytes not yet synced (none with
+    /// [`SegmentWrites::Durable`]: what is written is synced). Returns the offset now synced.
     pub async fn sync(&self) -> io::Result<u64> {
         let target = self.written.get();
         let from = self.synced.get();
@@ -939,10 +966,20 @@ mod tests {
     use crate::run_local as run;
 
     async fn open(dir: &Path) -> CommitLog {
-        let (log, _) =
-            CommitLog::open(dir.to_path_buf(), SEGMENT_BYTES, 1 << 20, 0, &mut |_, _| {})
-                .await
-                .expect("open");
+        open_with(dir, SegmentWrites::Plain).await
+    }
+
+    async fn open_with(dir: &Path, writes: SegmentWrites) -> CommitLog {
+        let (log, _) = CommitLog::open(
+            dir.to_path_buf(),
+            SEGMENT_BYTES,
+            1 << 20,
+            0,
+            writes,
+            &mut |_, _| {},
+        )
+        .await
+        .expect("open");
         log
     }
 
@@ -976,9 +1013,16 @@ mod tests {
             crate::append_file::prime_direct_io_probe(&path)
                 .await
                 .unwrap();
-            let (log, _) = CommitLog::open(path.clone(), 4 << 20, 0, 0, &mut |_, _| {})
-                .await
-                .expect("open");
+            let (log, _) = CommitLog::open(
+                path.clone(),
+                4 << 20,
+                0,
+                0,
+                SegmentWrites::Plain,
+                &mut |_, _| {},
+            )
+            .await
+            .expect("open");
             let pattern = |from: u64, len: usize| -> Vec<u8> {
                 (from..from + len as u64).map(|p| (p % 251) as u8).collect()
             };
@@ -1000,6 +1044,53 @@ mod tests {
             let read = log.read(from, to - from).await.unwrap();
             assert_eq!(read.len() as u64, to - from);
             assert!(read[..] == pattern(from, (to - from) as usize)[..]);
+        });
+    }
+
+    /// The open flags of a segment's file descriptor, from /proc/self/fdinfo.
+    fn open_flags(log: &CommitLog, base: u64) -> i32 {
+        use std::os::fd::AsRawFd;
+        let segment = log.segments.borrow().get(&base).cloned().expect("segment");
+        let fd = segment.file.borrow().as_ref().expect("opened").as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).expect("fdinfo");
+        let octal = info
+            .lines()
+            .find_map(|line| line.strip_prefix("flags:"))
+            .expect("flags line")
+            .trim();
+        i32::from_str_radix(octal, 8).expect("octal flags")
+    }
+
+    #[test]
+    fn durable_segment_writes_are_synced_when_they_complete_without_an_fdatasync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let log = open_with(&path, SegmentWrites::Durable).await;
+            append(&log, &[7u8; 100]);
+            write_all(&log).await;
+            assert_eq!(log.written_offset(), 100);
+            assert_eq!(log.synced_offset(), 100, "an O_DSYNC write is durable");
+            assert_ne!(
+                open_flags(&log, 0) & libc::O_DSYNC,
+                0,
+                "opened with O_DSYNC"
+            );
+            // Across a roll-over into the next segment too.
+            append(&log, &vec![8u8; SEGMENT_BYTES as usize - 200]);
+            append(&log, &[9u8; 300]);
+            write_all(&log).await;
+            assert_eq!(log.synced_offset(), log.write_offset());
+            assert_ne!(open_flags(&log, SEGMENT_BYTES) & libc::O_DSYNC, 0);
+            assert_eq!(log.sync().await.unwrap(), log.write_offset());
+
+            let plain_dir = tempfile::tempdir().unwrap();
+            let plain = open_with(plain_dir.path(), SegmentWrites::Plain).await;
+            append(&plain, &[7u8; 100]);
+            write_all(&plain).await;
+            assert_eq!((plain.written_offset(), plain.synced_offset()), (100, 0));
+            assert_eq!(open_flags(&plain, 0) & libc::O_DSYNC, 0);
+            assert_eq!(plain.sync().await.unwrap(), 100);
         });
     }
 

@@ -1,5 +1,7 @@
 //! The flush loop: write-behind of the write ring's chunks with several O_DIRECT writes in
-//! flight, group commit of `fdatasync`s, and publishing what became complete under the flush
+//! flight, group commit (of `fdatasync`s under async flush; under sync flush the segments are
+//! written with `O_DSYNC`, and the appends that arrive while a write is in flight go out
+//! together in the next one), and publishing what became complete under the flush
 //! mode. Also the waits on durability and visibility that replication uses.
 
 use std::cell::Cell;
@@ -16,9 +18,9 @@ use super::MessageStore;
 /// The flush loop (write-behind and group commit). It starts every
 /// O_DIRECT write the CommitLog plans as soon as it may (a full chunk at once, several in
 /// flight; a partly filled chunk when the disk would otherwise idle), each in a task of its own;
-/// `fdatasync`s whatever is written whenever it can under sync flush (everything that arrived
-/// meanwhile goes out with the next one: group commit) and at least every `flush_interval_ms`
-/// under async flush; and makes completed records visible. On close it finishes everything
+/// under sync flush the writes themselves are durable (`O_DSYNC` segments; what arrives while
+/// one is in flight goes out with the next: group commit), under async flush it `fdatasync`s
+/// at least every `flush_interval_ms`; and makes completed records visible. On close it finishes everything
 /// appended, then stops.
 pub(super) async fn flush_loop(inner: Rc<Inner>) {
     let interval = Duration::from_millis(inner.config.flush_interval_ms.max(1));
@@ -51,13 +53,19 @@ pub(super) async fn flush_loop(inner: Rc<Inner>) {
                 if inner.commit_log.finish_write(from, outcome) {
                     inner.observe_flush(started.elapsed());
                     inner.report_flush_recovered();
-                    // Sync flush: the fdatasync starts here, not a loop turn later.
-                    let is_last = !inner.commit_log.has_writes_in_flight();
+                    let log = &inner.commit_log;
+                    // Sync flush: segments are written with O_DSYNC, so a completed write is
+                    // durable and acknowledged now; an fdatasync is needed only for bytes a
+                    // plain write left (it starts here, not a loop turn later).
+                    let is_last = !log.has_writes_in_flight();
                     match inner.config.flush_mode {
-                        FlushMode::Sync if is_last => start_sync(&inner, &is_syncing),
-                        FlushMode::Sync => {}
-                        // Async: what was written is complete; acknowledge it now.
-                        FlushMode::Async => inner.publish_progress_or_log(),
+                        FlushMode::Sync if log.written_offset() > log.synced_offset() => {
+                            if is_last {
+                                start_sync(&inner, &is_syncing);
+                            }
+                        }
+                        // Durable, or (async) what was written is complete: acknowledge it.
+                        FlushMode::Sync | FlushMode::Async => inner.publish_progress_or_log(),
                     }
                 }
                 inner.writer_wake.notify_all();

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use tracing::{info, warn};
 
 use crate::checkpoint::CHECKPOINT_FILE;
-use crate::commitlog::CommitLog;
+use crate::commitlog::{CommitLog, SegmentWrites};
 use crate::consume_queue::ConsumeQueue;
 use crate::format::{StoreFormat, FORMAT_VERSION};
 use crate::index::{IndexEntry, MessageIndex};
@@ -25,7 +25,7 @@ use crate::scan::{scan_window, ScanStop};
 use super::state::{
     dispatch_info, entry_of, get_or_create_queue, DispatchInfo, Inner, PendingDispatch,
 };
-use super::types::{io_error, RecoveryReport, StoreConfig, StoreError};
+use super::types::{io_error, FlushMode, RecoveryReport, StoreConfig, StoreError};
 
 /// The segment size recorded at creation wins over the configured one.
 pub(super) fn settle_segment_bytes(dir: &Path, configured: u64) -> Result<u64, StoreError> {
@@ -240,6 +240,10 @@ impl Inner {
                 config.segment_bytes,
                 config.hot_tail_bytes,
                 scan_from,
+                match config.flush_mode {
+                    FlushMode::Sync => SegmentWrites::Durable,
+                    FlushMode::Async => SegmentWrites::Plain,
+                },
                 &mut on_record,
             )
             .await
