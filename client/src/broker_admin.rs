@@ -435,6 +435,8 @@ pub struct ControllerGroup {
     pub master_ha_address: String,
     pub epoch: u64,
     pub sync_state_set: Vec<i64>,
+    /// Bumped by every change of the SyncStateSet.
+    pub sync_state_epoch: u64,
     /// Every registered broker id and its client address.
     pub replicas: Vec<(i64, String)>,
     /// Ids heard from within the broker timeout (the leader's view; empty on a follower).
@@ -469,6 +471,7 @@ impl ControllerGroup {
             master_ha_address: text(g.master_ha_address()),
             epoch: g.epoch(),
             sync_state_set: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+            sync_state_epoch: g.sync_state_epoch(),
             replicas: g
                 .replica_ids()
                 .iter()

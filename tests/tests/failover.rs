@@ -594,3 +594,101 @@ fn a_master_that_restarts_alone_stays_master_in_a_new_epoch_from_the_controller(
         );
     }
 }
+
+#[test]
+fn a_controller_leader_cut_off_from_its_majority_answers_no_heartbeat_from_its_own_state() {
+    let group = HaGroup::start();
+    let before = group.status().unwrap();
+    let leader = before.leader as usize;
+    assert!(leader >= 1);
+    let leader_address = group.controller_addresses[leader - 1].clone();
+    // The master's own heartbeat, exactly as the leader has it: answering it needs no write,
+    // so a leader could answer it from its own state alone.
+    let (cluster_name, broker_name, master_address, master_ha, set, set_epoch) = {
+        let mut client = TestClient::connect(leader_address.parse().unwrap()).unwrap();
+        client.handshake().unwrap();
+        let answer = status_request(&mut client).unwrap();
+        let r = answer.frame().body_as_controller_status_response().unwrap();
+        let g = r.groups().unwrap().get(0);
+        let set: Vec<i64> = g.sync_state_set().unwrap().iter().collect();
+        (
+            g.cluster_name().unwrap().to_owned(),
+            g.broker_name().unwrap().to_owned(),
+            g.master_address().unwrap().to_owned(),
+            g.master_ha_address().unwrap().to_owned(),
+            set,
+            g.sync_state_epoch(),
+        )
+    };
+    assert!(set_epoch >= 1, "the election made the first set");
+    let heartbeat = |address: &str| -> Option<(wire::Status, String)> {
+        let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
+        client.handshake().ok()?;
+        let _ = client.set_read_timeout(Duration::from_secs(10));
+        let answer = client
+            .request(|b| {
+                let (cluster, broker) = (
+                    b.create_string(&cluster_name),
+                    b.create_string(&broker_name),
+                );
+                let (address, ha) = (
+                    b.create_string(&master_address),
+                    b.create_string(&master_ha),
+                );
+                let others: Vec<i64> = set
+                    .iter()
+                    .copied()
+                    .filter(|id| *id != before.master_id)
+                    .collect();
+                let in_sync = b.create_vector(&others);
+                let judged = b.create_vector(&others);
+                let body = wire::ControllerHeartbeatRequest::create(
+                    b,
+                    &wire::ControllerHeartbeatRequestArgs {
+                        cluster_name: Some(cluster),
+                        broker_name: Some(broker),
+                        broker_id: before.master_id,
+                        address: Some(address),
+                        ha_address: Some(ha),
+                        epoch: before.epoch,
+                        in_sync: Some(in_sync),
+                        is_master: true,
+                        judged_against: Some(judged),
+                        judged_against_set_epoch: set_epoch,
+                        ..Default::default()
+                    },
+                );
+                (
+                    wire::Body::ControllerHeartbeatRequest,
+                    body.as_union_value(),
+                )
+            })
+            .ok()?;
+        let (status, message) = shardmq_tests::status_of(&answer);
+        Some((status, message.unwrap_or_default()))
+    };
+    let answered = heartbeat(&leader_address).expect("an answer");
+    assert_eq!(answered.0, wire::Status::OK, "{answered:?}");
+
+    // Both followers paused: the leader still believes it leads, but cannot confirm it.
+    let followers: Vec<u32> = (0..3)
+        .filter(|i| *i + 1 != leader)
+        .map(|i| group.controllers[i].as_ref().unwrap().pid())
+        .collect();
+    for pid in &followers {
+        shardmq_tests::signal(*pid, "STOP");
+    }
+    let cut_off = heartbeat(&leader_address).expect("an answer");
+    for pid in &followers {
+        shardmq_tests::signal(*pid, "CONT");
+    }
+    assert_ne!(cut_off.0, wire::Status::OK, "{cut_off:?}");
+    assert!(
+        cut_off.1.contains("cannot confirm it leads a majority"),
+        "{cut_off:?}"
+    );
+    // With the majority back, heartbeats are answered again (by whichever node leads now).
+    wait_until(SETTLE, "heartbeats answered again", || {
+        heartbeat(&leader_address).filter(|(status, _)| *status == wire::Status::OK)
+    });
+}

@@ -16,7 +16,7 @@ use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader,
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::BrokerConfig;
 use crate::mesh::StorageRequest;
@@ -30,6 +30,32 @@ pub struct GroupView {
     pub master_ha_address: String,
     pub epoch: u64,
     pub sync_state_set: BTreeSet<i64>,
+    /// Bumped by every change of the set: a lower one than the broker holds is an older set.
+    pub sync_state_epoch: u64,
+}
+
+/// A master's SyncStateSet (without itself) as the controller last told it, with its set
+/// epoch: what its next change is judged against.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToldSet {
+    pub members: BTreeSet<i64>,
+    /// 0 until the first answer (a master starts with the set it was made master with, whose
+    /// set epoch its start did not carry: the controller then compares by members only).
+    pub set_epoch: u64,
+}
+
+impl ToldSet {
+    /// Takes the set of an answer unless it is older than the one held (a delayed answer, or
+    /// one a lagging controller gave): returns whether it did.
+    pub fn adopt(&mut self, group: &GroupView, self_id: i64) -> bool {
+        if group.sync_state_epoch < self.set_epoch {
+            return false;
+        }
+        self.members = group.sync_state_set.clone();
+        self.members.remove(&self_id);
+        self.set_epoch = group.sync_state_epoch;
+        true
+    }
 }
 
 /// What one heartbeat says.
@@ -43,6 +69,8 @@ pub struct Beat {
     /// A master: the SyncStateSet without itself as the controller last told it, which
     /// `in_sync` was judged against (the controller compares it with the set before changing it).
     pub judged_against: Option<BTreeSet<i64>>,
+    /// The set epoch of `judged_against` (0: unknown).
+    pub judged_against_set_epoch: u64,
     /// The newest master term the broker's log holds (the largest over its storage shards) and
     /// its log's end (the sum over them): what the controller ranks members by in an election.
     pub last_epoch: u64,
@@ -177,6 +205,7 @@ pub fn encode_heartbeat<'b>(
             last_epoch: beat.last_epoch,
             log_end: beat.log_end,
             election_priority: config.election_priority,
+            judged_against_set_epoch: beat.judged_against_set_epoch,
         },
     );
     build_frame(
@@ -211,6 +240,7 @@ pub fn decode_answer(answer: &VerifiedFrame) -> Result<GroupView, String> {
             .iter()
             .flat_map(|v| v.iter())
             .collect(),
+        sync_state_epoch: group.sync_state_epoch(),
     })
 }
 
@@ -365,9 +395,12 @@ pub async fn run(shard: Rc<NetworkShard>) {
     let mut said_unreachable = false;
     // A master: the SyncStateSet (without itself) as the controller last told it; it starts as
     // the set it was made master with (what its sends wait for before any heartbeat).
-    let mut told: BTreeSet<i64> = crate::role::sync_wait_set()
-        .map(|set| (*set).clone())
-        .unwrap_or_default();
+    let mut told = ToldSet {
+        members: crate::role::sync_wait_set()
+            .map(|set| (*set).clone())
+            .unwrap_or_default(),
+        set_epoch: 0,
+    };
     let mut joins = Joins::default();
     while !shard.stopping.load(Ordering::Relaxed) {
         let mut in_sync = std::collections::BTreeSet::new();
@@ -421,7 +454,8 @@ pub async fn run(shard: Rc<NetworkShard>) {
             epoch: config.controller_epoch,
             in_sync,
             is_master,
-            judged_against: is_master.then(|| told.clone()),
+            judged_against: is_master.then(|| told.members.clone()),
+            judged_against_set_epoch: if is_master { told.set_epoch } else { 0 },
             last_epoch,
             log_end,
         };
@@ -493,12 +527,18 @@ pub async fn run(shard: Rc<NetworkShard>) {
                     return;
                 }
                 if is_master {
-                    let mut wait_for = group.sync_state_set.clone();
-                    wait_for.remove(&self_id);
-                    joins.joined(&wait_for);
-                    told = wait_for.clone();
-                    wait_for.extend(joins.waited());
-                    crate::role::set_sync_wait_set(Some(wait_for));
+                    if told.adopt(&group, self_id) {
+                        joins.joined(&told.members);
+                        let mut wait_for = told.members.clone();
+                        wait_for.extend(joins.waited());
+                        crate::role::set_sync_wait_set(Some(wait_for));
+                    } else {
+                        debug!(
+                            held = told.set_epoch,
+                            answered = group.sync_state_epoch,
+                            "ignoring an older SyncStateSet than the one held"
+                        );
+                    }
                 }
             }
         }
@@ -509,6 +549,34 @@ pub async fn run(shard: Rc<NetworkShard>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_master_keeps_the_newest_set_it_was_told_and_ignores_an_older_one() {
+        let view = |set: &[i64], set_epoch: u64| GroupView {
+            master_id: 1,
+            epoch: 3,
+            sync_state_set: set.iter().copied().collect(),
+            sync_state_epoch: set_epoch,
+            ..GroupView::default()
+        };
+        let mut told = ToldSet {
+            members: BTreeSet::from([2]),
+            set_epoch: 0,
+        };
+        assert!(told.adopt(&view(&[1, 2, 3], 5), 1));
+        assert_eq!(told.members, BTreeSet::from([2, 3]), "itself left out");
+        assert_eq!(told.set_epoch, 5);
+        // A delayed answer with the set before 3 joined: ignored.
+        assert!(!told.adopt(&view(&[1, 2], 4), 1));
+        assert_eq!(
+            (told.members.clone(), told.set_epoch),
+            (BTreeSet::from([2, 3]), 5)
+        );
+        // The same set epoch again, or a newer one: taken.
+        assert!(told.adopt(&view(&[1, 2, 3], 5), 1));
+        assert!(told.adopt(&view(&[1], 6), 1));
+        assert!(told.members.is_empty());
+    }
 
     #[test]
     fn a_member_is_in_sync_on_every_shard_or_not_at_all() {

@@ -180,6 +180,8 @@ struct Heartbeat {
     is_master: bool,
     /// A master's SyncStateSet (without itself) as it was last told it (see `AlterSyncStateSet`).
     judged_against: Option<BTreeSet<i64>>,
+    /// The set epoch of `judged_against` (0: not sent).
+    judged_against_set_epoch: u64,
     progress: Progress,
 }
 
@@ -196,6 +198,7 @@ impl Heartbeat {
             in_sync: r.in_sync().iter().flat_map(|v| v.iter()).collect(),
             is_master: r.is_master(),
             judged_against: r.judged_against().map(|v| v.iter().collect()),
+            judged_against_set_epoch: r.judged_against_set_epoch(),
             progress: Progress {
                 last_epoch: r.last_epoch(),
                 log_end: r.log_end(),
@@ -540,6 +543,7 @@ impl Controller {
         if !self.is_leader() {
             return self.forward(heartbeat).await;
         }
+        self.confirm_leadership().await?;
         let key = heartbeat.key();
         self.alive.lock().unwrap_or_else(|e| e.into_inner()).insert(
             (key.clone(), heartbeat.broker_id),
@@ -619,6 +623,8 @@ impl Controller {
                         epoch: heartbeat.epoch,
                         sync_state_set: set,
                         expected: heartbeat.judged_against.clone(),
+                        expected_set_epoch: (heartbeat.judged_against_set_epoch > 0)
+                            .then_some(heartbeat.judged_against_set_epoch),
                     })
                     .await?;
                 if result.applied {
@@ -689,6 +695,21 @@ impl Controller {
             info!(group = %key, old_master = heartbeat.broker_id, new_master = candidate, epoch = group.epoch + 1, "the master restarted: elected an in-sync replica in its place");
         }
         Ok(result.group.unwrap_or(group))
+    }
+
+    /// A linearizable read: confirms with a majority that this node still leads and waits until
+    /// it has applied everything committed before answering from its own state. A leader cut
+    /// off from its majority (paused, partitioned) still believes it leads until it hears
+    /// otherwise; without this it would answer heartbeats with a group the majority has since
+    /// changed.
+    async fn confirm_leadership(&self) -> Result<(), String> {
+        match tokio::time::timeout(Duration::from_secs(2), self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "this controller cannot confirm it leads a majority: {e}"
+            )),
+            Err(_) => Err("this controller cannot confirm it leads a majority: no majority answered within 2 s".into()),
+        }
     }
 
     /// Sends a request built by `build` to the leader over this follower's link to it (kept
@@ -763,6 +784,7 @@ impl Controller {
                         last_epoch: hb.progress.last_epoch,
                         log_end: hb.progress.log_end,
                         election_priority: hb.progress.priority,
+                        judged_against_set_epoch: hb.judged_against_set_epoch,
                     },
                 );
                 build_frame(
@@ -932,6 +954,7 @@ fn encode_group<'b>(
             replica_ids: Some(ids),
             replica_addresses: Some(addresses),
             alive: Some(alive),
+            sync_state_epoch: group.sync_state_epoch,
         },
     )
 }
@@ -968,6 +991,7 @@ fn decode_group(g: &wire::ControllerGroup<'_>) -> (Group, BTreeSet<i64>) {
             master: g.master_id(),
             epoch: g.epoch(),
             sync_state_set: g.sync_state_set().iter().flat_map(|v| v.iter()).collect(),
+            sync_state_epoch: g.sync_state_epoch(),
             replicas,
         },
         g.alive().iter().flat_map(|v| v.iter()).collect(),

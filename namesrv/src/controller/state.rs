@@ -31,6 +31,12 @@ pub struct Group {
     pub master: i64,
     pub epoch: u64,
     pub sync_state_set: BTreeSet<i64>,
+    /// Bumped by every change of the SyncStateSet (RocketMQ's `syncStateSetEpoch`): a broker
+    /// ignores a set older than the one it holds, and a master's change names the set epoch
+    /// it was judged against (compare and set; a set that changed and changed back is still
+    /// another set).
+    #[serde(default)]
+    pub sync_state_epoch: u64,
     pub replicas: BTreeMap<i64, Replica>,
 }
 
@@ -77,6 +83,9 @@ pub enum Command {
         sync_state_set: BTreeSet<i64>,
         #[serde(default)]
         expected: Option<BTreeSet<i64>>,
+        /// The set epoch of `expected` (`None` from brokers before set epochs).
+        #[serde(default)]
+        expected_set_epoch: Option<u64>,
     },
 }
 
@@ -161,6 +170,7 @@ impl Groups {
                 group.master = *broker_id;
                 group.epoch += 1;
                 group.sync_state_set = BTreeSet::from([*broker_id]);
+                group.sync_state_epoch += 1;
                 CommandResult {
                     applied: true,
                     why_not: String::new(),
@@ -186,6 +196,9 @@ impl Groups {
                     );
                 }
                 let changed = group.sync_state_set.remove(broker_id);
+                if changed {
+                    group.sync_state_epoch += 1;
+                }
                 CommandResult {
                     applied: changed,
                     why_not: String::new(),
@@ -199,6 +212,7 @@ impl Groups {
                 epoch,
                 sync_state_set,
                 expected,
+                expected_set_epoch,
             } => {
                 let Some(group) = self.groups.get_mut(&group_key(cluster_name, broker_name)) else {
                     return refuse(None, "no such group".into());
@@ -211,6 +225,17 @@ impl Groups {
                             group.master, group.epoch
                         ),
                     );
+                }
+                if let Some(expected_set_epoch) = expected_set_epoch {
+                    if *expected_set_epoch != group.sync_state_epoch {
+                        return refuse(
+                            Some(group),
+                            format!(
+                                "the set was judged against set epoch {expected_set_epoch}, but it is {} now",
+                                group.sync_state_epoch
+                            ),
+                        );
+                    }
                 }
                 if let Some(expected) = expected {
                     let mut others = group.sync_state_set.clone();
@@ -229,7 +254,10 @@ impl Groups {
                 set.retain(|id| group.replicas.contains_key(id));
                 set.insert(*master);
                 let changed = set != group.sync_state_set;
-                group.sync_state_set = set;
+                if changed {
+                    group.sync_state_set = set;
+                    group.sync_state_epoch += 1;
+                }
                 CommandResult {
                     applied: changed,
                     why_not: String::new(),
@@ -273,6 +301,7 @@ mod tests {
             epoch,
             sync_state_set: set.iter().copied().collect(),
             expected: None,
+            expected_set_epoch: None,
         })
     }
 
@@ -317,6 +346,7 @@ mod tests {
             epoch: 1,
             sync_state_set: BTreeSet::from([1, 2, 3]),
             expected: None,
+            expected_set_epoch: None,
         });
         assert!(alter.applied);
         let leave = |groups: &mut Groups, id: i64, epoch: u64| {
@@ -346,12 +376,57 @@ mod tests {
                 epoch: 1,
                 sync_state_set: BTreeSet::from([1, 2, 3]),
                 expected: Some(expected.iter().copied().collect()),
+                expected_set_epoch: None,
             })
         };
         let stale = alter(&mut groups, &[2, 3]);
         assert!(!stale.applied);
         assert_eq!(stale.group.unwrap().sync_state_set, BTreeSet::from([1, 3]));
         assert!(alter(&mut groups, &[3]).applied);
+    }
+
+    #[test]
+    fn every_set_change_bumps_the_set_epoch_and_a_change_judged_against_an_older_one_is_refused() {
+        let mut groups = Groups::default();
+        for id in [1, 2, 3] {
+            register(&mut groups, id);
+        }
+        let set_epoch = |groups: &Groups| groups.get("c", "b").unwrap().sync_state_epoch;
+        assert_eq!(set_epoch(&groups), 0);
+        elect(&mut groups, 1, 0);
+        assert_eq!(set_epoch(&groups), 1, "an election makes a new set");
+        let alter = |groups: &mut Groups, set: &[i64], judged: &[i64], set_epoch: u64| {
+            groups.apply(&Command::AlterSyncStateSet {
+                cluster_name: "c".into(),
+                broker_name: "b".into(),
+                master: 1,
+                epoch: 1,
+                sync_state_set: set.iter().copied().collect(),
+                expected: Some(judged.iter().copied().collect()),
+                expected_set_epoch: Some(set_epoch),
+            })
+        };
+        assert!(alter(&mut groups, &[1, 2], &[], 1).applied);
+        assert_eq!(set_epoch(&groups), 2);
+        assert!(!alter(&mut groups, &[1, 2], &[2], 2).applied, "no change");
+        assert_eq!(set_epoch(&groups), 2, "nothing changed, no new epoch");
+        // Slave 2 restarts and leaves, then rejoins: the set has its old value again...
+        groups.apply(&Command::LeaveSyncStateSet {
+            cluster_name: "c".into(),
+            broker_name: "b".into(),
+            broker_id: 2,
+            epoch: 1,
+        });
+        assert_eq!(set_epoch(&groups), 3);
+        assert!(alter(&mut groups, &[1, 2], &[], 3).applied);
+        assert_eq!(set_epoch(&groups), 4);
+        // ...but a change the master judged before all that (set epoch 2, the same value) is
+        // refused: comparing values alone would have let it through.
+        let stale = alter(&mut groups, &[1, 2, 3], &[2], 2);
+        assert!(!stale.applied);
+        assert!(stale.why_not.contains("set epoch 2"), "{}", stale.why_not);
+        assert!(alter(&mut groups, &[1, 2, 3], &[2], 4).applied);
+        assert_eq!(set_epoch(&groups), 5);
     }
 
     #[test]

@@ -17470,6 +17470,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
   pub const VT_LAST_EPOCH: ::flatbuffers::VOffsetT = 22;
   pub const VT_LOG_END: ::flatbuffers::VOffsetT = 24;
   pub const VT_ELECTION_PRIORITY: ::flatbuffers::VOffsetT = 26;
+  pub const VT_JUDGED_AGAINST_SET_EPOCH: ::flatbuffers::VOffsetT = 28;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -17481,6 +17482,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     args: &'args ControllerHeartbeatRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ControllerHeartbeatRequest<'bldr>> {
     let mut builder = ControllerHeartbeatRequestBuilder::new(_fbb);
+    builder.add_judged_against_set_epoch(args.judged_against_set_epoch);
     builder.add_log_end(args.log_end);
     builder.add_last_epoch(args.last_epoch);
     builder.add_epoch(args.epoch);
@@ -17521,6 +17523,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     let last_epoch = self.last_epoch();
     let log_end = self.log_end();
     let election_priority = self.election_priority();
+    let judged_against_set_epoch = self.judged_against_set_epoch();
     ControllerHeartbeatRequestT {
       cluster_name,
       broker_name,
@@ -17534,6 +17537,7 @@ impl<'a> ControllerHeartbeatRequest<'a> {
       last_epoch,
       log_end,
       election_priority,
+      judged_against_set_epoch,
     }
   }
 
@@ -17637,6 +17641,16 @@ impl<'a> ControllerHeartbeatRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(ControllerHeartbeatRequest::VT_ELECTION_PRIORITY, Some(4294967295)).unwrap()}
   }
+  /// A master only: the set epoch of `judged_against` (the group's `sync_state_epoch` when the
+  /// controller told it that set). The controller refuses the change when the set has changed
+  /// since, even back to the same members. 0: not sent (compared by members only).
+  #[inline]
+  pub fn judged_against_set_epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST_SET_EPOCH, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
@@ -17657,6 +17671,7 @@ impl ::flatbuffers::Verifiable for ControllerHeartbeatRequest<'_> {
      .visit_field::<u64>("last_epoch", Self::VT_LAST_EPOCH, false)?
      .visit_field::<u64>("log_end", Self::VT_LOG_END, false)?
      .visit_field::<u32>("election_priority", Self::VT_ELECTION_PRIORITY, false)?
+     .visit_field::<u64>("judged_against_set_epoch", Self::VT_JUDGED_AGAINST_SET_EPOCH, false)?
      .finish();
     Ok(())
   }
@@ -17674,6 +17689,7 @@ pub struct ControllerHeartbeatRequestArgs<'a> {
     pub last_epoch: u64,
     pub log_end: u64,
     pub election_priority: u32,
+    pub judged_against_set_epoch: u64,
 }
 impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
   #[inline]
@@ -17691,6 +17707,7 @@ impl<'a> Default for ControllerHeartbeatRequestArgs<'a> {
       last_epoch: 0,
       log_end: 0,
       election_priority: 4294967295,
+      judged_against_set_epoch: 0,
     }
   }
 }
@@ -17749,6 +17766,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerHeartbeatRequestBui
     self.fbb_.push_slot::<u32>(ControllerHeartbeatRequest::VT_ELECTION_PRIORITY, election_priority, 4294967295);
   }
   #[inline]
+  pub fn add_judged_against_set_epoch(&mut self, judged_against_set_epoch: u64) {
+    self.fbb_.push_slot::<u64>(ControllerHeartbeatRequest::VT_JUDGED_AGAINST_SET_EPOCH, judged_against_set_epoch, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerHeartbeatRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ControllerHeartbeatRequestBuilder {
@@ -17778,6 +17799,7 @@ impl ::core::fmt::Debug for ControllerHeartbeatRequest<'_> {
       ds.field("last_epoch", &self.last_epoch());
       ds.field("log_end", &self.log_end());
       ds.field("election_priority", &self.election_priority());
+      ds.field("judged_against_set_epoch", &self.judged_against_set_epoch());
       ds.finish()
   }
 }
@@ -17796,6 +17818,7 @@ pub struct ControllerHeartbeatRequestT {
   pub last_epoch: u64,
   pub log_end: u64,
   pub election_priority: u32,
+  pub judged_against_set_epoch: u64,
 }
 impl Default for ControllerHeartbeatRequestT {
   fn default() -> Self {
@@ -17812,6 +17835,7 @@ impl Default for ControllerHeartbeatRequestT {
       last_epoch: 0,
       log_end: 0,
       election_priority: 4294967295,
+      judged_against_set_epoch: 0,
     }
   }
 }
@@ -17844,6 +17868,7 @@ impl ControllerHeartbeatRequestT {
     let last_epoch = self.last_epoch;
     let log_end = self.log_end;
     let election_priority = self.election_priority;
+    let judged_against_set_epoch = self.judged_against_set_epoch;
     ControllerHeartbeatRequest::create(_fbb, &ControllerHeartbeatRequestArgs{
       cluster_name,
       broker_name,
@@ -17857,6 +17882,7 @@ impl ControllerHeartbeatRequestT {
       last_epoch,
       log_end,
       election_priority,
+      judged_against_set_epoch,
     })
   }
 }
@@ -17887,6 +17913,7 @@ impl<'a> ControllerGroup<'a> {
   pub const VT_REPLICA_IDS: ::flatbuffers::VOffsetT = 18;
   pub const VT_REPLICA_ADDRESSES: ::flatbuffers::VOffsetT = 20;
   pub const VT_ALIVE: ::flatbuffers::VOffsetT = 22;
+  pub const VT_SYNC_STATE_EPOCH: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -17898,6 +17925,7 @@ impl<'a> ControllerGroup<'a> {
     args: &'args ControllerGroupArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ControllerGroup<'bldr>> {
     let mut builder = ControllerGroupBuilder::new(_fbb);
+    builder.add_sync_state_epoch(args.sync_state_epoch);
     builder.add_epoch(args.epoch);
     builder.add_master_id(args.master_id);
     if let Some(x) = args.alive { builder.add_alive(x); }
@@ -17938,6 +17966,7 @@ impl<'a> ControllerGroup<'a> {
     let alive = self.alive().map(|x| {
       x.into_iter().collect()
     });
+    let sync_state_epoch = self.sync_state_epoch();
     ControllerGroupT {
       cluster_name,
       broker_name,
@@ -17949,6 +17978,7 @@ impl<'a> ControllerGroup<'a> {
       replica_ids,
       replica_addresses,
       alive,
+      sync_state_epoch,
     }
   }
 
@@ -18026,6 +18056,15 @@ impl<'a> ControllerGroup<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ControllerGroup::VT_ALIVE, None)}
   }
+  /// Bumped by every change of `sync_state_set`: a broker ignores an answer with a lower one
+  /// than it already holds in the same epoch (a delayed answer).
+  #[inline]
+  pub fn sync_state_epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerGroup::VT_SYNC_STATE_EPOCH, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ControllerGroup<'_> {
@@ -18044,6 +18083,7 @@ impl ::flatbuffers::Verifiable for ControllerGroup<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("replica_ids", Self::VT_REPLICA_IDS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("replica_addresses", Self::VT_REPLICA_ADDRESSES, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("alive", Self::VT_ALIVE, false)?
+     .visit_field::<u64>("sync_state_epoch", Self::VT_SYNC_STATE_EPOCH, false)?
      .finish();
     Ok(())
   }
@@ -18059,6 +18099,7 @@ pub struct ControllerGroupArgs<'a> {
     pub replica_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
     pub replica_addresses: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
     pub alive: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+    pub sync_state_epoch: u64,
 }
 impl<'a> Default for ControllerGroupArgs<'a> {
   #[inline]
@@ -18074,6 +18115,7 @@ impl<'a> Default for ControllerGroupArgs<'a> {
       replica_ids: None,
       replica_addresses: None,
       alive: None,
+      sync_state_epoch: 0,
     }
   }
 }
@@ -18124,6 +18166,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerGroupBuilder<'a, 'b
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerGroup::VT_ALIVE, alive);
   }
   #[inline]
+  pub fn add_sync_state_epoch(&mut self, sync_state_epoch: u64) {
+    self.fbb_.push_slot::<u64>(ControllerGroup::VT_SYNC_STATE_EPOCH, sync_state_epoch, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerGroupBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ControllerGroupBuilder {
@@ -18151,6 +18197,7 @@ impl ::core::fmt::Debug for ControllerGroup<'_> {
       ds.field("replica_ids", &self.replica_ids());
       ds.field("replica_addresses", &self.replica_addresses());
       ds.field("alive", &self.alive());
+      ds.field("sync_state_epoch", &self.sync_state_epoch());
       ds.finish()
   }
 }
@@ -18167,6 +18214,7 @@ pub struct ControllerGroupT {
   pub replica_ids: Option<alloc::vec::Vec<i64>>,
   pub replica_addresses: Option<alloc::vec::Vec<alloc::string::String>>,
   pub alive: Option<alloc::vec::Vec<i64>>,
+  pub sync_state_epoch: u64,
 }
 impl Default for ControllerGroupT {
   fn default() -> Self {
@@ -18181,6 +18229,7 @@ impl Default for ControllerGroupT {
       replica_ids: None,
       replica_addresses: None,
       alive: None,
+      sync_state_epoch: 0,
     }
   }
 }
@@ -18215,6 +18264,7 @@ impl ControllerGroupT {
     let alive = self.alive.as_ref().map(|x|{
       _fbb.create_vector(x)
     });
+    let sync_state_epoch = self.sync_state_epoch;
     ControllerGroup::create(_fbb, &ControllerGroupArgs{
       cluster_name,
       broker_name,
@@ -18226,6 +18276,7 @@ impl ControllerGroupT {
       replica_ids,
       replica_addresses,
       alive,
+      sync_state_epoch,
     })
   }
 }

@@ -553,6 +553,7 @@ pub fn controller_status_json(status: &shardmq_client::ControllerStatus) -> Valu
             "master_ha_address": g.master_ha_address,
             "epoch": g.epoch,
             "sync_state_set": g.sync_state_set,
+            "sync_state_epoch": g.sync_state_epoch,
             "replicas": g.replicas.iter().map(|(id, a)| json!({"id": id, "address": a})).collect::<Vec<_>>(),
             "alive": g.alive,
         })).collect::<Vec<_>>(),
@@ -587,7 +588,7 @@ pub fn controller_status_text(status: &shardmq_client::ControllerStatus) -> Stri
             .map(|(id, a)| format!("{id}={a}"))
             .collect();
         lines.push(format!(
-            "group       {}/{}: master {} at {} (HA {}), epoch {}, in sync {:?}, replicas {}, alive {:?}",
+            "group       {}/{}: master {} at {} (HA {}), epoch {}, in sync {:?} (set epoch {}), replicas {}, alive {:?}",
             g.cluster_name,
             g.broker_name,
             g.master_id,
@@ -595,6 +596,7 @@ pub fn controller_status_text(status: &shardmq_client::ControllerStatus) -> Stri
             g.master_ha_address,
             g.epoch,
             g.sync_state_set,
+            g.sync_state_epoch,
             replicas.join(" "),
             g.alive
         ));
