@@ -1484,3 +1484,106 @@ fn wait_for_sync_replication(client: &mut shardmq_tests::TestClient) {
         (status_of(&probe).0 == wire::Status::OK).then_some(())
     });
 }
+
+#[test]
+fn two_masters_that_begin_the_same_epoch_at_the_same_offset_do_not_pass_for_one_term() {
+    // Manual mode, no controller: the master and its slave both hold term 1. The slave is
+    // promoted by hand and writes; the old master also restarts as master. Both begin epoch 2
+    // at the same offset and write different messages there: only their incarnation ids tell
+    // the two terms apart.
+    let group = Group::new();
+    let mut master = group.master("async-master", &SMALL_SEGMENTS);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    let body = |phase: &str, i: usize| format!("{phase}-{i}-{}", "y".repeat(1500)).into_bytes();
+    for i in 0..200 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("a", i))]);
+    }
+    drop(client);
+    let mut slave = group.slave(&SMALL_SEGMENTS);
+    let mut on_slave = slave.client();
+    wait_until(CATCH_UP, "the slave to copy term 1", || {
+        let (records, _) = pull_queue(&mut on_slave, TOPIC, 0);
+        (records.len() == 200).then_some(())
+    });
+    drop(on_slave);
+    master.kill9();
+    slave.stop();
+
+    // The slave's directory started as a master by hand (its own name server, so that the two
+    // masters never share routes): epoch 2 at the end of term 1, 50 messages.
+    let other_namesrv = NamesrvProcess::start();
+    let other_addr = other_namesrv.addr().to_string();
+    let other_ha = format!("127.0.0.1:{}", free_port());
+    let mut args: Vec<&str> = vec![
+        "--namesrv",
+        &other_addr,
+        "--broker-role",
+        "async-master",
+        "--ha-listen",
+        &other_ha,
+    ];
+    args.extend_from_slice(&SMALL_SEGMENTS);
+    let mut promoted = BrokerProcess::start(group.slave_dir.path(), &args);
+    let mut client = promoted.client();
+    for i in 0..50 {
+        send_batch(
+            &mut client,
+            TOPIC,
+            0,
+            &[TestMessage::new(body("promoted", i))],
+        );
+    }
+    let promoted_term = replication_status(&mut client).2[0].epoch;
+    drop(client);
+    promoted.stop();
+
+    // The old master restarts in place: it also begins epoch 2 at the end of term 1, and
+    // writes 80 other messages over the same offsets.
+    master.restart();
+    let mut client = master.client();
+    for i in 0..80 {
+        send_batch(
+            &mut client,
+            TOPIC,
+            0,
+            &[TestMessage::new(body("master", i))],
+        );
+    }
+    assert_eq!(replication_status(&mut client).2[0].epoch, promoted_term);
+    let expected: Vec<(u64, Vec<u8>)> = pull_queue(&mut client, TOPIC, 0)
+        .0
+        .into_iter()
+        .map(|r| (r.physical_offset, r.body))
+        .collect();
+    assert_eq!(expected.len(), 280);
+
+    // The promoted broker rejoins as the master's slave: it must cut its own epoch-2 bytes
+    // (never the master's) and copy the master's, not keep them as if the terms were one.
+    let slave = group.slave(&SMALL_SEGMENTS);
+    wait_until(
+        CATCH_UP,
+        "the slave to hold exactly the master's log",
+        || {
+            let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
+            on_slave.handshake().ok()?;
+            let (records, _) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pull_queue(&mut on_slave, TOPIC, 0)
+            }))
+            .ok()?;
+            let got: Vec<(u64, Vec<u8>)> = records
+                .into_iter()
+                .map(|r| (r.physical_offset, r.body))
+                .collect();
+            (got == expected).then_some(())
+        },
+    );
+    assert!(
+        slave
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("holds CommitLog bytes its master does not")),
+        "the slave says why it cut its log"
+    );
+    drop(other_namesrv);
+}

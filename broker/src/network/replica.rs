@@ -67,11 +67,15 @@ pub(super) async fn join(
     }
     let storage = replica_storage_shard(shard, r.storage_shard())?;
     let mut epochs = crate::store::epochs::EpochLog::default();
-    for entry in r.epochs().iter().flat_map(|v| v.iter()) {
+    let incarnations = r.epoch_incarnations();
+    for (index, entry) in r.epochs().iter().flat_map(|v| v.iter()).enumerate() {
         epochs
             .push(crate::store::epochs::Epoch {
                 epoch: entry.epoch(),
                 start: entry.start(),
+                incarnation: incarnations
+                    .filter(|v| index < v.len())
+                    .map_or(0, |v| v.get(index)),
             })
             .map_err(|why| invalid(format!("the slave's epochs are out of order: {why}")))?;
     }
@@ -94,6 +98,8 @@ pub(super) async fn join(
             .map(|e| wire::EpochEntry::new(e.epoch, e.start))
             .collect();
         let entries = b.create_vector(&entries);
+        let incarnations: Vec<u64> = answer.epochs.iter().map(|e| e.incarnation).collect();
+        let incarnations = b.create_vector(&incarnations);
         let body = wire::ReplicaJoinResponse::create(
             b,
             &wire::ReplicaJoinResponseArgs {
@@ -101,6 +107,7 @@ pub(super) async fn join(
                 epochs: Some(entries),
                 master_end: answer.master_end,
                 consistent_end: answer.consistent_end,
+                epoch_incarnations: Some(incarnations),
             },
         );
         (wire::Body::ReplicaJoinResponse, body.as_union_value())

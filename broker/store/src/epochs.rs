@@ -3,14 +3,21 @@
 //! over) finds where their histories part and cuts its log there (docs/replication.md,
 //! "Divergence").
 //!
-//! Owns the `<shard>/epochs` file: one line `epoch start_offset` per term, in increasing order
-//! of both, rewritten atomically. A term begins each time a master starts (the epoch after
-//! the newest it knows) at its log's end; a slave records the master's terms as their first
-//! bytes reach it. Every log implicitly begins with term 0 at offset 0, so a store written
-//! before epochs existed (or a fresh one) has `[(0, 0)]`.
+//! Owns the `<shard>/epochs` file: one line `epoch start_offset incarnation` per term, in
+//! increasing order of epoch and start, rewritten atomically. A term begins each time a master
+//! starts (the epoch after the newest it knows, or the controller's) at its log's end, with a
+//! random 64-bit incarnation id; a slave records the master's terms as their first bytes reach
+//! it. Every log implicitly begins with term 0 at offset 0, so a store written before epochs
+//! existed (or a fresh one) has `[(0, 0)]`. Lines of two fields (terms begun before incarnation
+//! ids) read as incarnation 0.
+//!
+//! A term's identity is (epoch, start, incarnation): without a controller handing out epochs,
+//! two brokers can both begin epoch 2 at the same offset (a master restarting in place while
+//! its slave was promoted by hand) and write different bytes there; their incarnations differ,
+//! so neither mistakes the other's term for its own.
 //!
 //! The rule ([`EpochLog::consistent_end`]): for the newest term both sides know with the same
-//! start, the bytes they share end where the shorter side's term ends. A slave's bytes past
+//! identity, the bytes they share end where the shorter side's term ends. A slave's bytes past
 //! that point were never the master's: they are cut.
 
 use std::io;
@@ -23,11 +30,36 @@ pub const EPOCHS_FILE: &str = "epochs";
 /// is compared on the terms that remain).
 pub const MAX_EPOCHS: usize = 4096;
 
-/// One master term: its number and the CommitLog offset of its first byte.
+/// One master term: its number, the CommitLog offset of its first byte, and the random id of
+/// the master start that began it (0: begun before incarnation ids, or the implicit term 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Epoch {
     pub epoch: u64,
     pub start: u64,
+    pub incarnation: u64,
+}
+
+impl Epoch {
+    /// Whether `other` is the same term: same number, start and incarnation.
+    pub fn is_same_term(&self, other: &Epoch) -> bool {
+        self == other
+    }
+}
+
+/// A random, non-zero incarnation id for a term a master begins.
+pub fn new_incarnation() -> u64 {
+    loop {
+        // The OS's random source; failing that (it does not on Linux), the clock and the pid.
+        let id = getrandom::u64().unwrap_or_else(|_| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ (u64::from(std::process::id()) << 32)
+        });
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 /// See the module documentation.
@@ -39,7 +71,11 @@ pub struct EpochLog {
 impl Default for EpochLog {
     fn default() -> EpochLog {
         EpochLog {
-            entries: vec![Epoch { epoch: 0, start: 0 }],
+            entries: vec![Epoch {
+                epoch: 0,
+                start: 0,
+                incarnation: 0,
+            }],
         }
     }
 }
@@ -73,17 +109,26 @@ impl EpochLog {
             if line.is_empty() {
                 continue;
             }
-            let mut fields = line.split_ascii_whitespace().map(str::parse::<u64>);
-            let (Some(Ok(epoch)), Some(Ok(start)), None) =
-                (fields.next(), fields.next(), fields.next())
-            else {
-                return Err(format!(
-                    "line {} is not `epoch start_offset`: {line:?}",
-                    number + 1
-                ));
+            let fields: Vec<Result<u64, _>> = line
+                .split_ascii_whitespace()
+                .map(str::parse::<u64>)
+                .collect();
+            let (epoch, start, incarnation) = match fields[..] {
+                [Ok(epoch), Ok(start)] => (epoch, start, 0),
+                [Ok(epoch), Ok(start), Ok(incarnation)] => (epoch, start, incarnation),
+                _ => {
+                    return Err(format!(
+                        "line {} is not `epoch start_offset [incarnation]`: {line:?}",
+                        number + 1
+                    ))
+                }
             };
-            log.push(Epoch { epoch, start })
-                .map_err(|why| format!("line {}: {why}", number + 1))?;
+            log.push(Epoch {
+                epoch,
+                start,
+                incarnation,
+            })
+            .map_err(|why| format!("line {}: {why}", number + 1))?;
         }
         Ok(log)
     }
@@ -97,7 +142,7 @@ impl EpochLog {
         self.entries
             .iter()
             .skip_while(|e| e.epoch == 0 && e.start == 0)
-            .map(|e| format!("{} {}\n", e.epoch, e.start))
+            .map(|e| format!("{} {} {}\n", e.epoch, e.start, e.incarnation))
             .collect()
     }
 
@@ -113,7 +158,7 @@ impl EpochLog {
     /// at the same offset as the last replaces it (the last wrote nothing).
     pub fn push(&mut self, epoch: Epoch) -> Result<(), String> {
         let last = self.last();
-        if epoch.epoch == last.epoch && epoch.start == last.start {
+        if epoch.is_same_term(&last) {
             return Ok(());
         }
         if epoch.epoch <= last.epoch || epoch.start < last.start {
@@ -133,11 +178,12 @@ impl EpochLog {
     }
 
     /// Starts a new term at `log_end` (a master starting): the epoch after the newest known,
-    /// or `at_least` if that is higher (a controller's number).
+    /// or `at_least` if that is higher (a controller's number), with a new incarnation id.
     pub fn begin_term(&mut self, log_end: u64, at_least: u64) -> Epoch {
         let epoch = Epoch {
             epoch: (self.last().epoch + 1).max(at_least),
             start: log_end.max(self.last().start),
+            incarnation: new_incarnation(),
         };
         self.push(epoch).expect("a new term follows the last");
         epoch
@@ -153,23 +199,23 @@ impl EpochLog {
         )
     }
 
-    fn start_of(&self, epoch: u64) -> Option<u64> {
-        self.entries
-            .iter()
-            .find(|e| e.epoch == epoch)
-            .map(|e| e.start)
+    fn term(&self, epoch: u64) -> Option<&Epoch> {
+        self.entries.iter().find(|e| e.epoch == epoch)
     }
 
     /// Where the bytes this log (a master's, ending at `master_end`) shares with a slave's
     /// (`slave`, ending at `slave_end`) end: the slave keeps its bytes below the answer and cuts
-    /// the rest. Terms are compared newest first; a term both know with the same start is
-    /// shared up to where the shorter side's term ends.
+    /// the rest. Terms are compared newest first; a term both know with the same identity
+    /// (number, start and incarnation) is shared up to where the shorter side's term ends.
     pub fn consistent_end(&self, master_end: u64, slave: &EpochLog, slave_end: u64) -> u64 {
         for term in slave.entries.iter().rev() {
             if term.start > slave_end {
                 continue;
             }
-            if self.start_of(term.epoch) != Some(term.start) {
+            if !self
+                .term(term.epoch)
+                .is_some_and(|ours| ours.is_same_term(term))
+            {
                 continue;
             }
             let ours = self.end_of(term.epoch, master_end).unwrap_or(master_end);
@@ -212,7 +258,12 @@ mod tests {
     fn log(entries: &[(u64, u64)]) -> EpochLog {
         let mut log = EpochLog::default();
         for &(epoch, start) in entries {
-            log.push(Epoch { epoch, start }).unwrap();
+            log.push(Epoch {
+                epoch,
+                start,
+                incarnation: 0,
+            })
+            .unwrap();
         }
         log
     }
@@ -250,13 +301,9 @@ mod tests {
         let mut master = log(&[(1, 0)]);
         master.begin_term(100, 0);
         master.begin_term(100, 0);
-        assert_eq!(
-            master.entries().last(),
-            Some(&Epoch {
-                epoch: 3,
-                start: 100
-            })
-        );
+        let last = master.last();
+        assert_eq!((last.epoch, last.start), (3, 100));
+        assert_ne!(last.incarnation, 0, "a begun term has an incarnation id");
         assert_eq!(master.entries().len(), 3);
         // A controller's number wins when it is higher.
         assert_eq!(master.begin_term(150, 9).epoch, 9);
@@ -267,20 +314,21 @@ mod tests {
         let master = log(&[(1, 0), (2, 500), (3, 900)]);
         let mut slave = EpochLog::default();
         assert!(slave.record_crossed(&master, 0, 400));
-        assert_eq!(slave.last(), Epoch { epoch: 1, start: 0 });
+        assert_eq!(
+            slave.last(),
+            Epoch {
+                epoch: 1,
+                start: 0,
+                incarnation: 0
+            }
+        );
         // A term starting exactly at the end is not crossed yet.
         assert!(!slave.record_crossed(&master, 400, 500));
         assert!(slave.record_crossed(&master, 500, 1000));
         assert_eq!(slave.entries().len(), 4);
         assert_eq!(master.consistent_end(1000, &slave, 1000), 1000);
         slave.truncate(900);
-        assert_eq!(
-            slave.last(),
-            Epoch {
-                epoch: 2,
-                start: 500
-            }
-        );
+        assert_eq!((slave.last().epoch, slave.last().start), (2, 500));
     }
 
     #[test]
@@ -289,6 +337,35 @@ mod tests {
         assert_eq!(EpochLog::parse(&original.to_text()).unwrap(), original);
         assert!(EpochLog::parse("2 500\n1 600\n").is_err());
         assert!(EpochLog::parse("1 x\n").is_err());
-        assert!(EpochLog::parse("1 2 3\n").is_err());
+        assert!(EpochLog::parse("1 2 3 4\n").is_err());
+        // Begun terms keep their incarnation ids; a file from before them reads as 0.
+        let mut begun = log(&[(1, 0)]);
+        begun.begin_term(700, 0);
+        let text = begun.to_text();
+        assert_eq!(text.lines().last().unwrap().split(' ').count(), 3);
+        assert_eq!(EpochLog::parse(&text).unwrap(), begun);
+        let legacy = EpochLog::parse("1 0\n2 500\n").unwrap();
+        assert_eq!(legacy, log(&[(1, 0), (2, 500)]));
+    }
+
+    #[test]
+    fn two_masters_that_began_the_same_epoch_at_the_same_offset_are_told_apart() {
+        // Both wrote term 1 from 0. Then the master restarted in place at 500 while its slave,
+        // promoted by hand, also began epoch 2 at 500: different bytes past 500 on each.
+        let shared = log(&[(1, 0)]);
+        let mut restarted = shared.clone();
+        let mut promoted = shared.clone();
+        let a = restarted.begin_term(500, 0);
+        let b = promoted.begin_term(500, 0);
+        assert_eq!((a.epoch, a.start), (b.epoch, b.start));
+        assert_ne!(a.incarnation, b.incarnation);
+        // The promoted broker joins the restarted one as its slave: only term 1 is shared, so
+        // it keeps 500 bytes and cuts the rest, rather than keeping its own epoch 2 bytes.
+        assert_eq!(restarted.consistent_end(900, &promoted, 800), 500);
+        // The same term on both sides (a slave that copied it) is shared to the shorter end.
+        let mut copy = shared.clone();
+        assert!(copy.record_crossed(&restarted, 400, 600));
+        assert_eq!(copy.last(), a);
+        assert_eq!(restarted.consistent_end(900, &copy, 800), 800);
     }
 }

@@ -15754,6 +15754,7 @@ impl<'a> ReplicaJoinRequest<'a> {
   pub const VT_END: ::flatbuffers::VOffsetT = 14;
   pub const VT_EPOCHS: ::flatbuffers::VOffsetT = 16;
   pub const VT_SLAVE_ADDRESS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_EPOCH_INCARNATIONS: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -15767,6 +15768,7 @@ impl<'a> ReplicaJoinRequest<'a> {
     let mut builder = ReplicaJoinRequestBuilder::new(_fbb);
     builder.add_end(args.end);
     builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.epoch_incarnations { builder.add_epoch_incarnations(x); }
     if let Some(x) = args.slave_address { builder.add_slave_address(x); }
     if let Some(x) = args.epochs { builder.add_epochs(x); }
     builder.add_storage_shard(args.storage_shard);
@@ -15793,6 +15795,9 @@ impl<'a> ReplicaJoinRequest<'a> {
     let slave_address = self.slave_address().map(|x| {
       alloc::string::ToString::to_string(x)
     });
+    let epoch_incarnations = self.epoch_incarnations().map(|x| {
+      x.into_iter().collect()
+    });
     ReplicaJoinRequestT {
       cluster_name,
       broker_name,
@@ -15802,6 +15807,7 @@ impl<'a> ReplicaJoinRequest<'a> {
       end,
       epochs,
       slave_address,
+      epoch_incarnations,
     }
   }
 
@@ -15864,6 +15870,15 @@ impl<'a> ReplicaJoinRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaJoinRequest::VT_SLAVE_ADDRESS, None)}
   }
+  /// The incarnation id of each of `epochs` (same order; missing or short: 0). A term's
+  /// identity is its number, start and incarnation.
+  #[inline]
+  pub fn epoch_incarnations(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ReplicaJoinRequest::VT_EPOCH_INCARNATIONS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaJoinRequest<'_> {
@@ -15880,6 +15895,7 @@ impl ::flatbuffers::Verifiable for ReplicaJoinRequest<'_> {
      .visit_field::<u64>("end", Self::VT_END, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, EpochEntry>>>("epochs", Self::VT_EPOCHS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("slave_address", Self::VT_SLAVE_ADDRESS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("epoch_incarnations", Self::VT_EPOCH_INCARNATIONS, false)?
      .finish();
     Ok(())
   }
@@ -15893,6 +15909,7 @@ pub struct ReplicaJoinRequestArgs<'a> {
     pub end: u64,
     pub epochs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, EpochEntry>>>,
     pub slave_address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub epoch_incarnations: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for ReplicaJoinRequestArgs<'a> {
   #[inline]
@@ -15906,6 +15923,7 @@ impl<'a> Default for ReplicaJoinRequestArgs<'a> {
       end: 0,
       epochs: None,
       slave_address: None,
+      epoch_incarnations: None,
     }
   }
 }
@@ -15948,6 +15966,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinRequestBuilder<'a,
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_SLAVE_ADDRESS, slave_address);
   }
   #[inline]
+  pub fn add_epoch_incarnations(&mut self, epoch_incarnations: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinRequest::VT_EPOCH_INCARNATIONS, epoch_incarnations);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaJoinRequestBuilder {
@@ -15973,6 +15995,7 @@ impl ::core::fmt::Debug for ReplicaJoinRequest<'_> {
       ds.field("end", &self.end());
       ds.field("epochs", &self.epochs());
       ds.field("slave_address", &self.slave_address());
+      ds.field("epoch_incarnations", &self.epoch_incarnations());
       ds.finish()
   }
 }
@@ -15987,6 +16010,7 @@ pub struct ReplicaJoinRequestT {
   pub end: u64,
   pub epochs: Option<alloc::vec::Vec<EpochEntryT>>,
   pub slave_address: Option<alloc::string::String>,
+  pub epoch_incarnations: Option<alloc::vec::Vec<u64>>,
 }
 impl Default for ReplicaJoinRequestT {
   fn default() -> Self {
@@ -15999,6 +16023,7 @@ impl Default for ReplicaJoinRequestT {
       end: 0,
       epochs: None,
       slave_address: None,
+      epoch_incarnations: None,
     }
   }
 }
@@ -16023,6 +16048,9 @@ impl ReplicaJoinRequestT {
     let slave_address = self.slave_address.as_ref().map(|x|{
       _fbb.create_string(x)
     });
+    let epoch_incarnations = self.epoch_incarnations.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
     ReplicaJoinRequest::create(_fbb, &ReplicaJoinRequestArgs{
       cluster_name,
       broker_name,
@@ -16032,6 +16060,7 @@ impl ReplicaJoinRequestT {
       end,
       epochs,
       slave_address,
+      epoch_incarnations,
     })
   }
 }
@@ -16057,6 +16086,7 @@ impl<'a> ReplicaJoinResponse<'a> {
   pub const VT_EPOCHS: ::flatbuffers::VOffsetT = 6;
   pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 8;
   pub const VT_CONSISTENT_END: ::flatbuffers::VOffsetT = 10;
+  pub const VT_EPOCH_INCARNATIONS: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -16071,6 +16101,7 @@ impl<'a> ReplicaJoinResponse<'a> {
     builder.add_consistent_end(args.consistent_end);
     builder.add_master_end(args.master_end);
     builder.add_epoch(args.epoch);
+    if let Some(x) = args.epoch_incarnations { builder.add_epoch_incarnations(x); }
     if let Some(x) = args.epochs { builder.add_epochs(x); }
     builder.finish()
   }
@@ -16082,11 +16113,15 @@ impl<'a> ReplicaJoinResponse<'a> {
     });
     let master_end = self.master_end();
     let consistent_end = self.consistent_end();
+    let epoch_incarnations = self.epoch_incarnations().map(|x| {
+      x.into_iter().collect()
+    });
     ReplicaJoinResponseT {
       epoch,
       epochs,
       master_end,
       consistent_end,
+      epoch_incarnations,
     }
   }
 
@@ -16118,6 +16153,14 @@ impl<'a> ReplicaJoinResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_CONSISTENT_END, Some(0)).unwrap()}
   }
+  /// The incarnation id of each of `epochs` (same order; missing or short: 0).
+  #[inline]
+  pub fn epoch_incarnations(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ReplicaJoinResponse::VT_EPOCH_INCARNATIONS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
@@ -16130,6 +16173,7 @@ impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, EpochEntry>>>("epochs", Self::VT_EPOCHS, false)?
      .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
      .visit_field::<u64>("consistent_end", Self::VT_CONSISTENT_END, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("epoch_incarnations", Self::VT_EPOCH_INCARNATIONS, false)?
      .finish();
     Ok(())
   }
@@ -16139,6 +16183,7 @@ pub struct ReplicaJoinResponseArgs<'a> {
     pub epochs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, EpochEntry>>>,
     pub master_end: u64,
     pub consistent_end: u64,
+    pub epoch_incarnations: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for ReplicaJoinResponseArgs<'a> {
   #[inline]
@@ -16148,6 +16193,7 @@ impl<'a> Default for ReplicaJoinResponseArgs<'a> {
       epochs: None,
       master_end: 0,
       consistent_end: 0,
+      epoch_incarnations: None,
     }
   }
 }
@@ -16174,6 +16220,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinResponseBuilder<'a
     self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_CONSISTENT_END, consistent_end, 0);
   }
   #[inline]
+  pub fn add_epoch_incarnations(&mut self, epoch_incarnations: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinResponse::VT_EPOCH_INCARNATIONS, epoch_incarnations);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaJoinResponseBuilder {
@@ -16195,6 +16245,7 @@ impl ::core::fmt::Debug for ReplicaJoinResponse<'_> {
       ds.field("epochs", &self.epochs());
       ds.field("master_end", &self.master_end());
       ds.field("consistent_end", &self.consistent_end());
+      ds.field("epoch_incarnations", &self.epoch_incarnations());
       ds.finish()
   }
 }
@@ -16205,6 +16256,7 @@ pub struct ReplicaJoinResponseT {
   pub epochs: Option<alloc::vec::Vec<EpochEntryT>>,
   pub master_end: u64,
   pub consistent_end: u64,
+  pub epoch_incarnations: Option<alloc::vec::Vec<u64>>,
 }
 impl Default for ReplicaJoinResponseT {
   fn default() -> Self {
@@ -16213,6 +16265,7 @@ impl Default for ReplicaJoinResponseT {
       epochs: None,
       master_end: 0,
       consistent_end: 0,
+      epoch_incarnations: None,
     }
   }
 }
@@ -16227,11 +16280,15 @@ impl ReplicaJoinResponseT {
     });
     let master_end = self.master_end;
     let consistent_end = self.consistent_end;
+    let epoch_incarnations = self.epoch_incarnations.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
     ReplicaJoinResponse::create(_fbb, &ReplicaJoinResponseArgs{
       epoch,
       epochs,
       master_end,
       consistent_end,
+      epoch_incarnations,
     })
   }
 }

@@ -125,6 +125,9 @@ impl MasterLink {
                     .map(|e| wire::EpochEntry::new(e.epoch, e.start))
                     .collect();
                 let entries = b.create_vector(&entries);
+                let incarnations: Vec<u64> =
+                    epochs.entries().iter().map(|e| e.incarnation).collect();
+                let incarnations = b.create_vector(&incarnations);
                 let body = wire::ReplicaJoinRequest::create(
                     b,
                     &wire::ReplicaJoinRequestArgs {
@@ -136,6 +139,7 @@ impl MasterLink {
                         end,
                         epochs: Some(entries),
                         slave_address: Some(address),
+                        epoch_incarnations: Some(incarnations),
                     },
                 );
                 build_frame(
@@ -149,15 +153,20 @@ impl MasterLink {
         let body = require_ok(&answer, "the join")?
             .body_as_replica_join_response()
             .ok_or_else(|| io::Error::other("a ReplicaJoinResponse without its body"))?;
+        let incarnations = body.epoch_incarnations();
         Ok(JoinAnswer {
             epoch: body.epoch(),
             epochs: body
                 .epochs()
                 .iter()
                 .flat_map(|v| v.iter())
-                .map(|e| Epoch {
+                .enumerate()
+                .map(|(index, e)| Epoch {
                     epoch: e.epoch(),
                     start: e.start(),
+                    incarnation: incarnations
+                        .filter(|v| index < v.len())
+                        .map_or(0, |v| v.get(index)),
                 })
                 .collect(),
             master_end: body.master_end(),
