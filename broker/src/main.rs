@@ -98,6 +98,10 @@ struct ServeArgs {
     /// Hours a CommitLog segment is kept. [default: 72]
     #[arg(long)]
     file_reserved_hours: Option<u64>,
+    /// How often retention looks for segments to delete, in ms (RocketMQ's
+    /// `cleanResourceInterval`). [default: 10000]
+    #[arg(long)]
+    retention_interval_ms: Option<u64>,
     /// Register with name servers every this many ms. [default: 30000]
     #[arg(long)]
     register_interval_ms: Option<u64>,
@@ -265,6 +269,7 @@ impl ServeArgs {
             cluster_name,
             broker_name,
             file_reserved_hours,
+            retention_interval_ms,
             register_interval_ms,
             client_timeout_ms,
             offsets_persist_interval_ms,

@@ -1587,3 +1587,86 @@ fn two_masters_that_begin_the_same_epoch_at_the_same_offset_do_not_pass_for_one_
     );
     drop(other_namesrv);
 }
+
+#[test]
+fn a_new_slave_of_a_master_whose_retention_has_run_begins_at_its_oldest_byte() {
+    let group = Group::new();
+    let mut master_args = SMALL_SEGMENTS.to_vec();
+    master_args.extend([
+        "--file-reserved-hours",
+        "0",
+        "--retention-interval-ms",
+        "200",
+    ]);
+    let master = group.master("async-master", &master_args);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    let body = |phase: &str, i: usize| format!("{phase}-{i}-{}", "r".repeat(2000)).into_bytes();
+    // About 3 MiB: the first segments of 1 MiB are sealed, and retention (0 hours) deletes them.
+    for i in 0..1500 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("a", i))]);
+    }
+    // Retention deletes every sealed segment: wait until only the one being written is left,
+    // so what the master holds stays put while the slave copies it.
+    wait_until(CATCH_UP, "retention to delete every sealed segment", || {
+        let (records, _) = pull_queue(&mut client, TOPIC, 0);
+        let (first, last) = (records.first()?, records.last()?);
+        let active_base = last.end() - last.end() % (1 << 20);
+        (first.queue_offset > 0 && first.physical_offset >= active_base).then_some(())
+    });
+    let held = |client: &mut shardmq_tests::TestClient| -> Vec<(u64, u64, Vec<u8>)> {
+        pull_queue(client, TOPIC, 0)
+            .0
+            .into_iter()
+            .map(|r| (r.queue_offset, r.physical_offset, r.body))
+            .collect()
+    };
+    let expected = held(&mut client);
+    assert!(expected[0].1 >= 1 << 20, "the master's log begins past 0");
+
+    // A new, empty slave (its own retention the default): it cannot copy from 0, so it begins
+    // its log at the master's oldest byte and holds what the master holds, at the same offsets.
+    let slave = group.slave(&SMALL_SEGMENTS);
+    let slave_holds = |expected: &Vec<(u64, u64, Vec<u8>)>| {
+        let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
+        on_slave.handshake().ok()?;
+        let got =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| held(&mut on_slave))).ok()?;
+        (got == *expected).then_some(())
+    };
+    wait_until(
+        CATCH_UP,
+        "the slave to hold the master's retained log",
+        || slave_holds(&expected),
+    );
+    assert!(
+        slave
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("ends before the master's oldest byte")),
+        "the slave says why it began its log again"
+    );
+    // And it goes on copying what the master takes next.
+    for i in 0..100 {
+        send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("b", i))]);
+    }
+    let expected = held(&mut client);
+    wait_until(CATCH_UP, "the slave to copy the new messages", || {
+        slave_holds(&expected)
+    });
+    let mut slave = slave;
+    slave.stop();
+    let verify = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
+        .args([
+            "verify",
+            "--data-dir",
+            group.slave_dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .expect("run verify");
+    assert!(
+        verify.status.success(),
+        "verify of the slave: {}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}

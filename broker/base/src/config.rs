@@ -41,6 +41,8 @@ pub struct BrokerConfig {
     pub readahead_bytes: u64,
     pub consume_queue_entries_per_file: u64,
     pub file_reserved_hours: u64,
+    /// How often retention runs (ms).
+    pub retention_interval_ms: u64,
     pub disk_max_used_ratio: f64,
     pub disk_refuse_ratio: f64,
     /// Cores of the storage shards, one shard each.
@@ -202,6 +204,7 @@ impl Default for BrokerConfig {
             readahead_bytes: 32 << 20,
             consume_queue_entries_per_file: 300_000,
             file_reserved_hours: 72,
+            retention_interval_ms: 10_000,
             disk_max_used_ratio: 0.75,
             disk_refuse_ratio: 0.95,
             storage_cores,
@@ -480,6 +483,7 @@ impl BrokerConfig {
         config.readahead_bytes = self.readahead_bytes;
         config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
         config.file_reserved_hours = self.file_reserved_hours;
+        config.retention_interval_ms = self.retention_interval_ms.max(1);
         config.disk_max_used_ratio = self.disk_max_used_ratio;
         config.disk_refuse_ratio = self.disk_refuse_ratio;
         config.max_record_bytes = shardmq_codec::max_record_bytes(self.max_message_bytes) as u64;

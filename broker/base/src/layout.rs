@@ -7,7 +7,7 @@
 //! <data>/shard-N/offsets           offsets.rs (consumer offsets)
 //! <data>/shard-N/delay-progress    services: schedule (delay-level delivery progress)
 //! <data>/shard-N/timer-progress    services: timer (timer delivery progress)
-//! <data>/shard-N/format, checkpoint, epochs, journal, truncate-request, commitlog/, consumequeue/,
+//! <data>/shard-N/format, checkpoint, epochs, journal, truncate-request, start-request, commitlog/, consumequeue/,
 //!                index/            the store crate
 //! ```
 
@@ -15,7 +15,7 @@ pub use shardmq_store::checkpoint::CHECKPOINT_FILE;
 pub use shardmq_store::epochs::EPOCHS_FILE;
 pub use shardmq_store::format::FORMAT_FILE;
 pub use shardmq_store::journal::JOURNAL_FILE;
-pub use shardmq_store::message_store::TRUNCATE_REQUEST_FILE;
+pub use shardmq_store::message_store::{START_REQUEST_FILE, TRUNCATE_REQUEST_FILE};
 
 /// The data directory's identity (`meta.rs`).
 pub const META_FILE: &str = "meta";

@@ -108,6 +108,7 @@ pub(super) async fn join(
                 master_end: answer.master_end,
                 consistent_end: answer.consistent_end,
                 epoch_incarnations: Some(incarnations),
+                log_start: answer.log_start,
             },
         );
         (wire::Body::ReplicaJoinResponse, body.as_union_value())

@@ -81,6 +81,13 @@ pub async fn run(
         rebuilt_derived = report.rebuilt_derived,
         "storage shard recovered"
     );
+    if let Some(offset) = report.started_over_at {
+        warn!(
+            shard = id,
+            offset,
+            "the CommitLog was begun again, empty, at the master's oldest byte (replication)"
+        );
+    }
     if let Some(offset) = report.truncated_for_replica {
         warn!(
             shard = id,

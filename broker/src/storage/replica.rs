@@ -132,8 +132,8 @@ impl StorageShard {
         link: crate::replication::ReplicaLink,
         reply: Reply<crate::replication::JoinAnswer>,
     ) {
-        let log_end = self.store.commitlog_offsets().1;
-        let answer = self.master.join(&epochs, end, log_end);
+        let (log_start, log_end, _) = self.store.commitlog_offsets();
+        let answer = self.master.join(&epochs, end, log_start, log_end);
         self.master
             .on_join(broker_id, &peer, answer.consistent_end.min(end), link);
         let _ = reply.send(answer);

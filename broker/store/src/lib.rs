@@ -44,8 +44,8 @@ pub fn run_local<F: std::future::Future<Output = ()> + 'static>(
 
 pub use filter::TagFilter;
 pub use message_store::{
-    request_truncation, AppendOutcome, AppendStatus, AppendedRecord, BatchBytes, EncodedBatch,
-    FlushMode, GetResult, GetStatus, MessageStore, RecoveryReport, StoreConfig, StoreError,
-    MAX_QUERY_ANSWER_BYTES,
+    request_start_at, request_truncation, AppendOutcome, AppendStatus, AppendedRecord, BatchBytes,
+    EncodedBatch, FlushMode, GetResult, GetStatus, MessageStore, RecoveryReport, StoreConfig,
+    StoreError, MAX_QUERY_ANSWER_BYTES,
 };
 pub use record::{RecordInput, RecordView};

@@ -16087,6 +16087,7 @@ impl<'a> ReplicaJoinResponse<'a> {
   pub const VT_MASTER_END: ::flatbuffers::VOffsetT = 8;
   pub const VT_CONSISTENT_END: ::flatbuffers::VOffsetT = 10;
   pub const VT_EPOCH_INCARNATIONS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_LOG_START: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -16098,6 +16099,7 @@ impl<'a> ReplicaJoinResponse<'a> {
     args: &'args ReplicaJoinResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaJoinResponse<'bldr>> {
     let mut builder = ReplicaJoinResponseBuilder::new(_fbb);
+    builder.add_log_start(args.log_start);
     builder.add_consistent_end(args.consistent_end);
     builder.add_master_end(args.master_end);
     builder.add_epoch(args.epoch);
@@ -16116,12 +16118,14 @@ impl<'a> ReplicaJoinResponse<'a> {
     let epoch_incarnations = self.epoch_incarnations().map(|x| {
       x.into_iter().collect()
     });
+    let log_start = self.log_start();
     ReplicaJoinResponseT {
       epoch,
       epochs,
       master_end,
       consistent_end,
       epoch_incarnations,
+      log_start,
     }
   }
 
@@ -16161,6 +16165,15 @@ impl<'a> ReplicaJoinResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ReplicaJoinResponse::VT_EPOCH_INCARNATIONS, None)}
   }
+  /// Where the master's log begins (its oldest retained byte, a segment base). A slave whose
+  /// log ends before it cannot copy from where it is: it begins its log again, empty, here.
+  #[inline]
+  pub fn log_start(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_LOG_START, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
@@ -16174,6 +16187,7 @@ impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
      .visit_field::<u64>("master_end", Self::VT_MASTER_END, false)?
      .visit_field::<u64>("consistent_end", Self::VT_CONSISTENT_END, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("epoch_incarnations", Self::VT_EPOCH_INCARNATIONS, false)?
+     .visit_field::<u64>("log_start", Self::VT_LOG_START, false)?
      .finish();
     Ok(())
   }
@@ -16184,6 +16198,7 @@ pub struct ReplicaJoinResponseArgs<'a> {
     pub master_end: u64,
     pub consistent_end: u64,
     pub epoch_incarnations: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub log_start: u64,
 }
 impl<'a> Default for ReplicaJoinResponseArgs<'a> {
   #[inline]
@@ -16194,6 +16209,7 @@ impl<'a> Default for ReplicaJoinResponseArgs<'a> {
       master_end: 0,
       consistent_end: 0,
       epoch_incarnations: None,
+      log_start: 0,
     }
   }
 }
@@ -16224,6 +16240,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinResponseBuilder<'a
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaJoinResponse::VT_EPOCH_INCARNATIONS, epoch_incarnations);
   }
   #[inline]
+  pub fn add_log_start(&mut self, log_start: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_LOG_START, log_start, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaJoinResponseBuilder {
@@ -16246,6 +16266,7 @@ impl ::core::fmt::Debug for ReplicaJoinResponse<'_> {
       ds.field("master_end", &self.master_end());
       ds.field("consistent_end", &self.consistent_end());
       ds.field("epoch_incarnations", &self.epoch_incarnations());
+      ds.field("log_start", &self.log_start());
       ds.finish()
   }
 }
@@ -16257,6 +16278,7 @@ pub struct ReplicaJoinResponseT {
   pub master_end: u64,
   pub consistent_end: u64,
   pub epoch_incarnations: Option<alloc::vec::Vec<u64>>,
+  pub log_start: u64,
 }
 impl Default for ReplicaJoinResponseT {
   fn default() -> Self {
@@ -16266,6 +16288,7 @@ impl Default for ReplicaJoinResponseT {
       master_end: 0,
       consistent_end: 0,
       epoch_incarnations: None,
+      log_start: 0,
     }
   }
 }
@@ -16283,12 +16306,14 @@ impl ReplicaJoinResponseT {
     let epoch_incarnations = self.epoch_incarnations.as_ref().map(|x|{
       _fbb.create_vector(x)
     });
+    let log_start = self.log_start;
     ReplicaJoinResponse::create(_fbb, &ReplicaJoinResponseArgs{
       epoch,
       epochs,
       master_end,
       consistent_end,
       epoch_incarnations,
+      log_start,
     })
   }
 }

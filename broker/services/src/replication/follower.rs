@@ -109,7 +109,7 @@ pub async fn follow(follower: Follower) {
                 continue;
             }
         };
-        let end = store.commitlog_offsets().1;
+        let (start, end, _) = store.commitlog_offsets();
         let joined = {
             let ours = epochs.borrow().clone();
             link.join(&config, storage_shard, end, &ours).await
@@ -123,7 +123,41 @@ pub async fn follow(follower: Follower) {
                 continue;
             }
         };
-        if joined.consistent_end < end {
+        if end < joined.log_start {
+            // Retention took the master's bytes from where this log ends (a new slave, or one
+            // down longer than the master keeps files): it cannot copy from here. Begin the
+            // log again, empty, at the master's oldest byte; the store does it as it opens.
+            let dir = store.config().shard_dir.clone();
+            let segment_bytes = store.config().segment_bytes;
+            if !joined.log_start.is_multiple_of(segment_bytes) {
+                error!(
+                    storage_shard,
+                    %master,
+                    log_start = joined.log_start,
+                    segment_bytes,
+                    "the master's log begins inside one of this slave's segments: their segment sizes differ (--segment-bytes must match); replication stops"
+                );
+                return;
+            }
+            warn!(
+                storage_shard,
+                %master,
+                our_end = end,
+                master_log_start = joined.log_start,
+                master_end = joined.master_end,
+                "this slave's log ends before the master's oldest byte (retention ran): beginning it again there and restarting"
+            );
+            match crate::store::request_start_at(&dir, joined.log_start) {
+                Ok(()) => crate::role::request_restart(),
+                Err(e) => {
+                    error!(storage_shard, error = %e, "cannot ask for the new start; replication stops")
+                }
+            }
+            return;
+        }
+        // A log begun again at the master's oldest byte holds nothing yet (and no terms before
+        // its first copied bytes): there is nothing to cut.
+        if joined.consistent_end < end && end > start {
             // This log holds bytes the master never had (it lost its tail, or another broker
             // was master): cut them. The store does it as it opens, so the broker restarts.
             let dir = store.config().shard_dir.clone();

@@ -171,6 +171,7 @@ impl MasterLink {
                 .collect(),
             master_end: body.master_end(),
             consistent_end: body.consistent_end(),
+            log_start: body.log_start(),
         })
     }
 

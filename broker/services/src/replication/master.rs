@@ -351,13 +351,20 @@ impl MasterSide {
     }
 
     /// Answers a slave's join: where the bytes it shares with this master end.
-    pub fn join(&self, slave: &EpochLog, slave_end: u64, log_end: u64) -> JoinAnswer {
+    pub fn join(
+        &self,
+        slave: &EpochLog,
+        slave_end: u64,
+        log_start: u64,
+        log_end: u64,
+    ) -> JoinAnswer {
         let epochs = self.epochs.borrow();
         JoinAnswer {
             epoch: epochs.last().epoch,
             epochs: epochs.entries().to_vec(),
             master_end: log_end,
             consistent_end: epochs.consistent_end(log_end, slave, slave_end),
+            log_start,
         }
     }
 }

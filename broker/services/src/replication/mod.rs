@@ -74,6 +74,8 @@ pub struct JoinAnswer {
     pub epochs: Vec<Epoch>,
     pub master_end: u64,
     pub consistent_end: u64,
+    /// Where the master's log begins (its oldest retained byte).
+    pub log_start: u64,
 }
 
 /// One replica pull's answer from the master's storage shard.

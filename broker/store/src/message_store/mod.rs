@@ -22,7 +22,9 @@ mod state;
 mod types;
 
 pub use housekeeping::{disk_space, disk_used_ratio};
-pub use recovery::{request_truncation, TRUNCATE_REQUEST_FILE};
+pub use recovery::{
+    request_start_at, request_truncation, START_REQUEST_FILE, TRUNCATE_REQUEST_FILE,
+};
 pub use types::{
     AppendOutcome, AppendStatus, AppendedRecord, BatchBytes, EncodedBatch, FlushMode,
     FlushObserver, GetResult, GetStatus, RecoveryReport, StoreConfig, StoreError,
@@ -42,7 +44,7 @@ use crate::journal::Journal;
 
 use self::flush::flush_loop;
 use self::housekeeping::housekeeping_loop;
-use self::recovery::{apply_requested_truncation, settle_segment_bytes};
+use self::recovery::{apply_requested_start, apply_requested_truncation, settle_segment_bytes};
 use self::state::{Inner, PARTIAL_CHUNK_LINGER};
 use self::types::io_error;
 
@@ -75,6 +77,8 @@ impl MessageStore {
             .await
             .map_err(io_error("direct I/O probe"))?;
         let mut report = RecoveryReport {
+            started_over_at: apply_requested_start(&dir, config.segment_bytes)
+                .map_err(io_error("requested start"))?,
             truncated_for_replica: apply_requested_truncation(&dir, config.segment_bytes)
                 .map_err(io_error("requested truncation"))?,
             ..RecoveryReport::default()

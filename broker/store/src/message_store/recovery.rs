@@ -114,6 +114,87 @@ pub fn request_truncation(shard_dir: &Path, offset: u64) -> io::Result<()> {
     )
 }
 
+/// The file that asks the next open of a shard to discard its whole CommitLog and begin it
+/// again at an offset (text: the offset, a segment base).
+pub const START_REQUEST_FILE: &str = "start-request";
+
+/// Asks the next [`MessageStore::open`] of `shard_dir` to discard every CommitLog segment and
+/// derived file and begin the log, empty, at `offset` (a multiple of the segment size): a
+/// slave whose log ends before its master's oldest retained byte, which it can no longer copy
+/// from where it is (docs/replication.md, "A slave after retention"). Durable when it returns.
+pub fn request_start_at(shard_dir: &Path, offset: u64) -> io::Result<()> {
+    crate::atomic_file::write_atomically(
+        &shard_dir.join(START_REQUEST_FILE),
+        format!("{offset}\n").as_bytes(),
+    )
+}
+
+/// Carries out a [`request_start_at`] (every step may be repeated after a crash; the request is
+/// removed last): every segment is deleted and an empty one created at the offset (whose name
+/// is where the log now begins), the journal, ConsumeQueues, index, checkpoint and epoch log are
+/// removed (the log's terms are learned again from the master as its bytes arrive).
+pub(super) fn apply_requested_start(
+    shard_dir: &Path,
+    segment_bytes: u64,
+) -> io::Result<Option<u64>> {
+    let request = shard_dir.join(START_REQUEST_FILE);
+    let text = match std::fs::read_to_string(&request) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let offset: u64 = text.trim().parse().map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not an offset: {e}", request.display()),
+        )
+    })?;
+    if !offset.is_multiple_of(segment_bytes) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: {offset} is not a multiple of this store's segment size {segment_bytes} (the master's segment size differs)",
+                request.display()
+            ),
+        ));
+    }
+    warn!(
+        offset,
+        "discarding this CommitLog and beginning it again where the master's oldest byte is"
+    );
+    crate::journal::clear_journal(shard_dir)?;
+    let commitlog_dir = shard_dir.join("commitlog");
+    std::fs::create_dir_all(&commitlog_dir)?;
+    let start_name = crate::commitlog::segment_file_name(offset);
+    for (_, path) in crate::commitlog::list_segments(&commitlog_dir)? {
+        if path.file_name().and_then(|n| n.to_str()) != Some(start_name.as_str()) {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let start = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(commitlog_dir.join(&start_name))?;
+    start.sync_all()?;
+    std::fs::File::open(&commitlog_dir)?.sync_all()?;
+    for sub in ["consumequeue", "index"] {
+        let path = shard_dir.join(sub);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+    }
+    for file in [CHECKPOINT_FILE, crate::epochs::EPOCHS_FILE] {
+        match std::fs::remove_file(shard_dir.join(file)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    std::fs::remove_file(&request)?;
+    std::fs::File::open(shard_dir)?.sync_all()?;
+    Ok(Some(offset))
+}
+
 /// Carries out a [`request_truncation`] (every step may be repeated after a crash; the request
 /// is removed last): segments from `offset` on are deleted, the one holding it is cut there,
 /// the ConsumeQueues, index and checkpoint are removed (rebuilt by the scan), and the epoch log

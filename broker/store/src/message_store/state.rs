@@ -232,8 +232,11 @@ impl Inner {
                 store_timestamp_ms: info.store_timestamp_ms,
             });
         }
+        // A log that no longer begins at 0 (retention, or a slave that began its log at its
+        // master's oldest byte) may hold a queue's first record past queue offset 0.
+        let may_start_past_zero = self.commit_log.min_offset() > 0;
         info.queue
-            .put(info.queue_offset, entry_of(info), false)
+            .put(info.queue_offset, entry_of(info), may_start_past_zero)
             .map_err(|max| {
                 format!(
                 "queue offset {} dispatched while the queue's max is {max}: offsets out of order",

@@ -378,6 +378,9 @@ pub struct RecoveryReport {
     /// The offset the log was cut at because replication asked for it
     /// ([`request_truncation`]), if it was.
     pub truncated_for_replica: Option<u64>,
+    /// The offset the log was begun again at, empty, because replication asked for it
+    /// ([`request_start_at`]), if it was.
+    pub started_over_at: Option<u64>,
     pub checkpoint: Option<Checkpoint>,
     pub checkpoint_problem: Option<String>,
     pub commitlog: RecoveryScan,
