@@ -534,7 +534,74 @@ impl ConnectionPool {
     }
 }
 
+impl ConnectionPool {
+    pub(crate) async fn controller_membership(
+        &self,
+        address: &str,
+        timeout: Duration,
+        change: &MemberChange,
+    ) -> Result<Vec<String>> {
+        let frame = self
+            .request(address, "controller membership", timeout, |builder| {
+                let (node_id, member_address, remove) = match change {
+                    MemberChange::Add { id, address } => (*id, address.as_str(), false),
+                    MemberChange::Remove { id } => (*id, "", true),
+                };
+                let member_address = builder.create_string(member_address);
+                let request = wire::ControllerMembershipRequest::create(
+                    builder,
+                    &wire::ControllerMembershipRequestArgs {
+                        node_id,
+                        address: Some(member_address),
+                        remove,
+                    },
+                );
+                (
+                    wire::Body::ControllerMembershipRequest,
+                    request.as_union_value(),
+                )
+            })
+            .await?;
+        let frame = require_ok(address, frame)?;
+        let r = frame
+            .frame()
+            .body_as_controller_membership_response()
+            .ok_or_else(|| missing_body(address, "ControllerMembershipResponse"))?;
+        Ok(r.members()
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(str::to_owned)
+            .collect())
+    }
+}
+
+/// A change of the controller group's voters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Make node `id` at `address` (started with `--controller-join`) a voter.
+    Add { id: u64, address: String },
+    /// Take voter `id` out of the group.
+    Remove { id: u64 },
+}
+
 impl Admin {
+    /// Changes the controller group's voters through the controller at `address` (any member;
+    /// a follower asks the leader). Returns the members after the change (`id=address`,
+    /// learners marked).
+    pub async fn controller_membership(
+        &self,
+        address: &str,
+        change: &MemberChange,
+    ) -> Result<Vec<String>> {
+        crate::instance::check_address(address)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        // Adding waits for the new member to catch up (up to 10 s on the leader).
+        let timeout = self.timeout().max(Duration::from_secs(15));
+        self.pool()
+            .controller_membership(address, timeout, change)
+            .await
+    }
+
     /// The status of the controller at `address` (any member answers with its view).
     pub async fn controller_status(&self, address: &str) -> Result<ControllerStatus> {
         crate::instance::check_address(address)

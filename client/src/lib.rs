@@ -107,7 +107,7 @@ pub use api::{
     TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
-    BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, OffsetReset,
+    BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, MemberChange, OffsetReset,
     ReplicationShardStatus, ResetTarget,
 };
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};

@@ -64,6 +64,12 @@ struct Cli {
     #[arg(long, value_name = "PEERS")]
     controller_peers: Option<String>,
 
+    /// Start this controller to join a running group instead of proposing one from
+    /// --controller-peers: it waits until an operator adds it (`shardmq controller add-member
+    /// --id ID --address ADDR`). Use it for every node added after the group first started.
+    #[arg(long)]
+    controller_join: bool,
+
     /// This controller's id among --controller-peers.
     #[arg(long, value_name = "ID", default_value_t = 1)]
     controller_id: u64,
@@ -115,6 +121,7 @@ fn main() -> anyhow::Result<()> {
                 std::path::PathBuf::from(format!("data/controller-{}", cli.controller_id))
             }),
             broker_timeout: Duration::from_millis(cli.controller_broker_timeout_ms),
+            join: cli.controller_join,
         };
         config.validate().map_err(anyhow::Error::msg)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -692,3 +692,170 @@ fn a_controller_leader_cut_off_from_its_majority_answers_no_heartbeat_from_its_o
         heartbeat(&leader_address).filter(|(status, _)| *status == wire::Status::OK)
     });
 }
+
+/// A broker's first heartbeat for group `broker` (id 7), sent to one controller: it registers
+/// the group and makes 7 its master (Raft writes). The answer's status.
+fn first_heartbeat(controller: &str, broker: &str) -> Option<wire::Status> {
+    let mut client = TestClient::connect(controller.parse().ok()?).ok()?;
+    client.handshake().ok()?;
+    let _ = client.set_read_timeout(Duration::from_secs(10));
+    let answer = client
+        .request(|b| {
+            let (cluster, broker) = (b.create_string("c"), b.create_string(broker));
+            let address = b.create_string("127.0.0.1:1");
+            let ha = b.create_string("127.0.0.1:2");
+            let body = wire::ControllerHeartbeatRequest::create(
+                b,
+                &wire::ControllerHeartbeatRequestArgs {
+                    cluster_name: Some(cluster),
+                    broker_name: Some(broker),
+                    broker_id: 7,
+                    address: Some(address),
+                    ha_address: Some(ha),
+                    ..Default::default()
+                },
+            );
+            (
+                wire::Body::ControllerHeartbeatRequest,
+                body.as_union_value(),
+            )
+        })
+        .ok()?;
+    Some(shardmq_tests::status_of(&answer).0)
+}
+
+#[test]
+fn controller_members_are_added_and_removed_at_run_time() {
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let addresses: Vec<String> = (0..4)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers = (0..3)
+        .map(|i| format!("{}={}", i + 1, addresses[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let start = |i: usize, join: bool| {
+        let id = (i + 1).to_string();
+        let mut args = vec![
+            "--controller",
+            "--controller-id",
+            &id,
+            "--controller-listen",
+            &addresses[i],
+            "--controller-data-dir",
+            dirs[i].path().to_str().unwrap(),
+        ];
+        if join {
+            args.push("--controller-join");
+        } else {
+            args.extend(["--controller-peers", &peers]);
+        }
+        NamesrvProcess::start_with_args(&args)
+    };
+    let mut nodes: Vec<Option<NamesrvProcess>> = (0..3).map(|i| Some(start(i, false))).collect();
+    let status_at = |address: &str| -> Option<(u64, Vec<String>, Vec<String>)> {
+        let mut client = TestClient::connect(address.parse().unwrap()).ok()?;
+        client.handshake().ok()?;
+        let answer = status_request(&mut client)?;
+        let r = answer.frame().body_as_controller_status_response()?;
+        let members = r.members()?.iter().map(str::to_owned).collect();
+        let groups = r
+            .groups()?
+            .iter()
+            .map(|g| g.broker_name().unwrap_or_default().to_owned())
+            .collect();
+        Some((r.leader_id(), members, groups))
+    };
+    wait_until(SETTLE, "a controller leader", || {
+        status_at(&addresses[0]).filter(|(leader, _, _)| *leader > 0)
+    });
+    wait_until(SETTLE, "the first group to be registered", || {
+        (first_heartbeat(&addresses[0], "b1")? == wire::Status::OK).then_some(())
+    });
+
+    // Node 4 starts to join, and an operator adds it through a follower or the leader alike.
+    nodes.push(Some(start(3, true)));
+    let cli = |args: &[&str]| {
+        let output = shardmq_tests::run_cli("127.0.0.1:1", args);
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = cli(&[
+        "controller",
+        "add-member",
+        "--id",
+        "4",
+        "--address",
+        &addresses[3],
+        "--controller",
+        &addresses[1],
+    ]);
+    assert!(ok, "add-member: {stdout} {stderr}");
+    assert!(stdout.contains(&format!("4={}", addresses[3])), "{stdout}");
+    assert!(
+        !stdout.contains("learner"),
+        "a voter, not a learner: {stdout}"
+    );
+    // The new member holds the group's state, and sees itself a member.
+    wait_until(
+        SETTLE,
+        "node 4 to hold the group and the membership",
+        || {
+            let (_, members, groups) = status_at(&addresses[3])?;
+            (members.len() == 4 && groups.contains(&"b1".to_owned())).then_some(())
+        },
+    );
+
+    // Refusals: a bad id, another address for a member, a node that is not a voter.
+    let (ok, _, stderr) = cli(&[
+        "controller",
+        "add-member",
+        "--id",
+        "2",
+        "--address",
+        "127.0.0.1:1",
+        "--controller",
+        &addresses[0],
+    ]);
+    assert!(!ok && stderr.contains("already a member"), "{stderr}");
+    let (ok, _, stderr) = cli(&[
+        "controller",
+        "remove-member",
+        "--id",
+        "9",
+        "--controller",
+        &addresses[0],
+    ]);
+    assert!(!ok && stderr.contains("not a voter"), "{stderr}");
+
+    // Node 1 leaves the group; then node 2 dies: 3 and 4 are a majority of {2, 3, 4} and still
+    // commit a new group, which needs node 4's vote.
+    let (ok, stdout, stderr) = cli(&[
+        "controller",
+        "remove-member",
+        "--id",
+        "1",
+        "--controller",
+        &addresses[2],
+    ]);
+    assert!(ok, "remove-member: {stdout} {stderr}");
+    assert!(!stdout.contains(&format!("1={}", addresses[0])), "{stdout}");
+    wait_until(SETTLE, "the membership without node 1", || {
+        let (leader, members, _) = status_at(&addresses[2])?;
+        (members.len() == 3 && leader != 1 && leader > 0).then_some(())
+    });
+    for i in [0, 1] {
+        let mut node = nodes[i].take().unwrap();
+        assert!(node
+            .signal_and_wait("KILL", shardmq_tests::STOP_TIMEOUT)
+            .is_some());
+    }
+    wait_until(SETTLE, "a group registered by nodes 3 and 4 alone", || {
+        [&addresses[2], &addresses[3]]
+            .iter()
+            .find_map(|a| (first_heartbeat(a, "b2")? == wire::Status::OK).then_some(()))
+    });
+}

@@ -61,6 +61,9 @@ pub struct ControllerConfig {
     pub data_dir: PathBuf,
     /// A broker silent this long is dead; a dead master is replaced.
     pub broker_timeout: Duration,
+    /// Start without proposing a membership: this node waits to be added to a running group
+    /// (`shardmq controller add-member`).
+    pub join: bool,
 }
 
 impl ControllerConfig {
@@ -248,9 +251,17 @@ impl Controller {
             .iter()
             .map(|(id, address)| (*id, BasicNode::new(address)))
             .collect();
-        match raft.initialize(members).await {
-            Ok(()) => info!(id = config.id, "controller cluster initialized"),
-            Err(e) => debug!(error = %e, "controller cluster already initialized"),
+        if config.join {
+            info!(
+                id = config.id,
+                listen = %config.listen,
+                "controller started to join a running group: waiting to be added (shardmq controller add-member)"
+            );
+        } else {
+            match raft.initialize(members).await {
+                Ok(()) => info!(id = config.id, "controller cluster initialized"),
+                Err(e) => debug!(error = %e, "controller cluster already initialized"),
+            }
         }
         Ok(Arc::new(Controller {
             config,
@@ -456,11 +467,7 @@ impl Controller {
             let metrics = self.raft.metrics().borrow().clone();
             let groups = self.machine.groups();
             let (alive_from, alive) = self.leader_alive().await.unwrap_or_default();
-            let members: Vec<String> = metrics
-                .membership_config
-                .nodes()
-                .map(|(id, node)| format!("{id}={}", node.addr))
-                .collect();
+            let members = member_list(&metrics);
             return encoder.encode(|b| {
                 let groups: Vec<_> = groups
                     .groups
@@ -496,11 +503,181 @@ impl Controller {
                 )
             });
         }
+        if let Some(r) = request.body_as_controller_membership_request() {
+            let change = MemberChange {
+                node_id: r.node_id(),
+                address: r.address().unwrap_or_default().to_owned(),
+                remove: r.remove(),
+            };
+            return match self.change_members(change).await {
+                Ok(members) => encoder.encode(|b| {
+                    let members: Vec<_> = members.iter().map(|m| b.create_string(m)).collect();
+                    let members = b.create_vector(&members);
+                    let body = wire::ControllerMembershipResponse::create(
+                        b,
+                        &wire::ControllerMembershipResponseArgs {
+                            members: Some(members),
+                        },
+                    );
+                    build_frame(
+                        b,
+                        &FrameHeader::response(id, wire::Status::OK),
+                        wire::Body::ControllerMembershipResponse,
+                        Some(body.as_union_value()),
+                    )
+                }),
+                Err((status, why)) => refuse(encoder, status, why),
+            };
+        }
         refuse(
             encoder,
             wire::Status::INVALID_ARGUMENT,
-            "a controller serves handshakes, heartbeats, status and Raft requests only".into(),
+            "a controller serves handshakes, heartbeats, status, membership changes and Raft requests only".into(),
         )
+    }
+
+    /// Adds a voter (as a learner first, waiting until it has caught up) or removes one, on
+    /// the leader; a follower asks the leader. While no leader answers, or leadership moves
+    /// during the change, it tries again for up to 10 s (each step may be repeated). Returns
+    /// the members after the change.
+    async fn change_members(
+        &self,
+        change: MemberChange,
+    ) -> Result<Vec<String>, (wire::Status, String)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.change_members_once(&change).await {
+                Err((wire::Status::SERVICE_NOT_AVAILABLE, why)) if Instant::now() < deadline => {
+                    debug!(%why, "membership change: trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn change_members_once(
+        &self,
+        change: &MemberChange,
+    ) -> Result<Vec<String>, (wire::Status, String)> {
+        let invalid = |why: String| (wire::Status::INVALID_ARGUMENT, why);
+        let unavailable = |why: String| (wire::Status::SERVICE_NOT_AVAILABLE, why);
+        if change.node_id == 0 {
+            return Err(invalid("a controller node id is above 0".into()));
+        }
+        if !change.remove && change.address.parse::<SocketAddr>().is_err() {
+            return Err(invalid(format!(
+                "the new member's address {:?} is not host:port",
+                change.address
+            )));
+        }
+        if !self.is_leader() {
+            let c = change.clone();
+            let answer = self
+                .ask_leader_any(Box::new(move |b, header| {
+                    let address = b.create_string(&c.address);
+                    let body = wire::ControllerMembershipRequest::create(
+                        b,
+                        &wire::ControllerMembershipRequestArgs {
+                            node_id: c.node_id,
+                            address: Some(address),
+                            remove: c.remove,
+                        },
+                    );
+                    build_frame(
+                        b,
+                        &header,
+                        wire::Body::ControllerMembershipRequest,
+                        Some(body.as_union_value()),
+                    )
+                }))
+                .await
+                .map_err(unavailable)?;
+            let status = answer.frame().status();
+            if status != wire::Status::OK {
+                let why = answer.frame().message().unwrap_or("refused").to_owned();
+                return Err((status, format!("the leader: {why}")));
+            }
+            return Ok(answer
+                .frame()
+                .body_as_controller_membership_response()
+                .and_then(|r| r.members())
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(str::to_owned)
+                .collect());
+        }
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let known = membership
+            .nodes()
+            .find(|(id, _)| **id == change.node_id)
+            .map(|(_, node)| node.addr.clone());
+        let changed = if change.remove {
+            if !voters.contains(&change.node_id) {
+                return Err(invalid(format!(
+                    "controller node {} is not a voter (voters {voters:?})",
+                    change.node_id
+                )));
+            }
+            if voters.len() == 1 {
+                return Err(invalid(
+                    "cannot remove the last voter of the controller group".into(),
+                ));
+            }
+            self.raft
+                .change_membership(
+                    openraft::ChangeMembers::RemoveVoters(BTreeSet::from([change.node_id])),
+                    false,
+                )
+                .await
+        } else {
+            if let Some(address) = known.filter(|a| a != &change.address) {
+                return Err(invalid(format!(
+                    "controller node {} is already a member at {address}; remove it first",
+                    change.node_id
+                )));
+            }
+            if voters.contains(&change.node_id) {
+                return Ok(member_list(&self.raft.metrics().borrow()));
+            }
+            // The new node catches up as a learner before it counts in any majority.
+            let added = tokio::time::timeout(
+                Duration::from_secs(10),
+                self.raft.add_learner(
+                    change.node_id,
+                    BasicNode::new(&change.address),
+                    true,
+                ),
+            )
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "controller node {} at {} did not catch up within 10 s (is it running with --controller-join?); it stays a learner until removed",
+                    change.node_id, change.address
+                ))
+            })?;
+            if let Err(e) = added {
+                return Err(unavailable(format!("cannot add the learner: {e}")));
+            }
+            self.raft
+                .change_membership(
+                    openraft::ChangeMembers::AddVoterIds(BTreeSet::from([change.node_id])),
+                    false,
+                )
+                .await
+        };
+        match changed {
+            Ok(_) => {
+                info!(
+                    node = change.node_id,
+                    remove = change.remove,
+                    "controller membership changed"
+                );
+                Ok(member_list(&self.raft.metrics().borrow()))
+            }
+            Err(e) => Err(unavailable(format!("the membership change failed: {e}"))),
+        }
     }
 
     /// Alive broker ids per group key (the leader's view).
@@ -715,6 +892,15 @@ impl Controller {
     /// Sends a request built by `build` to the leader over this follower's link to it (kept
     /// between calls) and returns the answer, which must be OK.
     async fn ask_leader(&self, build: link::Build<'_>) -> Result<VerifiedFrame, String> {
+        let answer = self.ask_leader_any(build).await?;
+        if answer.frame().status() != wire::Status::OK {
+            return Err(answer.frame().message().unwrap_or("refused").to_owned());
+        }
+        Ok(answer)
+    }
+
+    /// [`Controller::ask_leader`] that returns the leader's answer whatever its status.
+    async fn ask_leader_any(&self, build: link::Build<'_>) -> Result<VerifiedFrame, String> {
         let leader = self.leader().ok_or("no controller leader is elected")?;
         let address = self
             .raft
@@ -744,9 +930,6 @@ impl Controller {
                 return Err(format!("the leader at {address} did not answer"));
             }
         };
-        if answer.frame().status() != wire::Status::OK {
-            return Err(answer.frame().message().unwrap_or("refused").to_owned());
-        }
         Ok(answer)
     }
 
@@ -917,6 +1100,30 @@ impl Controller {
             }
         }
     }
+}
+
+/// One change of the controller group's voters.
+#[derive(Debug, Clone)]
+struct MemberChange {
+    node_id: NodeId,
+    address: String,
+    remove: bool,
+}
+
+/// `id=address` of every member, learners marked.
+fn member_list(metrics: &openraft::RaftMetrics<NodeId, BasicNode>) -> Vec<String> {
+    let membership = &metrics.membership_config;
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    membership
+        .nodes()
+        .map(|(id, node)| {
+            if voters.contains(id) {
+                format!("{id}={}", node.addr)
+            } else {
+                format!("{id}={} (learner)", node.addr)
+            }
+        })
+        .collect()
 }
 
 fn encode_group<'b>(

@@ -593,10 +593,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 64;
+pub const ENUM_MAX_BODY: u8 = 66;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 65] = [
+pub const ENUM_VALUES_BODY: [Body; 67] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -662,6 +662,8 @@ pub const ENUM_VALUES_BODY: [Body; 65] = [
   Body::SendRecordsResponse,
   Body::ReplicaOffsetsRequest,
   Body::ReplicaOffsetsResponse,
+  Body::ControllerMembershipRequest,
+  Body::ControllerMembershipResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -737,9 +739,11 @@ impl Body {
   pub const SendRecordsResponse: Self = Self(62);
   pub const ReplicaOffsetsRequest: Self = Self(63);
   pub const ReplicaOffsetsResponse: Self = Self(64);
+  pub const ControllerMembershipRequest: Self = Self(65);
+  pub const ControllerMembershipResponse: Self = Self(66);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 64;
+  pub const ENUM_MAX: u8 = 66;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -806,6 +810,8 @@ impl Body {
     Self::SendRecordsResponse,
     Self::ReplicaOffsetsRequest,
     Self::ReplicaOffsetsResponse,
+    Self::ControllerMembershipRequest,
+    Self::ControllerMembershipResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -875,6 +881,8 @@ impl Body {
       Self::SendRecordsResponse => Some("SendRecordsResponse"),
       Self::ReplicaOffsetsRequest => Some("ReplicaOffsetsRequest"),
       Self::ReplicaOffsetsResponse => Some("ReplicaOffsetsResponse"),
+      Self::ControllerMembershipRequest => Some("ControllerMembershipRequest"),
+      Self::ControllerMembershipResponse => Some("ControllerMembershipResponse"),
       _ => None,
     }
   }
@@ -1000,6 +1008,8 @@ pub enum BodyT {
   SendRecordsResponse(alloc::boxed::Box<SendRecordsResponseT>),
   ReplicaOffsetsRequest(alloc::boxed::Box<ReplicaOffsetsRequestT>),
   ReplicaOffsetsResponse(alloc::boxed::Box<ReplicaOffsetsResponseT>),
+  ControllerMembershipRequest(alloc::boxed::Box<ControllerMembershipRequestT>),
+  ControllerMembershipResponse(alloc::boxed::Box<ControllerMembershipResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1074,6 +1084,8 @@ impl BodyT {
       Self::SendRecordsResponse(_) => Body::SendRecordsResponse,
       Self::ReplicaOffsetsRequest(_) => Body::ReplicaOffsetsRequest,
       Self::ReplicaOffsetsResponse(_) => Body::ReplicaOffsetsResponse,
+      Self::ControllerMembershipRequest(_) => Body::ControllerMembershipRequest,
+      Self::ControllerMembershipResponse(_) => Body::ControllerMembershipResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1143,6 +1155,8 @@ impl BodyT {
       Self::SendRecordsResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaOffsetsRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaOffsetsResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerMembershipRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ControllerMembershipResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2488,6 +2502,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ReplicaOffsetsResponseT.
   pub fn as_replica_offsets_response_mut(&mut self) -> Option<&mut ReplicaOffsetsResponseT> {
     if let Self::ReplicaOffsetsResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerMembershipRequestT, setting the union to NONE.
+  pub fn take_controller_membership_request(&mut self) -> Option<alloc::boxed::Box<ControllerMembershipRequestT>> {
+    if let Self::ControllerMembershipRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerMembershipRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerMembershipRequestT.
+  pub fn as_controller_membership_request(&self) -> Option<&ControllerMembershipRequestT> {
+    if let Self::ControllerMembershipRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerMembershipRequestT.
+  pub fn as_controller_membership_request_mut(&mut self) -> Option<&mut ControllerMembershipRequestT> {
+    if let Self::ControllerMembershipRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ControllerMembershipResponseT, setting the union to NONE.
+  pub fn take_controller_membership_response(&mut self) -> Option<alloc::boxed::Box<ControllerMembershipResponseT>> {
+    if let Self::ControllerMembershipResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ControllerMembershipResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ControllerMembershipResponseT.
+  pub fn as_controller_membership_response(&self) -> Option<&ControllerMembershipResponseT> {
+    if let Self::ControllerMembershipResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ControllerMembershipResponseT.
+  pub fn as_controller_membership_response_mut(&mut self) -> Option<&mut ControllerMembershipResponseT> {
+    if let Self::ControllerMembershipResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 /// A record of a SendRecordsResponse that starts a new CommitLog segment.
@@ -18869,6 +18925,316 @@ impl ControllerStatusResponseT {
     })
   }
 }
+pub enum ControllerMembershipRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// An operator changes the controller group's voters (`shardmq controller add-member |
+/// remove-member`); any member answers (a follower asks the leader). Adding makes `node_id` at
+/// `address` a learner, waits for it to catch up (it must be running with `--controller-join`),
+/// then a voter; removing takes a voter out of the group.
+pub struct ControllerMembershipRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerMembershipRequest<'a> {
+  type Inner = ControllerMembershipRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerMembershipRequest<'a> {
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ADDRESS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REMOVE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerMembershipRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerMembershipRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerMembershipRequest<'bldr>> {
+    let mut builder = ControllerMembershipRequestBuilder::new(_fbb);
+    builder.add_node_id(args.node_id);
+    if let Some(x) = args.address { builder.add_address(x); }
+    builder.add_remove(args.remove);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerMembershipRequestT {
+    let node_id = self.node_id();
+    let address = self.address().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let remove = self.remove();
+    ControllerMembershipRequestT {
+      node_id,
+      address,
+      remove,
+    }
+  }
+
+  #[inline]
+  pub fn node_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerMembershipRequest::VT_NODE_ID, Some(0)).unwrap()}
+  }
+  /// The new member's controller address (adding only).
+  #[inline]
+  pub fn address(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ControllerMembershipRequest::VT_ADDRESS, None)}
+  }
+  #[inline]
+  pub fn remove(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ControllerMembershipRequest::VT_REMOVE, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerMembershipRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("address", Self::VT_ADDRESS, false)?
+     .visit_field::<bool>("remove", Self::VT_REMOVE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerMembershipRequestArgs<'a> {
+    pub node_id: u64,
+    pub address: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub remove: bool,
+}
+impl<'a> Default for ControllerMembershipRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerMembershipRequestArgs {
+      node_id: 0,
+      address: None,
+      remove: false,
+    }
+  }
+}
+
+pub struct ControllerMembershipRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerMembershipRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: u64) {
+    self.fbb_.push_slot::<u64>(ControllerMembershipRequest::VT_NODE_ID, node_id, 0);
+  }
+  #[inline]
+  pub fn add_address(&mut self, address: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerMembershipRequest::VT_ADDRESS, address);
+  }
+  #[inline]
+  pub fn add_remove(&mut self, remove: bool) {
+    self.fbb_.push_slot::<bool>(ControllerMembershipRequest::VT_REMOVE, remove, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerMembershipRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerMembershipRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerMembershipRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerMembershipRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerMembershipRequest");
+      ds.field("node_id", &self.node_id());
+      ds.field("address", &self.address());
+      ds.field("remove", &self.remove());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerMembershipRequestT {
+  pub node_id: u64,
+  pub address: Option<alloc::string::String>,
+  pub remove: bool,
+}
+impl Default for ControllerMembershipRequestT {
+  fn default() -> Self {
+    Self {
+      node_id: 0,
+      address: None,
+      remove: false,
+    }
+  }
+}
+impl ControllerMembershipRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerMembershipRequest<'b>> {
+    let node_id = self.node_id;
+    let address = self.address.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let remove = self.remove;
+    ControllerMembershipRequest::create(_fbb, &ControllerMembershipRequestArgs{
+      node_id,
+      address,
+      remove,
+    })
+  }
+}
+pub enum ControllerMembershipResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The group's members after the change: `id=address`, learners marked ` (learner)`.
+pub struct ControllerMembershipResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerMembershipResponse<'a> {
+  type Inner = ControllerMembershipResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerMembershipResponse<'a> {
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerMembershipResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerMembershipResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerMembershipResponse<'bldr>> {
+    let mut builder = ControllerMembershipResponseBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ControllerMembershipResponseT {
+    let members = self.members().map(|x| {
+      x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
+    });
+    ControllerMembershipResponseT {
+      members,
+    }
+  }
+
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ControllerMembershipResponse::VT_MEMBERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerMembershipResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("members", Self::VT_MEMBERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerMembershipResponseArgs<'a> {
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for ControllerMembershipResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerMembershipResponseArgs {
+      members: None,
+    }
+  }
+}
+
+pub struct ControllerMembershipResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerMembershipResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerMembershipResponse::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerMembershipResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerMembershipResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerMembershipResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerMembershipResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerMembershipResponse");
+      ds.field("members", &self.members());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerMembershipResponseT {
+  pub members: Option<alloc::vec::Vec<alloc::string::String>>,
+}
+impl Default for ControllerMembershipResponseT {
+  fn default() -> Self {
+    Self {
+      members: None,
+    }
+  }
+}
+impl ControllerMembershipResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ControllerMembershipResponse<'b>> {
+    let members = self.members.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
+    });
+    ControllerMembershipResponse::create(_fbb, &ControllerMembershipResponseArgs{
+      members,
+    })
+  }
+}
 pub enum FrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -19240,6 +19606,16 @@ impl<'a> Frame<'a> {
       Body::ReplicaOffsetsResponse => BodyT::ReplicaOffsetsResponse(alloc::boxed::Box::new(
         self.body_as_replica_offsets_response()
             .expect("Invalid union table, expected `Body::ReplicaOffsetsResponse`.")
+            .unpack()
+      )),
+      Body::ControllerMembershipRequest => BodyT::ControllerMembershipRequest(alloc::boxed::Box::new(
+        self.body_as_controller_membership_request()
+            .expect("Invalid union table, expected `Body::ControllerMembershipRequest`.")
+            .unpack()
+      )),
+      Body::ControllerMembershipResponse => BodyT::ControllerMembershipResponse(alloc::boxed::Box::new(
+        self.body_as_controller_membership_response()
+            .expect("Invalid union table, expected `Body::ControllerMembershipResponse`.")
             .unpack()
       )),
       _ => BodyT::NONE,
@@ -20260,6 +20636,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_membership_request(&self) -> Option<ControllerMembershipRequest<'a>> {
+    if self.body_type() == Body::ControllerMembershipRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerMembershipRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_controller_membership_response(&self) -> Option<ControllerMembershipResponse<'a>> {
+    if self.body_type() == Body::ControllerMembershipResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ControllerMembershipResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -20338,6 +20744,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::SendRecordsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SendRecordsResponse>>("Body::SendRecordsResponse", pos),
           Body::ReplicaOffsetsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaOffsetsRequest>>("Body::ReplicaOffsetsRequest", pos),
           Body::ReplicaOffsetsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaOffsetsResponse>>("Body::ReplicaOffsetsResponse", pos),
+          Body::ControllerMembershipRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerMembershipRequest>>("Body::ControllerMembershipRequest", pos),
+          Body::ControllerMembershipResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerMembershipResponse>>("Body::ControllerMembershipResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -20863,6 +21271,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ReplicaOffsetsResponse => {
           if let Some(x) = self.body_as_replica_offsets_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerMembershipRequest => {
+          if let Some(x) = self.body_as_controller_membership_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ControllerMembershipResponse => {
+          if let Some(x) = self.body_as_controller_membership_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

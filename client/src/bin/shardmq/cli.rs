@@ -319,6 +319,29 @@ pub enum ControllerCommand {
         #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9878")]
         controller: Vec<String>,
     },
+    /// Adds a controller node to the group: start it first with `shardmq-namesrv --controller
+    /// --controller-join --controller-id ID --controller-listen ADDR`; it catches up as a
+    /// learner, then becomes a voter.
+    AddMember {
+        /// The new node's id (unused in the group).
+        #[arg(long)]
+        id: u64,
+        /// The new node's controller address.
+        #[arg(long)]
+        address: String,
+        /// Controller addresses, comma separated; the first that answers makes the change.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9878")]
+        controller: Vec<String>,
+    },
+    /// Takes a voter out of the controller group (stop its process afterwards).
+    RemoveMember {
+        /// The id of the node to remove.
+        #[arg(long)]
+        id: u64,
+        /// Controller addresses, comma separated; the first that answers makes the change.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9878")]
+        controller: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -81,6 +81,18 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Controller(ControllerCommand::Status { controller }) => {
             controller_status(&context, &controller).await
         }
+        Command::Controller(ControllerCommand::AddMember {
+            id,
+            address,
+            controller,
+        }) => {
+            let change = shardmq_client::MemberChange::Add { id, address };
+            controller_membership(&context, &controller, &change).await
+        }
+        Command::Controller(ControllerCommand::RemoveMember { id, controller }) => {
+            let change = shardmq_client::MemberChange::Remove { id };
+            controller_membership(&context, &controller, &change).await
+        }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
     }
 }
@@ -632,6 +644,34 @@ async fn controller_status(context: &Settings, addresses: &[String]) -> Result<(
                 }
                 return Ok(());
             }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow::anyhow!("no controller address given")))
+}
+
+async fn controller_membership(
+    context: &Settings,
+    addresses: &[String],
+    change: &shardmq_client::MemberChange,
+) -> Result<()> {
+    let admin = admin(context).await?;
+    let mut last_error = None;
+    for address in addresses {
+        match admin.controller_membership(address, change).await {
+            Ok(members) => {
+                if context.is_json {
+                    print_json(&serde_json::json!({ "members": members }));
+                } else {
+                    println!("members     {}", members.join(", "));
+                }
+                return Ok(());
+            }
+            // A refusal (a bad id, the last voter) is the answer; only an unreachable
+            // controller is worth trying the next address for.
+            Err(e @ shardmq_client::Error::InvalidArgument(_)) => return Err(e.into()),
             Err(e) => last_error = Some(e),
         }
     }
