@@ -444,28 +444,7 @@ fn controllers_refuse_bad_settings_and_bad_requests() {
     let mut again = TestClient::connect(address.parse().unwrap()).unwrap();
     again.handshake().unwrap();
     // A broker's first heartbeat makes it the group's master, epoch 1.
-    let answer = again
-        .request(|b| {
-            let (cluster, broker) = (b.create_string("c"), b.create_string("b"));
-            let address = b.create_string("127.0.0.1:1");
-            let ha = b.create_string("127.0.0.1:2");
-            let body = wire::ControllerHeartbeatRequest::create(
-                b,
-                &wire::ControllerHeartbeatRequestArgs {
-                    cluster_name: Some(cluster),
-                    broker_name: Some(broker),
-                    broker_id: 7,
-                    address: Some(address),
-                    ha_address: Some(ha),
-                    ..Default::default()
-                },
-            );
-            (
-                wire::Body::ControllerHeartbeatRequest,
-                body.as_union_value(),
-            )
-        })
-        .unwrap();
+    let answer = first_heartbeat_on(&mut again, "b").unwrap();
     let group = answer
         .frame()
         .body_as_controller_heartbeat_response()
@@ -693,34 +672,40 @@ fn a_controller_leader_cut_off_from_its_majority_answers_no_heartbeat_from_its_o
     });
 }
 
-/// A broker's first heartbeat for group `broker` (id 7), sent to one controller: it registers
-/// the group and makes 7 its master (Raft writes). The answer's status.
+/// A broker's first heartbeat for group `c/broker` as broker 7 (client address 127.0.0.1:1, HA
+/// 127.0.0.1:2): it registers the group and makes 7 its master (Raft writes).
+fn first_heartbeat_on(
+    client: &mut TestClient,
+    broker: &str,
+) -> Result<shardmq_schema::VerifiedFrame, shardmq_tests::ClientError> {
+    client.request(|b| {
+        let (cluster, broker) = (b.create_string("c"), b.create_string(broker));
+        let address = b.create_string("127.0.0.1:1");
+        let ha = b.create_string("127.0.0.1:2");
+        let body = wire::ControllerHeartbeatRequest::create(
+            b,
+            &wire::ControllerHeartbeatRequestArgs {
+                cluster_name: Some(cluster),
+                broker_name: Some(broker),
+                broker_id: 7,
+                address: Some(address),
+                ha_address: Some(ha),
+                ..Default::default()
+            },
+        );
+        (
+            wire::Body::ControllerHeartbeatRequest,
+            body.as_union_value(),
+        )
+    })
+}
+
+/// [`first_heartbeat_on`] a new connection to `controller`: the answer's status.
 fn first_heartbeat(controller: &str, broker: &str) -> Option<wire::Status> {
     let mut client = TestClient::connect(controller.parse().ok()?).ok()?;
     client.handshake().ok()?;
     let _ = client.set_read_timeout(Duration::from_secs(10));
-    let answer = client
-        .request(|b| {
-            let (cluster, broker) = (b.create_string("c"), b.create_string(broker));
-            let address = b.create_string("127.0.0.1:1");
-            let ha = b.create_string("127.0.0.1:2");
-            let body = wire::ControllerHeartbeatRequest::create(
-                b,
-                &wire::ControllerHeartbeatRequestArgs {
-                    cluster_name: Some(cluster),
-                    broker_name: Some(broker),
-                    broker_id: 7,
-                    address: Some(address),
-                    ha_address: Some(ha),
-                    ..Default::default()
-                },
-            );
-            (
-                wire::Body::ControllerHeartbeatRequest,
-                body.as_union_value(),
-            )
-        })
-        .ok()?;
+    let answer = first_heartbeat_on(&mut client, broker).ok()?;
     Some(shardmq_tests::status_of(&answer).0)
 }
 

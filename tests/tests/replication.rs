@@ -13,7 +13,7 @@ mod reliability_support;
 
 use std::time::Duration;
 
-use reliability_support::{create_topic, pull_queue, send_batch, QueueEnd};
+use reliability_support::{assert_verify_clean, create_topic, pull_queue, send_batch, QueueEnd};
 use shardmq_schema::wire;
 use shardmq_tests::{
     commit_offset, committed_offset, send_request_body, status_of, wait_until, BrokerProcess,
@@ -632,29 +632,12 @@ fn a_slave_holding_bytes_its_master_lost_cuts_them_and_follows_the_new_term() {
 
     // The slave finds that its term-1 bytes past the cut were never the master's, cuts them
     // (restarting in its own process, on the same address), and copies the new term.
-    let expected: Vec<(u64, Vec<u8>)> = pull_queue(&mut client, TOPIC, 0)
-        .0
-        .into_iter()
-        .map(|r| (r.physical_offset, r.body))
-        .collect();
+    let expected = queue_contents(&mut client);
     assert_eq!(expected.len(), 400);
-    wait_until(
-        CATCH_UP,
+    wait_until_holds(
+        &slave,
+        &expected,
         "the slave to hold exactly the master's log",
-        || {
-            // Refused or closed while the slave restarts.
-            let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
-            on_slave.handshake().ok()?;
-            let (records, _) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                pull_queue(&mut on_slave, TOPIC, 0)
-            }))
-            .ok()?;
-            let got: Vec<(u64, Vec<u8>)> = records
-                .into_iter()
-                .map(|r| (r.physical_offset, r.body))
-                .collect();
-            (got == expected).then_some(())
-        },
     );
     assert_eq!(
         slave.pid(),
@@ -672,19 +655,7 @@ fn a_slave_holding_bytes_its_master_lost_cuts_them_and_follows_the_new_term() {
     );
     let mut slave = slave;
     slave.stop();
-    let verify = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
-        .args([
-            "verify",
-            "--data-dir",
-            group.slave_dir.path().to_str().unwrap(),
-        ])
-        .output()
-        .expect("run verify");
-    assert!(
-        verify.status.success(),
-        "verify of the cut slave: {}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    assert_verify_clean(group.slave_dir.path(), "of the cut slave");
 }
 
 /// The topic names a broker reports (user and system).
@@ -1551,32 +1522,16 @@ fn two_masters_that_begin_the_same_epoch_at_the_same_offset_do_not_pass_for_one_
         );
     }
     assert_eq!(replication_status(&mut client).2[0].epoch, promoted_term);
-    let expected: Vec<(u64, Vec<u8>)> = pull_queue(&mut client, TOPIC, 0)
-        .0
-        .into_iter()
-        .map(|r| (r.physical_offset, r.body))
-        .collect();
+    let expected = queue_contents(&mut client);
     assert_eq!(expected.len(), 280);
 
     // The promoted broker rejoins as the master's slave: it must cut its own epoch-2 bytes
     // (never the master's) and copy the master's, not keep them as if the terms were one.
     let slave = group.slave(&SMALL_SEGMENTS);
-    wait_until(
-        CATCH_UP,
+    wait_until_holds(
+        &slave,
+        &expected,
         "the slave to hold exactly the master's log",
-        || {
-            let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
-            on_slave.handshake().ok()?;
-            let (records, _) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                pull_queue(&mut on_slave, TOPIC, 0)
-            }))
-            .ok()?;
-            let got: Vec<(u64, Vec<u8>)> = records
-                .into_iter()
-                .map(|r| (r.physical_offset, r.body))
-                .collect();
-            (got == expected).then_some(())
-        },
     );
     assert!(
         slave
@@ -1614,30 +1569,16 @@ fn a_new_slave_of_a_master_whose_retention_has_run_begins_at_its_oldest_byte() {
         let active_base = last.end() - last.end() % (1 << 20);
         (first.queue_offset > 0 && first.physical_offset >= active_base).then_some(())
     });
-    let held = |client: &mut shardmq_tests::TestClient| -> Vec<(u64, u64, Vec<u8>)> {
-        pull_queue(client, TOPIC, 0)
-            .0
-            .into_iter()
-            .map(|r| (r.queue_offset, r.physical_offset, r.body))
-            .collect()
-    };
-    let expected = held(&mut client);
+    let expected = queue_contents(&mut client);
     assert!(expected[0].1 >= 1 << 20, "the master's log begins past 0");
 
     // A new, empty slave (its own retention the default): it cannot copy from 0, so it begins
     // its log at the master's oldest byte and holds what the master holds, at the same offsets.
     let slave = group.slave(&SMALL_SEGMENTS);
-    let slave_holds = |expected: &Vec<(u64, u64, Vec<u8>)>| {
-        let mut on_slave = shardmq_tests::TestClient::connect(slave.addr()).ok()?;
-        on_slave.handshake().ok()?;
-        let got =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| held(&mut on_slave))).ok()?;
-        (got == *expected).then_some(())
-    };
-    wait_until(
-        CATCH_UP,
+    wait_until_holds(
+        &slave,
+        &expected,
         "the slave to hold the master's retained log",
-        || slave_holds(&expected),
     );
     assert!(
         slave
@@ -1650,23 +1591,35 @@ fn a_new_slave_of_a_master_whose_retention_has_run_begins_at_its_oldest_byte() {
     for i in 0..100 {
         send_batch(&mut client, TOPIC, 0, &[TestMessage::new(body("b", i))]);
     }
-    let expected = held(&mut client);
-    wait_until(CATCH_UP, "the slave to copy the new messages", || {
-        slave_holds(&expected)
-    });
+    let expected = queue_contents(&mut client);
+    wait_until_holds(&slave, &expected, "the slave to copy the new messages");
     let mut slave = slave;
     slave.stop();
-    let verify = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
-        .args([
-            "verify",
-            "--data-dir",
-            group.slave_dir.path().to_str().unwrap(),
-        ])
-        .output()
-        .expect("run verify");
-    assert!(
-        verify.status.success(),
-        "verify of the slave: {}",
-        String::from_utf8_lossy(&verify.stdout)
+    assert_verify_clean(
+        group.slave_dir.path(),
+        "of the slave begun at the master's oldest byte",
     );
+}
+
+/// Queue 0 of [`TOPIC`] as (queue offset, physical offset, body), from the queue's first
+/// message.
+fn queue_contents(client: &mut shardmq_tests::TestClient) -> Vec<(u64, u64, Vec<u8>)> {
+    pull_queue(client, TOPIC, 0)
+        .0
+        .into_iter()
+        .map(|r| (r.queue_offset, r.physical_offset, r.body))
+        .collect()
+}
+
+/// Waits until `broker` holds exactly `expected` in queue 0 of [`TOPIC`] (a broker that
+/// refuses or closes the connection, restarting, is asked again).
+fn wait_until_holds(broker: &BrokerProcess, expected: &[(u64, u64, Vec<u8>)], what: &str) {
+    wait_until(CATCH_UP, what, || {
+        let mut client = shardmq_tests::TestClient::connect(broker.addr()).ok()?;
+        client.handshake().ok()?;
+        let held =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| queue_contents(&mut client)))
+                .ok()?;
+        (held == expected).then_some(())
+    });
 }

@@ -129,6 +129,21 @@ pub fn request_start_at(shard_dir: &Path, offset: u64) -> io::Result<()> {
     )
 }
 
+/// The offset a request file holds (`None`: no request).
+fn read_requested_offset(request: &Path) -> io::Result<Option<u64>> {
+    let text = match std::fs::read_to_string(request) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    text.trim().parse().map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not an offset: {e}", request.display()),
+        )
+    })
+}
+
 /// Carries out a [`request_start_at`] (every step may be repeated after a crash; the request is
 /// removed last): every segment is deleted and an empty one created at the offset (whose name
 /// is where the log now begins), the journal, ConsumeQueues, index, checkpoint and epoch log are
@@ -138,17 +153,9 @@ pub(super) fn apply_requested_start(
     segment_bytes: u64,
 ) -> io::Result<Option<u64>> {
     let request = shard_dir.join(START_REQUEST_FILE);
-    let text = match std::fs::read_to_string(&request) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+    let Some(offset) = read_requested_offset(&request)? else {
+        return Ok(None);
     };
-    let offset: u64 = text.trim().parse().map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not an offset: {e}", request.display()),
-        )
-    })?;
     if !offset.is_multiple_of(segment_bytes) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -204,17 +211,9 @@ pub(super) fn apply_requested_truncation(
     segment_bytes: u64,
 ) -> io::Result<Option<u64>> {
     let request = shard_dir.join(TRUNCATE_REQUEST_FILE);
-    let text = match std::fs::read_to_string(&request) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+    let Some(offset) = read_requested_offset(&request)? else {
+        return Ok(None);
     };
-    let offset: u64 = text.trim().parse().map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not an offset: {e}", request.display()),
-        )
-    })?;
     warn!(
         offset,
         "cutting the CommitLog where replication asked (the master never had the bytes after it)"
