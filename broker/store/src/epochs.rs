@@ -32,18 +32,12 @@ pub const MAX_EPOCHS: usize = 4096;
 
 /// One master term: its number, the CommitLog offset of its first byte, and the random id of
 /// the master start that began it (0: begun before incarnation ids, or the implicit term 0).
+/// Two terms are the same term when all three are equal (`==`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Epoch {
     pub epoch: u64,
     pub start: u64,
     pub incarnation: u64,
-}
-
-impl Epoch {
-    /// Whether `other` is the same term: same number, start and incarnation.
-    pub fn is_same_term(&self, other: &Epoch) -> bool {
-        self == other
-    }
 }
 
 /// A random, non-zero incarnation id for a term a master begins.
@@ -158,7 +152,7 @@ impl EpochLog {
     /// at the same offset as the last replaces it (the last wrote nothing).
     pub fn push(&mut self, epoch: Epoch) -> Result<(), String> {
         let last = self.last();
-        if epoch.is_same_term(&last) {
+        if epoch == last {
             return Ok(());
         }
         if epoch.epoch <= last.epoch || epoch.start < last.start {
@@ -212,10 +206,7 @@ impl EpochLog {
             if term.start > slave_end {
                 continue;
             }
-            if !self
-                .term(term.epoch)
-                .is_some_and(|ours| ours.is_same_term(term))
-            {
+            if !self.term(term.epoch).is_some_and(|ours| ours == term) {
                 continue;
             }
             let ours = self.end_of(term.epoch, master_end).unwrap_or(master_end);
