@@ -168,6 +168,11 @@ struct ServeArgs {
     /// included) has at least this many members; below, SLAVE_NOT_AVAILABLE. [default: 1]
     #[arg(long)]
     min_in_sync_replicas: Option<u32>,
+    /// A sync master restarted after a slave acknowledged its writes refuses local appends up
+    /// to this long, until a slave of that term joins (returning any bytes its log lost); 0
+    /// does not wait. [default: 10000]
+    #[arg(long)]
+    lost_tail_wait_ms: Option<u64>,
     /// Entries per ConsumeQueue file. [default: 300000]
     #[arg(long)]
     consume_queue_entries_per_file: Option<u64>,
@@ -288,6 +293,7 @@ impl ServeArgs {
             in_sync_max_lag_bytes,
             election_priority,
             min_in_sync_replicas,
+            lost_tail_wait_ms,
             consume_queue_entries_per_file,
             disk_max_used_ratio,
             disk_refuse_ratio,

@@ -159,6 +159,16 @@ pub enum StorageRequest {
         link: crate::replication::ReplicaLink,
         reply: Reply<crate::replication::JoinAnswer>,
     },
+    /// A slave returns bytes of this master's previous term that its log lost (asked for by
+    /// the join's answer): where the log ends after them.
+    ReplicaReturn {
+        broker_id: i64,
+        link: crate::replication::ReplicaLink,
+        from: u64,
+        data: Bytes,
+        last: bool,
+        reply: Reply<Result<u64, String>>,
+    },
     // Control requests, served by storage shard 0 only.
     UpsertTopic {
         config: TopicConfig,

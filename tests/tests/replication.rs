@@ -658,6 +658,174 @@ fn a_slave_holding_bytes_its_master_lost_cuts_them_and_follows_the_new_term() {
     assert_verify_clean(group.slave_dir.path(), "of the cut slave");
 }
 
+/// One message of a queue: (queue offset, physical offset, body).
+type QueueEntry = (u64, u64, Vec<u8>);
+
+/// Sends SIGSTOP or SIGCONT to `pid`.
+fn pause_process(pid: u32, paused: bool) {
+    let signal = if paused { "-STOP" } else { "-CONT" };
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A sync master and its slave with `phases` of acknowledged sends; the master then dies and
+/// comes back without the last ones (a power loss under async flush cut its CommitLog where
+/// the first phase ended) while its slave is paused. Returns the master, the paused slave,
+/// what the slave holds (every acknowledged message) and where the master's log was cut.
+fn sync_master_that_lost_acknowledged_messages(
+    group: &Group,
+    master_args: &[&str],
+) -> (BrokerProcess, BrokerProcess, Vec<QueueEntry>, u64) {
+    let mut master = group.master("sync-master", master_args);
+    let slave = group.slave(&SMALL_SEGMENTS);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    wait_for_sync_replication(&mut client);
+    let body = |phase: &str, i: usize| format!("{phase}-{i}-{}", "x".repeat(2000)).into_bytes();
+    let mut send_ok = |body: Vec<u8>| {
+        let answer = client
+            .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new(body.clone())]))
+            .expect("an answer");
+        assert_eq!(
+            status_of(&answer).0,
+            wire::Status::OK,
+            "{:?}",
+            status_of(&answer)
+        );
+    };
+    for i in 0..200 {
+        send_ok(body("a", i));
+    }
+    let lost_from = {
+        let (records, _) = pull_queue(&mut master.client(), TOPIC, 0);
+        records.last().unwrap().end()
+    };
+    for i in 0..300 {
+        send_ok(body("b", i));
+    }
+    // (Every probe of `wait_for_sync_replication` is stored, acknowledged or not.)
+    let held = queue_contents(&mut master.client());
+    assert!(held.len() > 500);
+    wait_until_holds(
+        &slave,
+        &held,
+        "the slave to serve every acknowledged message",
+    );
+    pause_process(slave.pid(), true);
+    master.kill9();
+    cut_commitlog(&master.data_dir().join("shard-0"), lost_from);
+    master.restart();
+    (master, slave, held, lost_from)
+}
+
+#[test]
+fn a_sync_master_that_lost_acknowledged_messages_takes_them_back_from_its_slave_before_writing() {
+    let group = Group::new();
+    let mut master_args = SMALL_SEGMENTS.to_vec();
+    master_args.extend(["--lost-tail-wait-ms", "60000"]);
+    let (mut master, slave, held, _) =
+        sync_master_that_lost_acknowledged_messages(&group, &master_args);
+    let slave_pid = slave.pid();
+
+    // Until a slave of its last term has joined, the master writes nothing (a write would
+    // land where the lost messages were): sends are refused, not stored.
+    let mut client = master.client();
+    let refused = client
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("too-early")]))
+        .expect("an answer");
+    let (status, message) = status_of(&refused);
+    let message = message.unwrap_or_default();
+    assert_eq!(status, wire::Status::SERVICE_NOT_AVAILABLE, "{message}");
+    assert!(
+        message.contains("return"),
+        "the refusal says why: {message}"
+    );
+
+    // The slave comes back: it returns the bytes the master lost instead of cutting them.
+    pause_process(slave_pid, false);
+    wait_until_holds(
+        &master,
+        &held,
+        "the master to hold every acknowledged message again",
+    );
+    wait_for_sync_replication(&mut client);
+    let after = client
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("after")]))
+        .expect("an answer");
+    assert_eq!(status_of(&after).0, wire::Status::OK);
+    let expected = queue_contents(&mut client);
+    assert_eq!(&expected[..held.len()], &held[..]);
+    assert_eq!(expected.last().unwrap().2, b"after");
+    wait_until_holds(&slave, &expected, "the slave to copy the new term");
+    assert_eq!(slave.pid(), slave_pid, "the slave did not restart (no cut)");
+    assert!(
+        !slave
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("holds CommitLog bytes its master does not")),
+        "the slave cut nothing"
+    );
+    assert!(
+        master
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("returned this master's lost bytes")),
+        "the master says what it took back"
+    );
+    let mut slave = slave;
+    master.stop();
+    slave.stop();
+    assert_verify_clean(
+        group.master_dir.path(),
+        "of the master that took its tail back",
+    );
+    assert_verify_clean(group.slave_dir.path(), "of the slave that returned it");
+}
+
+#[test]
+fn a_slave_keeps_acknowledged_messages_its_sync_master_lost_and_wrote_past() {
+    let group = Group::new();
+    let mut master_args = SMALL_SEGMENTS.to_vec();
+    master_args.extend(["--lost-tail-wait-ms", "0"]);
+    let (mut master, slave, held, lost_from) =
+        sync_master_that_lost_acknowledged_messages(&group, &master_args);
+    let slave_pid = slave.pid();
+    // Told not to wait, the master writes at once where the lost messages were (stored, but
+    // not acknowledged OK: no slave holds them).
+    let mut client = master.client();
+    let alone = client
+        .request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("alone")]))
+        .expect("an answer");
+    assert_eq!(status_of(&alone).0, wire::Status::SLAVE_NOT_AVAILABLE);
+    let on_master = queue_contents(&mut client);
+    assert!(on_master.last().unwrap().1 == lost_from, "{on_master:?}");
+
+    // The slave must not cut acknowledged messages: it keeps them, stops replicating and says
+    // why.
+    pause_process(slave_pid, false);
+    wait_until(CATCH_UP, "the slave to say why it keeps its bytes", || {
+        slave
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("keeping them and not replicating"))
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(queue_contents(&mut slave.client()), held);
+    assert_eq!(slave.pid(), slave_pid, "the slave did not restart");
+    assert!(master
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("the slave keeps them and does not replicate")));
+    let mut slave = slave;
+    master.stop();
+    slave.stop();
+    assert_verify_clean(group.slave_dir.path(), "of the slave that kept its bytes");
+}
+
 /// The topic names a broker reports (user and system).
 fn topic_names(client: &mut shardmq_tests::TestClient) -> Vec<String> {
     let answer = client

@@ -136,6 +136,11 @@ pub struct BrokerConfig {
     /// (itself included) has at least this many members; below, sends are stored and answered
     /// SLAVE_NOT_AVAILABLE (RocketMQ's minInSyncReplicas).
     pub min_in_sync_replicas: u32,
+    /// A sync master that restarts after a slave acknowledged bytes of its last term refuses
+    /// local appends (SERVICE_NOT_AVAILABLE) up to this long, until a slave of that term joins:
+    /// a slave holding acknowledged bytes the master's log lost returns them first
+    /// (docs/replication.md, "A master that lost its tail"). 0: appends go ahead at once.
+    pub lost_tail_wait_ms: u64,
     /// Set by the broker itself in controller mode (not a setting): the epoch the controller
     /// gave this run, and this broker's own id (its `broker_id` setting; a master registers
     /// with the name servers as 0).
@@ -249,6 +254,7 @@ impl Default for BrokerConfig {
             in_sync_max_lag_bytes: 4 << 20,
             election_priority: u32::MAX,
             min_in_sync_replicas: 1,
+            lost_tail_wait_ms: 10_000,
             controller_epoch: 0,
             controller_self_id: 0,
         }

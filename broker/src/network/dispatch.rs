@@ -227,6 +227,16 @@ async fn dispatch(
             )
             .await
         }
+        Body::ReplicaReturnRequest => {
+            let link = (shard.id, connection.id);
+            replica::return_tail(
+                shard,
+                id,
+                link,
+                body!(request, body_as_replica_return_request),
+            )
+            .await
+        }
         Body::ReplicaFileRequest => {
             replica::file(shard, id, body!(request, body_as_replica_file_request)).await
         }

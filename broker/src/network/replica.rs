@@ -100,6 +100,11 @@ pub(super) async fn join(
         let entries = b.create_vector(&entries);
         let incarnations: Vec<u64> = answer.epochs.iter().map(|e| e.incarnation).collect();
         let incarnations = b.create_vector(&incarnations);
+        let (tail, tail_end) = match answer.tail {
+            crate::replication::SlaveTail::Cut => (wire::ReplicaTail::CUT, 0),
+            crate::replication::SlaveTail::Return { end } => (wire::ReplicaTail::RETURN, end),
+            crate::replication::SlaveTail::Keep { end } => (wire::ReplicaTail::KEEP, end),
+        };
         let body = wire::ReplicaJoinResponse::create(
             b,
             &wire::ReplicaJoinResponseArgs {
@@ -109,9 +114,48 @@ pub(super) async fn join(
                 consistent_end: answer.consistent_end,
                 epoch_incarnations: Some(incarnations),
                 log_start: answer.log_start,
+                tail,
+                tail_end,
             },
         );
         (wire::Body::ReplicaJoinResponse, body.as_union_value())
+    })
+}
+
+/// A slave returns bytes of this master's previous term its log lost, after a join answered
+/// RETURN (store/epochs.rs, docs/replication.md "A master that lost its tail").
+pub(super) async fn return_tail(
+    shard: &NetworkShard,
+    id: u64,
+    link: crate::replication::ReplicaLink,
+    r: wire::ReplicaReturnRequest<'_>,
+) -> Answer {
+    refuse_if_slave(shard)?;
+    let storage = replica_storage_shard(shard, r.storage_shard())?;
+    let data = r.data().map(|d| d.bytes()).unwrap_or_default();
+    if data.len() > crate::replication::REPLICA_PULL_BYTES as usize {
+        return Err(invalid(format!(
+            "returned bytes come at most {} at a time, not {}",
+            crate::replication::REPLICA_PULL_BYTES,
+            data.len()
+        )));
+    }
+    let data = bytes::Bytes::copy_from_slice(data);
+    let (broker_id, from, last) = (r.broker_id(), r.from(), r.last());
+    let end = shard
+        .ask(storage, |reply| StorageRequest::ReplicaReturn {
+            broker_id,
+            link,
+            from,
+            data,
+            last,
+            reply,
+        })
+        .await?
+        .map_err(invalid)?;
+    encode_ok(shard, id, |b| {
+        let body = wire::ReplicaReturnResponse::create(b, &wire::ReplicaReturnResponseArgs { end });
+        (wire::Body::ReplicaReturnResponse, body.as_union_value())
     })
 }
 

@@ -76,7 +76,7 @@ impl From<StoreError> for Refusal {
             StoreError::FlushFailing(why) if why.contains("No space") => wire::Status::DISK_FULL,
             StoreError::RecordTooLarge { .. } => wire::Status::MESSAGE_TOO_LARGE,
             StoreError::InvalidRecord(_) => wire::Status::INVALID_ARGUMENT,
-            StoreError::Closed => wire::Status::SERVICE_NOT_AVAILABLE,
+            StoreError::Closed | StoreError::Held(_) => wire::Status::SERVICE_NOT_AVAILABLE,
             _ => wire::Status::SYSTEM_ERROR,
         };
         refuse(status, error.to_string())

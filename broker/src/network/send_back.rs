@@ -92,7 +92,7 @@ fn append_error(error: StoreError) -> SendBackError {
     let status = match &error {
         StoreError::Busy { .. } => wire::Status::SYSTEM_BUSY,
         StoreError::DiskFull { .. } => wire::Status::DISK_FULL,
-        StoreError::Closed => wire::Status::SERVICE_NOT_AVAILABLE,
+        StoreError::Closed | StoreError::Held(_) => wire::Status::SERVICE_NOT_AVAILABLE,
         _ => wire::Status::SYSTEM_ERROR,
     };
     refused(status, format!("storing the retry copy failed: {error}"))

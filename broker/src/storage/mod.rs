@@ -107,7 +107,9 @@ pub async fn run(
     }
 
     // The master terms of this shard's log (store/epochs.rs): a master begins one as it starts;
-    // a slave forgets any its log no longer reaches.
+    // a slave forgets any its log no longer reaches. A sync master whose last term was its own
+    // and acknowledged by a slave guards against having lost acknowledged bytes of it.
+    let mut guards_lost_tail = false;
     let epochs = {
         let mut epochs = crate::store::epochs::EpochLog::load(&shard_dir)
             .map_err(|e| format!("storage shard {id}: cannot read the epoch log: {e}"))?;
@@ -132,6 +134,11 @@ pub async fn run(
                 start = term.start,
                 "master term begins"
             );
+            if config.role() == crate::config::BrokerRole::SyncMaster {
+                let replicated = crate::store::epochs::load_replicated_term(&shard_dir)
+                    .map_err(|e| format!("storage shard {id}: {e}"))?;
+                guards_lost_tail = replicated.is_some() && replicated == epochs.previous();
+            }
         }
         epochs
             .save(&shard_dir)
@@ -172,6 +179,13 @@ pub async fn run(
     }
     let confirm_task =
         confirms.then(|| glommio::spawn_local(refresh_confirmed_loop(shard.clone())).detach());
+    if guards_lost_tail {
+        shard.master.guard_lost_tail();
+        let wait_ms = shard.config.lost_tail_wait_ms;
+        if wait_ms > 0 {
+            hold_for_lost_tail(shard.clone(), wait_ms);
+        }
+    }
     if shard.shard_zero.is_some() {
         shard.broadcast_topics();
     }
@@ -293,4 +307,31 @@ async fn refresh_confirmed_loop(shard: Rc<StorageShard>) {
         glommio::timer::sleep(CONFIRMED_REFRESH).await;
         shard.refresh_confirmed();
     }
+}
+
+/// A sync master restarted after a slave acknowledged bytes of its last term: its log may have
+/// lost some of them (a power loss under async flush), which a slave holds. Local appends wait
+/// (SERVICE_NOT_AVAILABLE) until a slave of that term joins and returns any such bytes
+/// (`storage::replica`), or for `wait_ms` at most; the new term begins after what came back.
+fn hold_for_lost_tail(shard: Rc<StorageShard>, wait_ms: u64) {
+    shard.store.hold_appends(Some(format!(
+        "this sync master restarted after a slave acknowledged its writes: it waits up to {wait_ms} ms for a slave of that term to return anything its log lost"
+    )));
+    info!(
+        shard = shard.id,
+        wait_ms, "appends wait for a slave of the last term to join (its log may have lost acknowledged bytes)"
+    );
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(std::time::Duration::from_millis(wait_ms)).await;
+        if shard.store.appends_held() {
+            shard.master.stop_return();
+            warn!(
+                shard = shard.id,
+                wait_ms,
+                "no slave of the last term joined in time: appends go ahead (a slave holding bytes this log lost keeps them and stops replicating)"
+            );
+            shard.release_appends("the wait for a slave of the last term is over");
+        }
+    })
+    .detach();
 }

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tracing::{error, info, warn};
+
 use crate::mesh::{ReplicaPull, Reply};
 
 use super::shard::StorageShard;
@@ -27,6 +29,7 @@ impl StorageShard {
             let _ = reply.send(Err(why));
             return;
         }
+        self.note_replicated_term();
         self.refresh_confirmed();
         if epoch != self.master.epoch() {
             let _ = reply.send(Err(format!(
@@ -133,10 +136,121 @@ impl StorageShard {
         reply: Reply<crate::replication::JoinAnswer>,
     ) {
         let (log_start, log_end, _) = self.store.commitlog_offsets();
-        let answer = self.master.join(&epochs, end, log_start, log_end);
+        let answer = self
+            .master
+            .join(broker_id, link, &epochs, end, log_start, log_end);
         self.master
             .on_join(broker_id, &peer, answer.consistent_end.min(end), link);
+        match answer.tail {
+            crate::replication::SlaveTail::Return { end: tail_end } => info!(
+                shard = self.id,
+                broker_id,
+                from = log_end,
+                to = tail_end,
+                "a slave holds bytes of this master's previous term its log lost: taking them back before writing"
+            ),
+            crate::replication::SlaveTail::Keep { end: tail_end } => error!(
+                shard = self.id,
+                broker_id,
+                from = answer.consistent_end,
+                to = tail_end,
+                "a slave holds bytes of this master's previous term, which a slave acknowledged, that this master lost and has written past since: the slave keeps them and does not replicate (docs/replication.md, \"A master that lost its tail\")"
+            ),
+            crate::replication::SlaveTail::Cut => {
+                // A replica of the last term joined holding nothing this log lost: the
+                // appends held for it go ahead.
+                if self.store.appends_held() && self.master.knew_previous_term(&epochs) {
+                    self.release_appends("a slave of the previous term joined holding nothing this log lost");
+                }
+            }
+        }
         let _ = reply.send(answer);
+    }
+
+    /// Bytes a slave returns after a join answered RETURN: appended as replicated bytes (every
+    /// record checked); the current term (which holds nothing of its own) then begins after
+    /// them. The answer is where this log ends.
+    pub(super) async fn replica_return(
+        &self,
+        broker_id: i64,
+        link: crate::replication::ReplicaLink,
+        from: u64,
+        data: bytes::Bytes,
+        last: bool,
+        reply: Reply<Result<u64, String>>,
+    ) {
+        let log_end = self.store.commitlog_offsets().1;
+        let until =
+            match self
+                .master
+                .check_return(broker_id, link, from, data.len() as u64, log_end)
+            {
+                Ok(until) => until,
+                Err(why) => {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+            };
+        let appended = match self.store.append_replicated(from, &data).await {
+            Ok(end) => end,
+            Err(e) => {
+                self.master.stop_return();
+                let _ = reply.send(Err(format!("returned bytes refused: {e}")));
+                return;
+            }
+        };
+        self.store.wait_visible_to_current_end().await;
+        let done = last || appended >= until;
+        self.master.returned(appended, done);
+        let dir = self.store.config().shard_dir.clone();
+        let log = self.master.epochs.borrow().clone();
+        if let Err(e) = glommio::executor()
+            .spawn_blocking(move || log.save(&dir))
+            .await
+        {
+            let _ = reply.send(Err(format!("cannot record the moved term: {e}")));
+            return;
+        }
+        if done {
+            info!(
+                shard = self.id,
+                broker_id,
+                end = appended,
+                term_start = self.master.epochs.borrow().last().start,
+                "the slave returned this master's lost bytes; its term begins after them"
+            );
+            self.release_appends("the slave returned the bytes this log lost");
+        }
+        let _ = reply.send(Ok(appended));
+    }
+
+    /// Lets local appends go ahead again (see `storage::hold_for_lost_tail`).
+    pub(super) fn release_appends(&self, why: &str) {
+        if self.store.appends_held() {
+            self.store.hold_appends(None);
+            info!(shard = self.id, why, "appends go ahead");
+        }
+    }
+
+    /// Sync master: records the current term once a slave first acknowledges bytes of it
+    /// (`store::epochs::REPLICATED_TERM_FILE`).
+    fn note_replicated_term(&self) {
+        if self.config.role() != crate::config::BrokerRole::SyncMaster {
+            return;
+        }
+        if let Some(term) = self.master.replicated_term_due() {
+            let dir = self.store.config().shard_dir.clone();
+            let id = self.id;
+            glommio::spawn_local(async move {
+                let saved = glommio::executor()
+                    .spawn_blocking(move || crate::store::epochs::save_replicated_term(&dir, term))
+                    .await;
+                if let Err(e) = saved {
+                    warn!(shard = id, error = %e, "cannot record the replicated term");
+                }
+            })
+            .detach();
+        }
     }
 
     /// Sync master: waits until its replicas hold every record of `outcome` (a stored append)

@@ -141,6 +141,17 @@ impl StorageShard {
                 link,
                 reply,
             } => self.replica_join(broker_id, peer, end, epochs, link, reply),
+            StorageRequest::ReplicaReturn {
+                broker_id,
+                link,
+                from,
+                data,
+                last,
+                reply,
+            } => {
+                self.replica_return(broker_id, link, from, data, last, reply)
+                    .await
+            }
             StorageRequest::UpsertTopic {
                 config,
                 is_create_only,

@@ -26,6 +26,11 @@ use std::path::{Path, PathBuf};
 use super::atomic_file::write_atomically;
 
 pub const EPOCHS_FILE: &str = "epochs";
+/// A sync master's record of the newest of its own terms in which a slave acknowledged bytes
+/// (one line `epoch start incarnation`): after a restart it tells the master that a slave may
+/// hold acknowledged bytes its own log lost (docs/replication.md, "A master that lost its
+/// tail").
+pub const REPLICATED_TERM_FILE: &str = "replicated-term";
 /// Most terms kept; the oldest beyond it merge into their successor (a slave that far behind
 /// is compared on the terms that remain).
 pub const MAX_EPOCHS: usize = 4096;
@@ -234,12 +239,79 @@ impl EpochLog {
         changed
     }
 
+    /// The term before the last (`None` when the last is the only one).
+    pub fn previous(&self) -> Option<Epoch> {
+        self.entries.len().checked_sub(2).map(|i| self.entries[i])
+    }
+
+    /// Where a slave's copy (`slave`, ending at `slave_end`) of this log's previous term ends,
+    /// when it reaches past where this log's last term begins: the slave holds bytes of that
+    /// term this log lost (a master that lost its tail, then began a new term where its log
+    /// ended). `None` when the slave holds nothing of the kind.
+    pub fn lost_tail_end(&self, slave: &EpochLog, slave_end: u64) -> Option<u64> {
+        let previous = self.previous()?;
+        if slave.term(previous.epoch) != Some(&previous) {
+            return None;
+        }
+        let theirs = slave.end_of(previous.epoch, slave_end)?;
+        (theirs > self.last().start).then_some(theirs)
+    }
+
+    /// Moves the last term's start to `start` (a master took back bytes of its previous term
+    /// before writing any of its own: its term begins after them).
+    pub fn rebase_last(&mut self, start: u64) {
+        let last = self.entries.len() - 1;
+        if last > 0 && start > self.entries[last].start {
+            self.entries[last].start = start;
+        }
+    }
+
     /// Drops the terms that start at or past `offset` (the log is being cut there).
     pub fn truncate(&mut self, offset: u64) {
         while self.entries.len() > 1 && self.last().start >= offset {
             self.entries.pop();
         }
     }
+}
+
+/// The term [`REPLICATED_TERM_FILE`] names (`None` when there is none).
+pub fn load_replicated_term(shard_dir: &Path) -> io::Result<Option<Epoch>> {
+    let path = shard_dir.join(REPLICATED_TERM_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let fields: Vec<u64> = text
+        .split_ascii_whitespace()
+        .map(str::parse::<u64>)
+        .collect::<Result<_, _>>()
+        .map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+    match fields[..] {
+        [epoch, start, incarnation] => Ok(Some(Epoch {
+            epoch,
+            start,
+            incarnation,
+        })),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is not `epoch start incarnation`: {text:?}",
+                path.display()
+            ),
+        )),
+    }
+}
+
+/// Records `term` in [`REPLICATED_TERM_FILE`] (atomically; blocking).
+pub fn save_replicated_term(shard_dir: &Path, term: Epoch) -> io::Result<()> {
+    let text = format!("{} {} {}\n", term.epoch, term.start, term.incarnation);
+    write_atomically(&shard_dir.join(REPLICATED_TERM_FILE), text.as_bytes())
 }
 
 #[cfg(test)]
@@ -277,6 +349,54 @@ mod tests {
         // The master restarted with its tail lost and wrote nothing yet.
         let master = log(&[(1, 0), (2, 500)]);
         assert_eq!(master.consistent_end(500, &slave, 800), 500);
+    }
+
+    #[test]
+    fn a_slave_holding_the_masters_lost_tail_is_found_and_the_term_moves_past_it() {
+        // Term 1 written to 800 and copied; the master lost everything past 500 and began
+        // term 2 there.
+        let mut master = log(&[(1, 0), (2, 500)]);
+        let slave = log(&[(1, 0)]);
+        assert_eq!(master.lost_tail_end(&slave, 800), Some(800));
+        // A slave no further than the cut, or one that never had term 1, holds nothing lost.
+        assert_eq!(master.lost_tail_end(&slave, 500), None);
+        assert_eq!(master.lost_tail_end(&log(&[(3, 0)]), 800), None);
+        // A slave that went on to a term of its own holds term 1 only up to that term.
+        assert_eq!(
+            master.lost_tail_end(&log(&[(1, 0), (3, 650)]), 900),
+            Some(650)
+        );
+        // A term 1 of the same number begun by another start is not the master's.
+        let other = EpochLog {
+            entries: vec![
+                EpochLog::default().last(),
+                Epoch {
+                    epoch: 1,
+                    start: 0,
+                    incarnation: 7,
+                },
+            ],
+        };
+        assert_eq!(master.lost_tail_end(&other, 800), None);
+        master.rebase_last(800);
+        assert_eq!(master.last().start, 800);
+        assert_eq!(master.lost_tail_end(&slave, 800), None);
+        assert_eq!(master.consistent_end(800, &slave, 800), 800);
+    }
+
+    #[test]
+    fn the_replicated_term_file_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load_replicated_term(dir.path()).unwrap(), None);
+        let term = Epoch {
+            epoch: 4,
+            start: 1 << 40,
+            incarnation: u64::MAX,
+        };
+        save_replicated_term(dir.path(), term).unwrap();
+        assert_eq!(load_replicated_term(dir.path()).unwrap(), Some(term));
+        std::fs::write(dir.path().join(REPLICATED_TERM_FILE), "4 5").unwrap();
+        assert!(load_replicated_term(dir.path()).is_err());
     }
 
     #[test]

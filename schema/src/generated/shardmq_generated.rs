@@ -498,6 +498,95 @@ impl<'a> ::flatbuffers::Verifiable for TransactionResolution {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for TransactionResolution {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_REPLICA_TAIL: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_REPLICA_TAIL: u8 = 2;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_REPLICA_TAIL: [ReplicaTail; 3] = [
+  ReplicaTail::CUT,
+  ReplicaTail::RETURN,
+  ReplicaTail::KEEP,
+];
+
+/// What a slave does with its bytes past where they agree with its master's (ReplicaJoinResponse).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct ReplicaTail(pub u8);
+#[allow(non_upper_case_globals)]
+impl ReplicaTail {
+  pub const CUT: Self = Self(0);
+  pub const RETURN: Self = Self(1);
+  pub const KEEP: Self = Self(2);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::CUT,
+    Self::RETURN,
+    Self::KEEP,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::CUT => Some("CUT"),
+      Self::RETURN => Some("RETURN"),
+      Self::KEEP => Some("KEEP"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for ReplicaTail {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaTail {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for ReplicaTail {
+    type Output = ReplicaTail;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for ReplicaTail {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for ReplicaTail {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for ReplicaTail {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_FRAME_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_FRAME_KIND: u8 = 2;
@@ -593,10 +682,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 66;
+pub const ENUM_MAX_BODY: u8 = 68;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 67] = [
+pub const ENUM_VALUES_BODY: [Body; 69] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -664,6 +753,8 @@ pub const ENUM_VALUES_BODY: [Body; 67] = [
   Body::ReplicaOffsetsResponse,
   Body::ControllerMembershipRequest,
   Body::ControllerMembershipResponse,
+  Body::ReplicaReturnRequest,
+  Body::ReplicaReturnResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -741,9 +832,11 @@ impl Body {
   pub const ReplicaOffsetsResponse: Self = Self(64);
   pub const ControllerMembershipRequest: Self = Self(65);
   pub const ControllerMembershipResponse: Self = Self(66);
+  pub const ReplicaReturnRequest: Self = Self(67);
+  pub const ReplicaReturnResponse: Self = Self(68);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 66;
+  pub const ENUM_MAX: u8 = 68;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -812,6 +905,8 @@ impl Body {
     Self::ReplicaOffsetsResponse,
     Self::ControllerMembershipRequest,
     Self::ControllerMembershipResponse,
+    Self::ReplicaReturnRequest,
+    Self::ReplicaReturnResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -883,6 +978,8 @@ impl Body {
       Self::ReplicaOffsetsResponse => Some("ReplicaOffsetsResponse"),
       Self::ControllerMembershipRequest => Some("ControllerMembershipRequest"),
       Self::ControllerMembershipResponse => Some("ControllerMembershipResponse"),
+      Self::ReplicaReturnRequest => Some("ReplicaReturnRequest"),
+      Self::ReplicaReturnResponse => Some("ReplicaReturnResponse"),
       _ => None,
     }
   }
@@ -1010,6 +1107,8 @@ pub enum BodyT {
   ReplicaOffsetsResponse(alloc::boxed::Box<ReplicaOffsetsResponseT>),
   ControllerMembershipRequest(alloc::boxed::Box<ControllerMembershipRequestT>),
   ControllerMembershipResponse(alloc::boxed::Box<ControllerMembershipResponseT>),
+  ReplicaReturnRequest(alloc::boxed::Box<ReplicaReturnRequestT>),
+  ReplicaReturnResponse(alloc::boxed::Box<ReplicaReturnResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1086,6 +1185,8 @@ impl BodyT {
       Self::ReplicaOffsetsResponse(_) => Body::ReplicaOffsetsResponse,
       Self::ControllerMembershipRequest(_) => Body::ControllerMembershipRequest,
       Self::ControllerMembershipResponse(_) => Body::ControllerMembershipResponse,
+      Self::ReplicaReturnRequest(_) => Body::ReplicaReturnRequest,
+      Self::ReplicaReturnResponse(_) => Body::ReplicaReturnResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1157,6 +1258,8 @@ impl BodyT {
       Self::ReplicaOffsetsResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ControllerMembershipRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ControllerMembershipResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaReturnRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::ReplicaReturnResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2544,6 +2647,48 @@ impl BodyT {
   /// If the union variant matches, return a mutable reference to the ControllerMembershipResponseT.
   pub fn as_controller_membership_response_mut(&mut self) -> Option<&mut ControllerMembershipResponseT> {
     if let Self::ControllerMembershipResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaReturnRequestT, setting the union to NONE.
+  pub fn take_replica_return_request(&mut self) -> Option<alloc::boxed::Box<ReplicaReturnRequestT>> {
+    if let Self::ReplicaReturnRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaReturnRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaReturnRequestT.
+  pub fn as_replica_return_request(&self) -> Option<&ReplicaReturnRequestT> {
+    if let Self::ReplicaReturnRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaReturnRequestT.
+  pub fn as_replica_return_request_mut(&mut self) -> Option<&mut ReplicaReturnRequestT> {
+    if let Self::ReplicaReturnRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned ReplicaReturnResponseT, setting the union to NONE.
+  pub fn take_replica_return_response(&mut self) -> Option<alloc::boxed::Box<ReplicaReturnResponseT>> {
+    if let Self::ReplicaReturnResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::ReplicaReturnResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the ReplicaReturnResponseT.
+  pub fn as_replica_return_response(&self) -> Option<&ReplicaReturnResponseT> {
+    if let Self::ReplicaReturnResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the ReplicaReturnResponseT.
+  pub fn as_replica_return_response_mut(&mut self) -> Option<&mut ReplicaReturnResponseT> {
+    if let Self::ReplicaReturnResponse(v) = self { Some(v.as_mut()) } else { None }
   }
 }
 /// A record of a SendRecordsResponse that starts a new CommitLog segment.
@@ -16144,6 +16289,8 @@ impl<'a> ReplicaJoinResponse<'a> {
   pub const VT_CONSISTENT_END: ::flatbuffers::VOffsetT = 10;
   pub const VT_EPOCH_INCARNATIONS: ::flatbuffers::VOffsetT = 12;
   pub const VT_LOG_START: ::flatbuffers::VOffsetT = 14;
+  pub const VT_TAIL: ::flatbuffers::VOffsetT = 16;
+  pub const VT_TAIL_END: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -16155,12 +16302,14 @@ impl<'a> ReplicaJoinResponse<'a> {
     args: &'args ReplicaJoinResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaJoinResponse<'bldr>> {
     let mut builder = ReplicaJoinResponseBuilder::new(_fbb);
+    builder.add_tail_end(args.tail_end);
     builder.add_log_start(args.log_start);
     builder.add_consistent_end(args.consistent_end);
     builder.add_master_end(args.master_end);
     builder.add_epoch(args.epoch);
     if let Some(x) = args.epoch_incarnations { builder.add_epoch_incarnations(x); }
     if let Some(x) = args.epochs { builder.add_epochs(x); }
+    builder.add_tail(args.tail);
     builder.finish()
   }
 
@@ -16175,6 +16324,8 @@ impl<'a> ReplicaJoinResponse<'a> {
       x.into_iter().collect()
     });
     let log_start = self.log_start();
+    let tail = self.tail();
+    let tail_end = self.tail_end();
     ReplicaJoinResponseT {
       epoch,
       epochs,
@@ -16182,6 +16333,8 @@ impl<'a> ReplicaJoinResponse<'a> {
       consistent_end,
       epoch_incarnations,
       log_start,
+      tail,
+      tail_end,
     }
   }
 
@@ -16230,6 +16383,27 @@ impl<'a> ReplicaJoinResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_LOG_START, Some(0)).unwrap()}
   }
+  /// What the slave does with its bytes past `consistent_end` (docs/replication.md, "A master
+  /// that lost its tail"): CUT them (they were never the master's), RETURN them (they are the
+  /// master's own last term, which it lost, and its new term holds nothing yet: the slave sends
+  /// them back with ReplicaReturnRequest up to `tail_end`, then joins again), or KEEP them (a
+  /// sync master lost them and has written past them since: the slave keeps them, does not
+  /// replicate, and says why).
+  #[inline]
+  pub fn tail(&self) -> ReplicaTail {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ReplicaTail>(ReplicaJoinResponse::VT_TAIL, Some(ReplicaTail::CUT)).unwrap()}
+  }
+  /// Where the bytes to return (or keep) end.
+  #[inline]
+  pub fn tail_end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaJoinResponse::VT_TAIL_END, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
@@ -16244,6 +16418,8 @@ impl ::flatbuffers::Verifiable for ReplicaJoinResponse<'_> {
      .visit_field::<u64>("consistent_end", Self::VT_CONSISTENT_END, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("epoch_incarnations", Self::VT_EPOCH_INCARNATIONS, false)?
      .visit_field::<u64>("log_start", Self::VT_LOG_START, false)?
+     .visit_field::<ReplicaTail>("tail", Self::VT_TAIL, false)?
+     .visit_field::<u64>("tail_end", Self::VT_TAIL_END, false)?
      .finish();
     Ok(())
   }
@@ -16255,6 +16431,8 @@ pub struct ReplicaJoinResponseArgs<'a> {
     pub consistent_end: u64,
     pub epoch_incarnations: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
     pub log_start: u64,
+    pub tail: ReplicaTail,
+    pub tail_end: u64,
 }
 impl<'a> Default for ReplicaJoinResponseArgs<'a> {
   #[inline]
@@ -16266,6 +16444,8 @@ impl<'a> Default for ReplicaJoinResponseArgs<'a> {
       consistent_end: 0,
       epoch_incarnations: None,
       log_start: 0,
+      tail: ReplicaTail::CUT,
+      tail_end: 0,
     }
   }
 }
@@ -16300,6 +16480,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaJoinResponseBuilder<'a
     self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_LOG_START, log_start, 0);
   }
   #[inline]
+  pub fn add_tail(&mut self, tail: ReplicaTail) {
+    self.fbb_.push_slot::<ReplicaTail>(ReplicaJoinResponse::VT_TAIL, tail, ReplicaTail::CUT);
+  }
+  #[inline]
+  pub fn add_tail_end(&mut self, tail_end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaJoinResponse::VT_TAIL_END, tail_end, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaJoinResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplicaJoinResponseBuilder {
@@ -16323,6 +16511,8 @@ impl ::core::fmt::Debug for ReplicaJoinResponse<'_> {
       ds.field("consistent_end", &self.consistent_end());
       ds.field("epoch_incarnations", &self.epoch_incarnations());
       ds.field("log_start", &self.log_start());
+      ds.field("tail", &self.tail());
+      ds.field("tail_end", &self.tail_end());
       ds.finish()
   }
 }
@@ -16335,6 +16525,8 @@ pub struct ReplicaJoinResponseT {
   pub consistent_end: u64,
   pub epoch_incarnations: Option<alloc::vec::Vec<u64>>,
   pub log_start: u64,
+  pub tail: ReplicaTail,
+  pub tail_end: u64,
 }
 impl Default for ReplicaJoinResponseT {
   fn default() -> Self {
@@ -16345,6 +16537,8 @@ impl Default for ReplicaJoinResponseT {
       consistent_end: 0,
       epoch_incarnations: None,
       log_start: 0,
+      tail: ReplicaTail::CUT,
+      tail_end: 0,
     }
   }
 }
@@ -16363,6 +16557,8 @@ impl ReplicaJoinResponseT {
       _fbb.create_vector(x)
     });
     let log_start = self.log_start;
+    let tail = self.tail;
+    let tail_end = self.tail_end;
     ReplicaJoinResponse::create(_fbb, &ReplicaJoinResponseArgs{
       epoch,
       epochs,
@@ -16370,6 +16566,359 @@ impl ReplicaJoinResponseT {
       consistent_end,
       epoch_incarnations,
       log_start,
+      tail,
+      tail_end,
+    })
+  }
+}
+pub enum ReplicaReturnRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Slave to master, after a join answered RETURN: the slave's CommitLog bytes of
+/// `storage_shard` from `from` (the master's log end), at most 4 MiB at a time. The master
+/// appends them as replicated bytes (every record checked); with `last`, it begins its term
+/// after them. Refused (INVALID_ARGUMENT) unless this connection joined and was asked for them.
+pub struct ReplicaReturnRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaReturnRequest<'a> {
+  type Inner = ReplicaReturnRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaReturnRequest<'a> {
+  pub const VT_STORAGE_SHARD: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_FROM: ::flatbuffers::VOffsetT = 8;
+  pub const VT_DATA: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LAST: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaReturnRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaReturnRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaReturnRequest<'bldr>> {
+    let mut builder = ReplicaReturnRequestBuilder::new(_fbb);
+    builder.add_from(args.from);
+    builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.data { builder.add_data(x); }
+    builder.add_storage_shard(args.storage_shard);
+    builder.add_last(args.last);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaReturnRequestT {
+    let storage_shard = self.storage_shard();
+    let broker_id = self.broker_id();
+    let from = self.from();
+    let data = self.data().map(|x| {
+      x.into_iter().collect()
+    });
+    let last = self.last();
+    ReplicaReturnRequestT {
+      storage_shard,
+      broker_id,
+      from,
+      data,
+      last,
+    }
+  }
+
+  #[inline]
+  pub fn storage_shard(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaReturnRequest::VT_STORAGE_SHARD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn broker_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ReplicaReturnRequest::VT_BROKER_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn from(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaReturnRequest::VT_FROM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn data(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ReplicaReturnRequest::VT_DATA, None)}
+  }
+  #[inline]
+  pub fn last(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ReplicaReturnRequest::VT_LAST, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaReturnRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("storage_shard", Self::VT_STORAGE_SHARD, false)?
+     .visit_field::<i64>("broker_id", Self::VT_BROKER_ID, false)?
+     .visit_field::<u64>("from", Self::VT_FROM, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
+     .visit_field::<bool>("last", Self::VT_LAST, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaReturnRequestArgs<'a> {
+    pub storage_shard: u32,
+    pub broker_id: i64,
+    pub from: u64,
+    pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub last: bool,
+}
+impl<'a> Default for ReplicaReturnRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaReturnRequestArgs {
+      storage_shard: 0,
+      broker_id: 0,
+      from: 0,
+      data: None,
+      last: false,
+    }
+  }
+}
+
+pub struct ReplicaReturnRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaReturnRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_storage_shard(&mut self, storage_shard: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaReturnRequest::VT_STORAGE_SHARD, storage_shard, 0);
+  }
+  #[inline]
+  pub fn add_broker_id(&mut self, broker_id: i64) {
+    self.fbb_.push_slot::<i64>(ReplicaReturnRequest::VT_BROKER_ID, broker_id, 0);
+  }
+  #[inline]
+  pub fn add_from(&mut self, from: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaReturnRequest::VT_FROM, from, 0);
+  }
+  #[inline]
+  pub fn add_data(&mut self, data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaReturnRequest::VT_DATA, data);
+  }
+  #[inline]
+  pub fn add_last(&mut self, last: bool) {
+    self.fbb_.push_slot::<bool>(ReplicaReturnRequest::VT_LAST, last, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaReturnRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaReturnRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaReturnRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaReturnRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaReturnRequest");
+      ds.field("storage_shard", &self.storage_shard());
+      ds.field("broker_id", &self.broker_id());
+      ds.field("from", &self.from());
+      ds.field("data", &self.data());
+      ds.field("last", &self.last());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaReturnRequestT {
+  pub storage_shard: u32,
+  pub broker_id: i64,
+  pub from: u64,
+  pub data: Option<alloc::vec::Vec<u8>>,
+  pub last: bool,
+}
+impl Default for ReplicaReturnRequestT {
+  fn default() -> Self {
+    Self {
+      storage_shard: 0,
+      broker_id: 0,
+      from: 0,
+      data: None,
+      last: false,
+    }
+  }
+}
+impl ReplicaReturnRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaReturnRequest<'b>> {
+    let storage_shard = self.storage_shard;
+    let broker_id = self.broker_id;
+    let from = self.from;
+    let data = self.data.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let last = self.last;
+    ReplicaReturnRequest::create(_fbb, &ReplicaReturnRequestArgs{
+      storage_shard,
+      broker_id,
+      from,
+      data,
+      last,
+    })
+  }
+}
+pub enum ReplicaReturnResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Where the master's log ends after the returned bytes.
+pub struct ReplicaReturnResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaReturnResponse<'a> {
+  type Inner = ReplicaReturnResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaReturnResponse<'a> {
+  pub const VT_END: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaReturnResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaReturnResponseArgs
+  ) -> ::flatbuffers::WIPOffset<ReplicaReturnResponse<'bldr>> {
+    let mut builder = ReplicaReturnResponseBuilder::new(_fbb);
+    builder.add_end(args.end);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ReplicaReturnResponseT {
+    let end = self.end();
+    ReplicaReturnResponseT {
+      end,
+    }
+  }
+
+  #[inline]
+  pub fn end(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaReturnResponse::VT_END, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaReturnResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("end", Self::VT_END, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaReturnResponseArgs {
+    pub end: u64,
+}
+impl<'a> Default for ReplicaReturnResponseArgs {
+  #[inline]
+  fn default() -> Self {
+    ReplicaReturnResponseArgs {
+      end: 0,
+    }
+  }
+}
+
+pub struct ReplicaReturnResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaReturnResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_end(&mut self, end: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaReturnResponse::VT_END, end, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaReturnResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaReturnResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaReturnResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaReturnResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaReturnResponse");
+      ds.field("end", &self.end());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaReturnResponseT {
+  pub end: u64,
+}
+impl Default for ReplicaReturnResponseT {
+  fn default() -> Self {
+    Self {
+      end: 0,
+    }
+  }
+}
+impl ReplicaReturnResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ReplicaReturnResponse<'b>> {
+    let end = self.end;
+    ReplicaReturnResponse::create(_fbb, &ReplicaReturnResponseArgs{
+      end,
     })
   }
 }
@@ -19618,6 +20167,16 @@ impl<'a> Frame<'a> {
             .expect("Invalid union table, expected `Body::ControllerMembershipResponse`.")
             .unpack()
       )),
+      Body::ReplicaReturnRequest => BodyT::ReplicaReturnRequest(alloc::boxed::Box::new(
+        self.body_as_replica_return_request()
+            .expect("Invalid union table, expected `Body::ReplicaReturnRequest`.")
+            .unpack()
+      )),
+      Body::ReplicaReturnResponse => BodyT::ReplicaReturnResponse(alloc::boxed::Box::new(
+        self.body_as_replica_return_response()
+            .expect("Invalid union table, expected `Body::ReplicaReturnResponse`.")
+            .unpack()
+      )),
       _ => BodyT::NONE,
     };
     FrameT {
@@ -20666,6 +21225,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_return_request(&self) -> Option<ReplicaReturnRequest<'a>> {
+    if self.body_type() == Body::ReplicaReturnRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaReturnRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_replica_return_response(&self) -> Option<ReplicaReturnResponse<'a>> {
+    if self.body_type() == Body::ReplicaReturnResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ReplicaReturnResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -20746,6 +21335,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ReplicaOffsetsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaOffsetsResponse>>("Body::ReplicaOffsetsResponse", pos),
           Body::ControllerMembershipRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerMembershipRequest>>("Body::ControllerMembershipRequest", pos),
           Body::ControllerMembershipResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerMembershipResponse>>("Body::ControllerMembershipResponse", pos),
+          Body::ReplicaReturnRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaReturnRequest>>("Body::ReplicaReturnRequest", pos),
+          Body::ReplicaReturnResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaReturnResponse>>("Body::ReplicaReturnResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -21285,6 +21876,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ControllerMembershipResponse => {
           if let Some(x) = self.body_as_controller_membership_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaReturnRequest => {
+          if let Some(x) = self.body_as_replica_return_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::ReplicaReturnResponse => {
+          if let Some(x) = self.body_as_replica_return_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -17,10 +17,13 @@ use crate::store::epochs::EpochLog;
 use crate::store::{MessageStore, StoreError};
 
 use super::link::MasterLink;
-use super::{ShardReplication, SLAVE_SILENCE};
+use super::{ShardReplication, SlaveTail, REPLICA_PULL_BYTES, SLAVE_SILENCE};
 
 /// Pause before reconnecting to a master that could not be reached or answered with an error.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+/// Pause before asking again a master whose join said to keep bytes it lost (an operator may
+/// have changed something).
+const KEEP_PAUSE: Duration = Duration::from_secs(5);
 
 /// A slave storage shard's view of its master, kept by [`follow`].
 #[derive(Default)]
@@ -85,6 +88,7 @@ pub async fn follow(follower: Follower) {
     }
     let mut was_connected = true;
     let mut waiting_for_master = false;
+    let mut keep_reported = false;
     loop {
         let Some(master) = master_address(&config) else {
             if !waiting_for_master {
@@ -154,6 +158,47 @@ pub async fn follow(follower: Follower) {
                 }
             }
             return;
+        }
+        match joined.tail {
+            SlaveTail::Return { end: tail_end } => {
+                // The master lost the end of its previous term, which this log holds, and has
+                // written nothing since: give it back, then join again.
+                let from = joined.consistent_end;
+                match return_tail(&mut link, &store, &config, storage_shard, from, tail_end).await {
+                    Ok(master_end) => info!(
+                        storage_shard,
+                        %master,
+                        from,
+                        to = master_end,
+                        "returned the bytes the master lost to it"
+                    ),
+                    Err(error) => {
+                        warn!(storage_shard, %master, %error, "returning the bytes the master lost failed; joining again");
+                        glommio::timer::sleep(RECONNECT_PAUSE).await;
+                    }
+                }
+                keep_reported = false;
+                continue;
+            }
+            SlaveTail::Keep { end: tail_end } => {
+                // Acknowledged messages may be here only: never cut them. An operator decides
+                // (docs/replication.md, "A master that lost its tail").
+                if !keep_reported {
+                    error!(
+                        storage_shard,
+                        %master,
+                        from = joined.consistent_end,
+                        to = tail_end,
+                        master_end = joined.master_end,
+                        "this slave holds bytes of the master's previous term that a slave acknowledged and the master lost, and the master has written past them: keeping them and not replicating (docs/replication.md, \"A master that lost its tail\")"
+                    );
+                    keep_reported = true;
+                }
+                was_connected = false;
+                glommio::timer::sleep(KEEP_PAUSE).await;
+                continue;
+            }
+            SlaveTail::Cut => keep_reported = false,
         }
         // A log begun again at the master's oldest byte holds nothing yet (and no terms before
         // its first copied bytes): there is nothing to cut.
@@ -288,4 +333,37 @@ pub async fn follow(follower: Follower) {
         view.seen.set(None);
         glommio::timer::sleep(RECONNECT_PAUSE).await;
     }
+}
+
+/// Sends this log's bytes `[from, to)` back to the master (its join answered RETURN), a
+/// segment's part or [`REPLICA_PULL_BYTES`] at a time. Returns where the master's log ends.
+async fn return_tail(
+    link: &mut MasterLink,
+    store: &MessageStore,
+    config: &BrokerConfig,
+    storage_shard: usize,
+    from: u64,
+    to: u64,
+) -> Result<u64, String> {
+    let mut at = from;
+    let mut master_end = from;
+    while at < to {
+        let max = (to - at).min(u64::from(REPLICA_PULL_BYTES));
+        let bytes = store
+            .read_for_replica(at, max)
+            .await
+            .map_err(|e| format!("reading this log at {at}: {e}"))?;
+        if bytes.is_empty() {
+            return Err(format!(
+                "this log has no bytes at {at} to return (it ends before {to})"
+            ));
+        }
+        let last = at + bytes.len() as u64 >= to;
+        master_end = link
+            .return_bytes(storage_shard, config.broker_id, at, &bytes, last)
+            .await
+            .map_err(|e| e.to_string())?;
+        at += bytes.len() as u64;
+    }
+    Ok(master_end)
 }

@@ -15,7 +15,7 @@ use crate::config::BrokerConfig;
 use crate::role::own_address;
 use crate::store::epochs::{Epoch, EpochLog};
 
-use super::{JoinAnswer, ReplicaChunk, REPLICA_PULL_BYTES, REPLICA_SUSPEND_MS};
+use super::{JoinAnswer, ReplicaChunk, SlaveTail, REPLICA_PULL_BYTES, REPLICA_SUSPEND_MS};
 
 /// One connection to the master, speaking the ordinary frame protocol.
 pub struct MasterLink {
@@ -172,7 +172,54 @@ impl MasterLink {
             master_end: body.master_end(),
             consistent_end: body.consistent_end(),
             log_start: body.log_start(),
+            tail: match body.tail() {
+                wire::ReplicaTail::RETURN => SlaveTail::Return {
+                    end: body.tail_end(),
+                },
+                wire::ReplicaTail::KEEP => SlaveTail::Keep {
+                    end: body.tail_end(),
+                },
+                _ => SlaveTail::Cut,
+            },
         })
+    }
+
+    /// Returns `data`, this slave's CommitLog bytes of `storage_shard` from `from`, to a master
+    /// that asked for them (its log lost them); `last` with the final piece. The answer is
+    /// where the master's log ends.
+    pub(super) async fn return_bytes(
+        &mut self,
+        storage_shard: usize,
+        broker_id: i64,
+        from: u64,
+        data: &[u8],
+        last: bool,
+    ) -> io::Result<u64> {
+        let answer = self
+            .request(|b, header| {
+                let data = b.create_vector(data);
+                let body = wire::ReplicaReturnRequest::create(
+                    b,
+                    &wire::ReplicaReturnRequestArgs {
+                        storage_shard: storage_shard as u32,
+                        broker_id,
+                        from,
+                        data: Some(data),
+                        last,
+                    },
+                );
+                build_frame(
+                    b,
+                    &header,
+                    wire::Body::ReplicaReturnRequest,
+                    Some(body.as_union_value()),
+                )
+            })
+            .await?;
+        let body = require_ok(&answer, "the returned bytes")?
+            .body_as_replica_return_response()
+            .ok_or_else(|| io::Error::other("a ReplicaReturnResponse without its body"))?;
+        Ok(body.end())
     }
 
     /// The CommitLog bytes of `storage_shard` from `from`, in master term `epoch`.

@@ -9,11 +9,11 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::role::sync_wait_set;
-use crate::store::epochs::EpochLog;
+use crate::store::epochs::{Epoch, EpochLog};
 use crate::store::notify::LocalNotify;
 use crate::store::{AppendStatus, MessageStore};
 
-use super::{JoinAnswer, ShardReplication, SyncView, SLAVE_SILENCE};
+use super::{JoinAnswer, ShardReplication, SlaveTail, SyncView, SLAVE_SILENCE};
 
 /// Granularity of the append-time marks behind the lag in ms.
 const MARK_EVERY: Duration = Duration::from_millis(5);
@@ -52,6 +52,15 @@ pub struct MasterSide {
     confirmed: Cell<u64>,
     /// Fires when `confirmed` moves, so a slave's held pull carries it at once.
     confirmed_moved: LocalNotify,
+    /// The previous term was this (sync) master's own and a slave acknowledged bytes of it: a
+    /// slave holding more of it than this log does may hold acknowledged messages, kept
+    /// ([`SlaveTail::Keep`]) rather than cut once this master has written past them.
+    guards_lost_tail: Cell<bool>,
+    /// The term whose first acknowledgement by a slave was last noted (for
+    /// [`replicated_term_due`](Self::replicated_term_due)).
+    replicated_noted: Cell<Option<Epoch>>,
+    /// A slave asked to return its bytes of the previous term: (broker id, link, where they end).
+    returning: Cell<Option<(i64, ReplicaLink, u64)>>,
 }
 
 impl MasterSide {
@@ -63,7 +72,78 @@ impl MasterSide {
             marks: RefCell::new(VecDeque::new()),
             confirmed: Cell::new(0),
             confirmed_moved: LocalNotify::default(),
+            guards_lost_tail: Cell::new(false),
+            replicated_noted: Cell::new(None),
+            returning: Cell::new(None),
         }
+    }
+
+    /// Marks the previous term as this master's own, acknowledged by a slave (see
+    /// `guards_lost_tail`).
+    pub fn guard_lost_tail(&self) {
+        self.guards_lost_tail.set(true);
+    }
+
+    /// The current term, once a live slave first acknowledges bytes of it: the caller records
+    /// it (`store::epochs::save_replicated_term`). `None` otherwise, and after that once.
+    pub fn replicated_term_due(&self) -> Option<Epoch> {
+        let current = self.epochs.borrow().last();
+        if self.replicated_noted.get() == Some(current)
+            || self
+                .best_acknowledged()
+                .is_none_or(|ack| ack <= current.start)
+        {
+            return None;
+        }
+        self.replicated_noted.set(Some(current));
+        Some(current)
+    }
+
+    /// A slave returns bytes from `from` (this log's end `log_end`), `len` of them: `Ok` with
+    /// where the return ends when it was asked for them on `link` and they continue this log
+    /// without passing that end.
+    pub fn check_return(
+        &self,
+        broker_id: i64,
+        link: ReplicaLink,
+        from: u64,
+        len: u64,
+        log_end: u64,
+    ) -> Result<u64, String> {
+        let Some((asked, asked_link, end)) = self.returning.get() else {
+            return Err("this master asked for no returned bytes: join again".into());
+        };
+        if asked != broker_id || asked_link != link {
+            return Err(format!(
+                "this master asked broker {asked} on another connection for its bytes: join again"
+            ));
+        }
+        if from != log_end || from.saturating_add(len) > end {
+            return Err(format!(
+                "returned bytes [{from}, {}) do not continue this log (it ends at {log_end}) within [{log_end}, {end})",
+                from.saturating_add(len)
+            ));
+        }
+        Ok(end)
+    }
+
+    /// Returned bytes were appended up to `log_end`: the current term (which holds nothing of
+    /// its own) now begins there; with `done`, the return is over.
+    pub fn returned(&self, log_end: u64, done: bool) {
+        self.epochs.borrow_mut().rebase_last(log_end);
+        if done {
+            self.returning.set(None);
+        }
+    }
+
+    /// Forgets a return under way (the wait for it is over).
+    pub fn stop_return(&self) {
+        self.returning.set(None);
+    }
+
+    /// Whether a slave is returning bytes.
+    pub fn is_returning(&self) -> bool {
+        self.returning.get().is_some()
     }
 
     /// The confirmed offset (RocketMQ 5's `confirmOffset`): consumers are served only records
@@ -350,22 +430,46 @@ impl MasterSide {
         }
     }
 
-    /// Answers a slave's join: where the bytes it shares with this master end.
+    /// Answers a slave's join on `link`: where the bytes it shares with this master end, and
+    /// what it does with the rest ([`SlaveTail`]). A slave asked to return bytes is noted.
     pub fn join(
         &self,
+        broker_id: i64,
+        link: ReplicaLink,
         slave: &EpochLog,
         slave_end: u64,
         log_start: u64,
         log_end: u64,
     ) -> JoinAnswer {
         let epochs = self.epochs.borrow();
+        let consistent_end = epochs.consistent_end(log_end, slave, slave_end);
+        let tail = match epochs.lost_tail_end(slave, slave_end) {
+            Some(end) if log_end == epochs.last().start && consistent_end == log_end => {
+                SlaveTail::Return { end }
+            }
+            Some(end) if self.guards_lost_tail.get() => SlaveTail::Keep { end },
+            _ => SlaveTail::Cut,
+        };
+        if let SlaveTail::Return { end } = tail {
+            self.returning.set(Some((broker_id, link, end)));
+        }
         JoinAnswer {
             epoch: epochs.last().epoch,
             epochs: epochs.entries().to_vec(),
             master_end: log_end,
-            consistent_end: epochs.consistent_end(log_end, slave, slave_end),
+            consistent_end,
             log_start,
+            tail,
         }
+    }
+
+    /// Whether `slave` holds this log's previous term (it was a replica then): its join tells
+    /// whether this master lost acknowledged bytes of that term.
+    pub fn knew_previous_term(&self, slave: &EpochLog) -> bool {
+        let epochs = self.epochs.borrow();
+        epochs
+            .previous()
+            .is_some_and(|p| slave.entries().contains(&p))
     }
 }
 
@@ -401,6 +505,62 @@ mod tests {
         // Caught up whole: in again.
         master.on_pull(2, link, 1200, 1200).unwrap();
         assert!(alive(&master.sync_view(1200), 2));
+    }
+
+    #[test]
+    fn a_slave_holding_the_lost_end_of_the_last_term_returns_it_keeps_it_or_cuts_it() {
+        use crate::store::epochs::Epoch;
+        let term = |epoch, start, incarnation| Epoch {
+            epoch,
+            start,
+            incarnation,
+        };
+        let master = master();
+        master.epochs.borrow_mut().push(term(1, 0, 11)).unwrap();
+        // The master restarted with its log cut at 500; the slave holds term 1 to 800.
+        master.epochs.borrow_mut().push(term(2, 500, 12)).unwrap();
+        let mut slave = EpochLog::default();
+        slave.push(term(1, 0, 11)).unwrap();
+        let link = (0, 3);
+        let answer = master.join(4, link, &slave, 800, 0, 500);
+        assert_eq!(answer.tail, SlaveTail::Return { end: 800 });
+        assert_eq!(answer.consistent_end, 500);
+        assert!(master.knew_previous_term(&slave));
+        // Only that slave, on that connection, from the log's end, within what it holds.
+        assert!(master.check_return(5, link, 500, 100, 500).is_err());
+        assert!(master.check_return(4, (0, 4), 500, 100, 500).is_err());
+        assert!(master.check_return(4, link, 400, 100, 500).is_err());
+        assert!(master.check_return(4, link, 500, 301, 500).is_err());
+        assert_eq!(master.check_return(4, link, 500, 300, 500), Ok(800));
+        master.returned(800, true);
+        assert!(!master.is_returning());
+        assert_eq!(master.epochs.borrow().last(), term(2, 800, 12));
+        assert_eq!(
+            master.join(4, link, &slave, 800, 0, 800).tail,
+            SlaveTail::Cut
+        );
+
+        // Had the master written past 500 first, the bytes are cut, unless a slave
+        // acknowledged that term (a sync master that guards its lost tail): then kept.
+        let master = self::master();
+        master.epochs.borrow_mut().push(term(1, 0, 11)).unwrap();
+        master.epochs.borrow_mut().push(term(2, 500, 12)).unwrap();
+        assert_eq!(
+            master.join(4, link, &slave, 800, 0, 600).tail,
+            SlaveTail::Cut
+        );
+        master.guard_lost_tail();
+        assert_eq!(
+            master.join(4, link, &slave, 800, 0, 600).tail,
+            SlaveTail::Keep { end: 800 }
+        );
+        assert!(!master.is_returning());
+        // A slave that never had term 1 (a new one) holds nothing lost.
+        assert_eq!(
+            master.join(4, link, &EpochLog::default(), 0, 0, 600).tail,
+            SlaveTail::Cut
+        );
+        assert!(!master.knew_previous_term(&EpochLog::default()));
     }
 
     #[test]

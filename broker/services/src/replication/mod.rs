@@ -76,6 +76,24 @@ pub struct JoinAnswer {
     pub consistent_end: u64,
     /// Where the master's log begins (its oldest retained byte).
     pub log_start: u64,
+    /// What the slave does with its bytes past `consistent_end`.
+    pub tail: SlaveTail,
+}
+
+/// What a joining slave does with its bytes past where they agree with its master's
+/// (docs/replication.md, "A master that lost its tail").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlaveTail {
+    /// They were never the master's (another master's term, or bytes no send was
+    /// acknowledged for): cut them.
+    #[default]
+    Cut,
+    /// They are the master's own previous term up to `end`, which its log lost, and its new
+    /// term holds nothing yet: send them back (`ReplicaReturnRequest`), then join again.
+    Return { end: u64 },
+    /// A sync master lost them (a slave acknowledged them, so its sends may have been
+    /// answered OK) and has written past them since: keep them, do not replicate, and say so.
+    Keep { end: u64 },
 }
 
 /// One replica pull's answer from the master's storage shard.

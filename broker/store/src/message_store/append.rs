@@ -23,6 +23,9 @@ impl MessageStore {
     pub async fn append(&self, batch: EncodedBatch) -> Result<AppendOutcome, StoreError> {
         let inner = &self.inner;
         inner.pace().await;
+        if let Some(why) = inner.appends_held.borrow().as_ref() {
+            return Err(StoreError::Held(why.clone()));
+        }
         inner.check_writable(batch.bytes.len() as u64)?;
         if inner.records_end.get() != inner.commit_log.write_offset() {
             return Err(StoreError::Corrupt(format!(

@@ -187,6 +187,19 @@ impl MessageStore {
         self.inner.publish_progress_or_log();
     }
 
+    /// Refuses local appends ([`append`](Self::append)) with [`StoreError::Held`] and `why`
+    /// until called with `None`; bytes a master replicates or a slave returns are still
+    /// appended. A sync master holds them while it waits for a slave to return the tail it may
+    /// have lost (docs/replication.md).
+    pub fn hold_appends(&self, why: Option<String>) {
+        *self.inner.appends_held.borrow_mut() = why;
+    }
+
+    /// Whether local appends are held ([`hold_appends`](Self::hold_appends)).
+    pub fn appends_held(&self) -> bool {
+        self.inner.appends_held.borrow().is_some()
+    }
+
     /// The limit [`set_dispatch_limit`](Self::set_dispatch_limit) set.
     pub fn dispatch_limit(&self) -> u64 {
         self.inner.dispatch_limit.get()

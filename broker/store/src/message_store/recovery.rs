@@ -412,6 +412,7 @@ impl Inner {
             journaled_end: Cell::new(0),
             dispatch_limit: Cell::new(u64::MAX),
             published_visible: Cell::new(0),
+            appends_held: RefCell::new(None),
         }))
     }
 }

@@ -115,6 +115,9 @@ pub(super) struct Inner {
     /// The visible offset when progress was last published: `arrivals` fires when it moves
     /// (replication reads visible bytes, whether or not they are dispatched yet).
     pub(super) published_visible: Cell<u64>,
+    /// Why local appends are refused for now (`MessageStore::hold_appends`); replicated bytes
+    /// are still taken.
+    pub(super) appends_held: RefCell<Option<String>>,
 }
 
 /// The derived entries of a record read back from the CommitLog (recovery); its index hashes

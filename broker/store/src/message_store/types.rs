@@ -189,6 +189,8 @@ pub enum StoreError {
     Config(String),
     #[error("store is closed")]
     Closed,
+    #[error("appends are held: {0}")]
+    Held(String),
     #[error("replicated bytes start at {got}, but this CommitLog ends at {expected}")]
     ReplicaGap { expected: u64, got: u64 },
     #[error("replication from {from} is outside this CommitLog, which holds [{min}, {end})")]
