@@ -141,11 +141,6 @@ impl MasterSide {
         self.returning.set(None);
     }
 
-    /// Whether a slave is returning bytes.
-    pub fn is_returning(&self) -> bool {
-        self.returning.get().is_some()
-    }
-
     /// The confirmed offset (RocketMQ 5's `confirmOffset`): consumers are served only records
     /// below it, so a consumer never moves past a message that a newly elected master could
     /// lack. See [`refresh_confirmed`](Self::refresh_confirmed).
@@ -533,7 +528,7 @@ mod tests {
         assert!(master.check_return(4, link, 500, 301, 500).is_err());
         assert_eq!(master.check_return(4, link, 500, 300, 500), Ok(800));
         master.returned(800, true);
-        assert!(!master.is_returning());
+        assert!(master.returning.get().is_none());
         assert_eq!(master.epochs.borrow().last(), term(2, 800, 12));
         assert_eq!(
             master.join(4, link, &slave, 800, 0, 800).tail,
@@ -554,7 +549,7 @@ mod tests {
             master.join(4, link, &slave, 800, 0, 600).tail,
             SlaveTail::Keep { end: 800 }
         );
-        assert!(!master.is_returning());
+        assert!(master.returning.get().is_none());
         // A slave that never had term 1 (a new one) holds nothing lost.
         assert_eq!(
             master.join(4, link, &EpochLog::default(), 0, 0, 600).tail,
