@@ -145,12 +145,12 @@ pub fn run(
         let listening_tx = listening_tx.clone();
         let done_tx = done_tx.clone();
         // glommio's default I/O memory (10 MiB) for a network core; a storage core's also holds
-        // its stores' write rings, so that their chunks are registered buffers.
+        // its stores' write rings and read-ahead caches, so that they are registered buffers.
         let io_memory = (10 << 20)
             + roles
                 .storage
                 .iter()
-                .map(|(id, _, _)| shared_config.store_config(*id).ring_io_memory_bytes())
+                .map(|(id, _, _)| shared_config.store_config(*id).io_memory_bytes())
                 .sum::<usize>();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
             .name(&format!("shardmq-core-{core}"))

@@ -511,6 +511,17 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry<'_>, RecordError> {
     Ok(Entry::Message(view))
 }
 
+/// Decodes a record that must be a message, validating all [`decode_message`] does but the
+/// body CRC: its size, magic, field lengths and the whole-record CRC, which covers every byte
+/// but the body. For a reader that relies on a record's framing and fields and hands the body
+/// on to one that checks the body CRC itself (the broker serving a pull: the client checks
+/// both CRCs end to end).
+pub fn decode_message_framing(bytes: &[u8]) -> Result<RecordView<'_>, RecordError> {
+    let view = RecordView::parse_unchecked(bytes)?;
+    view.check_record_crc()?;
+    Ok(view)
+}
+
 /// Decodes a record that must be a message (not a blank), validating it.
 pub fn decode_message(bytes: &[u8]) -> Result<RecordView<'_>, RecordError> {
     match decode_entry(bytes)? {
@@ -612,6 +623,12 @@ impl<'a> RecordView<'a> {
     /// covers every other byte, the body CRC field included (§4.5). What every reader of bytes
     /// that left this process checks: recovery, `verify`, a disk read, the client.
     pub fn check_crcs(&self) -> Result<(), RecordError> {
+        self.check_body_crc()?;
+        self.check_record_crc()
+    }
+
+    /// Checks the body CRC only (one pass over the body).
+    pub fn check_body_crc(&self) -> Result<(), RecordError> {
         let stored_body = read_u32(self.bytes, BODY_CRC_AT);
         let computed_body = crc32fast::hash(self.body());
         if stored_body != computed_body {
@@ -620,7 +637,7 @@ impl<'a> RecordView<'a> {
                 computed: computed_body,
             });
         }
-        self.check_record_crc()
+        Ok(())
     }
 
     /// Checks the whole-record CRC, which covers every byte of the record but the body and its

@@ -2,8 +2,9 @@
 //! SIGKILL), its files are cut or have bytes flipped, and it is started again on them.
 //!
 //! What must hold each time: the broker starts; it logs what it repaired; every record it
-//! serves decodes with both CRCs matching (pulls go through the broker's `decode_message`) and
-//! is the message that was sent at that place; what it keeps is exactly what the damage
+//! serves decodes with both CRCs matching (the broker checks each record's framing and
+//! whole-record CRC as it reads it, the test's pulls both CRCs) and is the message that was
+//! sent at that place; what it keeps is exactly what the damage
 //! allows (every record before a CommitLog cut or a damaged record, none after); sends go on
 //! from there; and `shardmq-broker verify` finds the repaired directory clean.
 //!
@@ -20,7 +21,10 @@ use reliability_support::{
     assert_verify_clean, create_topic, log_lines_with, pull_queue, pull_whole_queue, query_by_key,
     send_batch, temp_dir, verify, Rng, StoredRecord,
 };
-use shardmq_tests::{commit_offset, committed_offset, BrokerProcess, TestMessage};
+use std::time::{Duration, Instant};
+
+use shardmq_client::{Error as ClientError, MessageExt, MessageQueue, PullConsumer, PullStatus};
+use shardmq_tests::{commit_offset, committed_offset, BrokerProcess, NamesrvProcess, TestMessage};
 
 const TOPIC: &str = "Damaged";
 const QUEUES: u32 = 4;
@@ -544,4 +548,172 @@ fn a_consume_queue_entry_with_a_size_no_record_can_have_is_rebuilt_from_the_comm
     assert_eq!(bodies, stored, "the rebuilt queue serves other records");
     broker.stop();
     assert_verify_clean(dir.path(), "after an impossible ConsumeQueue entry size");
+}
+
+/// Pulls `queue` with the real client from `from` until `until` (exclusive) or a pull fails;
+/// the messages pulled, and the error that stopped it, if any.
+async fn pull_with_client(
+    consumer: &PullConsumer,
+    queue: &MessageQueue,
+    from: i64,
+    until: i64,
+) -> (Vec<MessageExt>, Option<ClientError>) {
+    let mut messages = Vec::new();
+    let mut offset = from;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while offset < until {
+        match consumer.pull(queue, offset, 16).await {
+            Ok(pulled) if pulled.status == PullStatus::Found => {
+                offset = pulled.next_begin_offset;
+                messages.extend(pulled.messages);
+            }
+            Ok(pulled) => panic!("{queue}: a pull at {offset} found nothing: {pulled:?}"),
+            // The restarted broker's new address may not be routed yet.
+            Err(
+                ClientError::Connect { .. }
+                | ClientError::Io { .. }
+                | ClientError::ConnectionClosed { .. }
+                | ClientError::Timeout { .. },
+            ) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return (messages, Some(error)),
+        }
+    }
+    (messages, None)
+}
+
+/// Bytes damaged on disk after recovery has passed them (a clean stop's checkpoint means the
+/// restart does not rescan them) reach no application: the broker checks the framing and the
+/// whole-record CRC of every record it reads from disk and refuses a pull that meets a
+/// damaged header; a damaged body it leaves to the client, whose end-to-end check of both CRCs
+/// refuses it (storage-format.md §4.8). Everything around the two damaged records is served.
+#[test]
+fn a_record_damaged_on_disk_reaches_no_application_its_header_refused_by_the_broker_its_body_by_the_client(
+) {
+    let mut rng = Rng::for_test("damage met by the read path");
+    let dir = temp_dir();
+    let namesrv = NamesrvProcess::start();
+    let namesrv_addr = namesrv.addr().to_string();
+    // Small segments: recovery validates whole segments from the one holding the checkpoint,
+    // so only damage in an earlier segment is left for the read path to meet.
+    const SEGMENT_BYTES: u64 = 128 << 10;
+    let segment_bytes = SEGMENT_BYTES.to_string();
+    let mut args = BROKER_ARGS.to_vec();
+    args.extend([
+        "--namesrv",
+        &namesrv_addr,
+        "--segment-bytes",
+        &segment_bytes,
+        "--max-message-bytes",
+        "8192",
+    ]);
+    let mut broker = BrokerProcess::start(dir.path(), &args);
+    create_topic(&mut broker.client(), TOPIC, QUEUES);
+    send_messages(&broker, &mut rng, "d", 1200);
+    let records = pull_whole_queue(&mut broker.client(), TOPIC, 0);
+    let in_first_segment = records
+        .iter()
+        .take_while(|record| record.end() <= SEGMENT_BYTES)
+        .count();
+    assert!(
+        in_first_segment >= 20 && records.last().unwrap().end() > 2 * SEGMENT_BYTES,
+        "{in_first_segment} of queue 0's {} records in the first of 3 segments or more",
+        records.len()
+    );
+    broker.stop();
+
+    let header_victim = &records[in_first_segment / 3];
+    let body_victim = &records[2 * in_first_segment / 3];
+    let segment = first_segment(&broker);
+    let mut bytes = std::fs::read(&segment).expect("read the segment");
+    // The born timestamp's lowest byte (record offset 47): a plausible value, a wrong CRC.
+    bytes[usize::try_from(header_victim.physical_offset + 47).unwrap()] ^= 0x01;
+    // A byte in the middle of the body (which starts at record offset 88, IPv4 hosts).
+    let body_at = body_victim.physical_offset + 88 + body_victim.body.len() as u64 / 2;
+    bytes[usize::try_from(body_at).unwrap()] ^= 0x40;
+    std::fs::write(&segment, &bytes).expect("write the damaged segment");
+    broker.restart();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let consumer = PullConsumer::builder()
+            .namesrv(namesrv_addr.as_str())
+            .group("damage-readers")
+            .build()
+            .await
+            .expect("a pull consumer");
+        let queue = consumer
+            .queues(TOPIC)
+            .await
+            .expect("queues")
+            .into_iter()
+            .find(|queue| queue.queue_id == 0)
+            .expect("queue 0");
+        let expect_bodies = |messages: &[MessageExt], from: u64| {
+            for message in messages {
+                let offset = u64::try_from(message.queue_offset).unwrap();
+                let index = usize::try_from(offset).unwrap();
+                assert_eq!(
+                    (offset >= from, &message.body[..]),
+                    (true, &records[index].body[..]),
+                    "message {} as sent",
+                    message.queue_offset
+                );
+            }
+        };
+        let to_i64 = |n: u64| i64::try_from(n).unwrap();
+
+        let (served, error) =
+            pull_with_client(&consumer, &queue, 0, to_i64(header_victim.queue_offset + 1)).await;
+        expect_bodies(&served, 0);
+        assert!(
+            served
+                .iter()
+                .all(|m| m.queue_offset < to_i64(header_victim.queue_offset)),
+            "the record with the damaged header was delivered"
+        );
+        let error = error.expect("the pull of the damaged header fails");
+        assert!(
+            !matches!(error, ClientError::CorruptRecord { .. })
+                && error
+                    .to_string()
+                    .contains(&header_victim.physical_offset.to_string()),
+            "the broker refuses the damaged header, naming its offset: {error}"
+        );
+
+        let from = header_victim.queue_offset + 1;
+        let (served, error) = pull_with_client(
+            &consumer,
+            &queue,
+            to_i64(from),
+            to_i64(body_victim.queue_offset + 1),
+        )
+        .await;
+        expect_bodies(&served, from);
+        assert!(
+            served
+                .iter()
+                .all(|m| m.queue_offset < to_i64(body_victim.queue_offset)),
+            "the record with the damaged body was delivered"
+        );
+        match error.expect("the pull of the damaged body fails") {
+            ClientError::CorruptRecord { reason, .. } => {
+                assert!(reason.contains("body CRC"), "{reason}");
+            }
+            other => panic!("the client refuses the damaged body, not the broker: {other}"),
+        }
+
+        let from = body_victim.queue_offset + 1;
+        let end = to_i64(records.len() as u64);
+        let (served, error) = pull_with_client(&consumer, &queue, to_i64(from), end).await;
+        assert!(error.is_none(), "after the damage: {error:?}");
+        expect_bodies(&served, from);
+        assert_eq!(served.len() as u64, records.len() as u64 - from);
+    });
+    drop(namesrv);
 }

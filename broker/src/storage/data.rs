@@ -44,7 +44,7 @@ impl StorageShard {
     ) {
         let result = self
             .store
-            .get_messages(
+            .get_messages_for_client(
                 &query.topic,
                 query.queue_id,
                 query.offset,

@@ -143,7 +143,7 @@ impl WriteRing {
             Some(chunk) => chunk,
             None => Chunk {
                 // The storage core sizes its I/O memory for the ring
-                // (`StoreConfig::ring_io_memory_bytes`).
+                // (`StoreConfig::io_memory_bytes`).
                 buffer: Rc::new(if self.is_registered {
                     glommio::allocate_dma_buffer(self.chunk_bytes as usize)
                 } else {

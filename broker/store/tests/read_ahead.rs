@@ -188,17 +188,18 @@ fn retention_forgets_the_spans_of_the_segments_it_deletes() {
     });
 }
 
-#[test]
-fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), 4 << 20);
-    const COUNT: u64 = 300;
-    let victim_seq = 150;
+const DAMAGED_COUNT: u64 = 300;
+const VICTIM_SEQ: u64 = 150;
+
+/// Fills a store of [`DAMAGED_COUNT`] messages and flips a byte in the middle of message
+/// [`VICTIM_SEQ`]'s body on disk; the victim's (physical offset, size).
+fn store_with_a_damaged_body(config: &StoreConfig) -> (u64, u32) {
+    let victim_seq = VICTIM_SEQ;
     // Where message 150 lies, found before damaging it.
     let victim = {
         let config = config.clone();
         run(|| async move {
-            fill(&config, COUNT).await;
+            fill(&config, DAMAGED_COUNT).await;
             let (store, _) = MessageStore::open(config).await.unwrap();
             let result = store
                 .get_messages(TOPIC, 0, victim_seq, 1, 1 << 20, &TagFilter::All)
@@ -211,7 +212,7 @@ fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
             at
         })
     };
-    let segments = list_segments(&dir.path().join("commitlog")).unwrap();
+    let segments = list_segments(&config.shard_dir.join("commitlog")).unwrap();
     let (segment_base, segment_path) = segments
         .iter()
         .rev()
@@ -221,6 +222,15 @@ fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
     let mut bytes = std::fs::read(&segment_path).unwrap();
     bytes[(victim.0 - segment_base + u64::from(victim.1) / 2) as usize] ^= 0x20;
     std::fs::write(&segment_path, &bytes).unwrap();
+    victim
+}
+
+#[test]
+fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 4 << 20);
+    let victim_seq = VICTIM_SEQ;
+    let victim = store_with_a_damaged_body(&config);
 
     run(|| async move {
         let (store, _) = MessageStore::open(config).await.unwrap();
@@ -245,6 +255,54 @@ fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
         assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
         assert!(error.to_string().contains(&victim.0.to_string()), "{error}");
         assert!(store.read_ahead_stats().hits > 0, "spans were read ahead");
+        store.close().await.unwrap();
+    });
+}
+
+/// A pull for a client checks each record's framing and whole-record CRC as it is read, and
+/// leaves the body CRC to the client: the record with the damaged body is served, and fails
+/// the client's check of both CRCs; a reader inside the broker (`get_messages`) is refused it,
+/// also from the span the client's pull read ahead.
+#[test]
+fn a_pull_for_a_client_leaves_a_damaged_body_to_the_clients_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 4 << 20);
+    let victim = store_with_a_damaged_body(&config);
+
+    run(|| async move {
+        let (store, _) = MessageStore::open(config).await.unwrap();
+        let mut offset = 0;
+        let mut served = None;
+        while offset <= VICTIM_SEQ {
+            let result = store
+                .get_messages_for_client(TOPIC, 0, offset, 1024, 8 << 10, &TagFilter::All)
+                .await
+                .expect("a client's pull meets no damaged framing");
+            if (offset..result.next_offset).contains(&VICTIM_SEQ) {
+                served = Some(result.records[(VICTIM_SEQ - offset) as usize].clone());
+            }
+            offset = result.next_offset;
+        }
+        let served = served.expect("the victim was served");
+        assert_eq!(served.len(), victim.1 as usize);
+        let view = shardmq_store::record::RecordView::parse_unchecked(&served).unwrap();
+        assert_eq!(view.physical_offset(), victim.0);
+        assert!(view.check_record_crc().is_ok(), "the framing is intact");
+        assert!(
+            matches!(
+                decode_message(&served),
+                Err(shardmq_store::record::RecordError::BodyCrc { .. })
+            ),
+            "the client's check finds the damaged body"
+        );
+        assert!(store.read_ahead_stats().hits > 0, "spans were read ahead");
+        // The victim's span is in the cache now, checked for a client only.
+        let error = store
+            .get_messages(TOPIC, 0, VICTIM_SEQ, 1, 1 << 20, &TagFilter::All)
+            .await
+            .expect_err("a reader inside the broker is refused the damaged body");
+        assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
+        assert!(error.to_string().contains(&victim.0.to_string()), "{error}");
         store.close().await.unwrap();
     });
 }

@@ -14,9 +14,10 @@ use crate::filter::TagFilter;
 use crate::index::{index_hash, IndexKind};
 use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, SpanRead};
 use crate::record::{
-    decode_message, peek_total_size, RecordView, MESSAGE_MAGIC_CODE, MIN_RECORD_BYTES,
+    decode_message, decode_message_framing, peek_total_size, RecordView, MESSAGE_MAGIC_CODE,
+    MIN_RECORD_BYTES,
 };
-use crate::scan::scan_window;
+use crate::scan::{scan_window, Checks};
 
 use super::state::Inner;
 use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
@@ -28,6 +29,10 @@ use super::MessageStore;
 /// read ahead of its next pull another.
 const READ_SPAN_BYTES: u64 = 1 << 20;
 const MIN_READ_SPAN_BYTES: u64 = 64 << 10;
+
+/// Registered I/O memory kept for reads beside the read-ahead cache's own bytes: spans read
+/// while the cache is full (served once, then dropped) and ConsumeQueue reads.
+pub(super) const READS_BESIDE_CACHE_BYTES: u64 = 4 * READ_SPAN_BYTES;
 
 /// ConsumeQueue entries kept read ahead of a queue's next pull (two pulls' worth at a pull's
 /// most); when fewer are kept, the rest are read.
@@ -88,9 +93,23 @@ impl AsRef<[u8]> for DirectRead {
 /// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
 
+/// Who checks the body CRC of a record the store reads back from disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bodies {
+    /// The store: for readers inside the broker that copy or act on a body (delay and timer
+    /// delivery, transactions), so that a body damaged on disk is never stored again under a
+    /// fresh CRC.
+    Checked,
+    /// The reader: a consumer's client checks both CRCs of every record end to end
+    /// (storage-format.md §4.8), so the store checks a record's framing and whole-record CRC
+    /// (every byte but the body) and leaves the one pass over its body to the client.
+    LeftToClient,
+}
+
 impl MessageStore {
     /// Reads messages of (topic, queue) from `offset`: at most `max_messages` and about
     /// `max_bytes` (at least one message if any matches), skipping entries the filter rejects.
+    /// Every record read from disk is fully checked (both CRCs).
     pub async fn get_messages(
         &self,
         topic: &str,
@@ -100,6 +119,48 @@ impl MessageStore {
         max_bytes: u64,
         filter: &TagFilter,
     ) -> Result<GetResult, StoreError> {
+        let pull = PullShape {
+            max_messages,
+            max_bytes,
+            filter: filter.clone(),
+        };
+        self.read_messages(topic, queue_id, offset, pull, Bodies::Checked)
+            .await
+    }
+
+    /// [`get_messages`](Self::get_messages) for a consumer's pull: the bodies of records read
+    /// from disk are left to the client's end-to-end check ([`Bodies::LeftToClient`]).
+    pub async fn get_messages_for_client(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_messages: u32,
+        max_bytes: u64,
+        filter: &TagFilter,
+    ) -> Result<GetResult, StoreError> {
+        let pull = PullShape {
+            max_messages,
+            max_bytes,
+            filter: filter.clone(),
+        };
+        self.read_messages(topic, queue_id, offset, pull, Bodies::LeftToClient)
+            .await
+    }
+
+    async fn read_messages(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        pull: PullShape,
+        bodies: Bodies,
+    ) -> Result<GetResult, StoreError> {
+        let PullShape {
+            max_messages,
+            max_bytes,
+            ref filter,
+        } = pull;
         let Some(queue) = self.inner.queue(topic, queue_id) else {
             return Ok(GetResult {
                 status: GetStatus::NoMatchedQueue,
@@ -183,8 +244,8 @@ impl MessageStore {
                         (record, read.is_checked(start))
                     })
                 });
-                let (first_read, is_checked) = match cached {
-                    Some((record, is_checked)) => (Some(record), is_checked),
+                let first_read = match cached {
+                    Some(read) => Some(read),
                     None => match self
                         .inner
                         .read_span(
@@ -201,9 +262,9 @@ impl MessageStore {
                             let is_checked = read.is_checked(start);
                             is_from_segment |= !self.inner.commit_log.is_in_ring(start, end);
                             span = Some(read);
-                            (Some(record), is_checked)
+                            Some((record, is_checked))
                         }
-                        None => (None, false),
+                        None => None,
                     },
                 };
                 let record = self
@@ -214,7 +275,7 @@ impl MessageStore {
                         queue_offset,
                         &entry,
                         first_read,
-                        is_checked,
+                        bodies,
                     )
                     .await?;
                 bytes_total += record.len() as u64;
@@ -230,11 +291,6 @@ impl MessageStore {
         // A consumer reading from segment files is draining a backlog: read what its next
         // pulls will want while this answer is on its way.
         if is_from_segment && next < max_offset && self.inner.read_ahead.is_enabled() {
-            let pull = PullShape {
-                max_messages,
-                max_bytes,
-                filter: filter.clone(),
-            };
             Inner::start_read_ahead(&self.inner, queue, topic, queue_id, next, next_entry, pull);
         }
         Ok(result)
@@ -444,6 +500,7 @@ impl Inner {
             ticket.from - base,
             segment_bytes,
             false,
+            Checks::Framing,
             &mut |position, _| checked.push(base + position),
         );
         ticket.complete(Box::new(DirectRead(read)), checked)
@@ -562,21 +619,22 @@ impl Inner {
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
     ) -> Result<Bytes, StoreError> {
-        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None, false)
+        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None, Bodies::Checked)
             .await
     }
 
     /// Reads and validates the record `entry` names; `first_read` is its bytes when already
-    /// read (as the entry's size says), `is_checked` whether its CRCs were checked when they
-    /// were read from disk (a record of a read-ahead span).
+    /// read (as the entry's size says) and whether their framing and whole-record CRC were
+    /// checked when they were read from disk (a record of a read-ahead span); `bodies` whether
+    /// its body CRC is checked here or left to the client.
     async fn read_queue_record_from(
         &self,
         topic: &str,
         queue_id: u32,
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
-        first_read: Option<Bytes>,
-        mut is_checked: bool,
+        first_read: Option<(Bytes, bool)>,
+        bodies: Bodies,
     ) -> Result<Bytes, StoreError> {
         let read = |size: u64| {
             let commit_log = &self.commit_log;
@@ -597,9 +655,12 @@ impl Inner {
         // Sizes from disk are bounded before they are read: a damaged entry's size, and the
         // record's own, at most the largest record this store takes.
         let cap = self.record_cap();
-        let mut bytes = match first_read {
-            Some(bytes) => bytes,
-            None => read(u64::from(entry.size).min(readable).min(cap)).await?,
+        let (mut bytes, mut is_checked) = match first_read {
+            Some(read) => read,
+            None => (
+                read(u64::from(entry.size).min(readable).min(cap)).await?,
+                false,
+            ),
         };
         // The CommitLog is the truth: when the entry's size disagrees with the record's own
         // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
@@ -628,18 +689,27 @@ impl Inner {
                 entry.commitlog_offset
             )));
         }
-        // A record read from disk is fully validated (both CRCs): one damaged there is
-        // reported, never served; a read-ahead span's records were validated as it was read.
-        // One still in the write ring was encoded and checked by this process moments ago;
-        // the client checks its CRC end to end (storage-format.md §4.5).
+        // A record read from disk is validated (its framing and whole-record CRC, and its body
+        // CRC unless the client checks that): one damaged there is reported, never served; a
+        // read-ahead span's records had their framing checked as it was read. One still in the
+        // write ring was encoded and checked by this process moments ago; the client checks
+        // both CRCs end to end (storage-format.md §4.5).
         let from_ring = self.commit_log.is_in_ring(
             entry.commitlog_offset,
             entry.commitlog_offset + bytes.len() as u64,
         );
-        let parsed = if from_ring || is_checked {
+        let parsed = if from_ring {
             RecordView::parse_unchecked(&bytes)
+        } else if is_checked {
+            RecordView::parse_unchecked(&bytes).and_then(|view| match bodies {
+                Bodies::Checked => view.check_body_crc().map(|()| view),
+                Bodies::LeftToClient => Ok(view),
+            })
         } else {
-            decode_message(&bytes)
+            match bodies {
+                Bodies::Checked => decode_message(&bytes),
+                Bodies::LeftToClient => decode_message_framing(&bytes),
+            }
         };
         let view = parsed.map_err(|e| {
             StoreError::Corrupt(format!(

@@ -117,13 +117,21 @@ impl StoreConfig {
     }
 
     /// Bytes of the storage core's registered I/O memory (glommio's `io_memory`, registered
-    /// with io_uring) that hold this store's write ring: what is not yet written
-    /// (`PACE_UNWRITTEN_BYTES` and the chunks in flight) and the hot tail. A ring chunk taken
-    /// from that memory is written with `WRITE_FIXED`, without pinning its pages for every
-    /// write; a chunk that does not fit comes from the heap and is written as before.
-    pub fn ring_io_memory_bytes(&self) -> usize {
-        let bytes = self.hot_tail_bytes + super::state::PACE_UNWRITTEN_BYTES + (4 << 20);
-        usize::try_from(bytes.next_multiple_of(1 << 20)).unwrap_or(usize::MAX)
+    /// with io_uring) that this store uses: its write ring (what is not yet written,
+    /// `PACE_UNWRITTEN_BYTES` and the chunks in flight, and the hot tail) and its read-ahead
+    /// cache with the spans being read beside it. A ring chunk taken from that memory is
+    /// written with `WRITE_FIXED` and a span read into it with `READ_FIXED`, without pinning
+    /// the pages for every I/O, and the memory is reused: a read into heap memory instead
+    /// faults in and zeroes fresh pages for every span (glibc maps a buffer that large anew).
+    /// A buffer that does not fit comes from the heap and works as before.
+    pub fn io_memory_bytes(&self) -> usize {
+        let ring = self.hot_tail_bytes + super::state::PACE_UNWRITTEN_BYTES + (4 << 20);
+        let reads = if self.readahead_bytes == 0 {
+            0
+        } else {
+            self.readahead_bytes + super::read::READS_BESIDE_CACHE_BYTES
+        };
+        usize::try_from((ring + reads).next_multiple_of(1 << 20)).unwrap_or(usize::MAX)
     }
 
     pub fn validate(&self) -> Result<(), StoreError> {
