@@ -493,6 +493,10 @@ impl BrokerConfig {
         config.disk_max_used_ratio = self.disk_max_used_ratio;
         config.disk_refuse_ratio = self.disk_refuse_ratio;
         config.max_record_bytes = shardmq_codec::max_record_bytes(self.max_message_bytes) as u64;
+        // A store whose dispatch follows a confirmed offset (docs/replication.md) holds what
+        // recovery finds past its checkpoint until it is confirmed again.
+        config.hold_unconfirmed_tail = self.role() == BrokerRole::SyncMaster
+            || (self.role() == BrokerRole::Slave && self.controller_self_id > 0);
         config
     }
 }

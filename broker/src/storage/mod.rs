@@ -168,14 +168,26 @@ pub async fn run(
     // The confirmed offset (docs/replication.md): a sync master dispatches records into its
     // ConsumeQueues only once every replica its sends wait for holds them; a slave in
     // controller mode only below its master's confirmed offset. Both start at what the store
-    // dispatched as it opened.
+    // dispatched as it opened: recovery held back every record past the checkpoint
+    // (`StoreConfig::hold_unconfirmed_tail`), which is dispatched once confirmed again.
     let confirms = shard.config.role() == crate::config::BrokerRole::SyncMaster;
     let follows_confirmed = shard.config.role() == crate::config::BrokerRole::Slave
         && shard.config.controller_self_id > 0;
     if confirms || follows_confirmed {
-        let end = shard.store.visible_offset();
-        shard.master.start_confirmed(end);
-        shard.store.set_dispatch_limit(end);
+        let start = shard
+            .store
+            .dispatch_limit()
+            .min(shard.store.visible_offset());
+        if start < shard.store.visible_offset() {
+            info!(
+                storage_shard = id,
+                confirmed = start,
+                end = shard.store.visible_offset(),
+                "records past the checkpoint wait to be confirmed again before consumers see them"
+            );
+        }
+        shard.master.start_confirmed(start);
+        shard.store.set_dispatch_limit(start);
     }
     let confirm_task =
         confirms.then(|| glommio::spawn_local(refresh_confirmed_loop(shard.clone())).detach());

@@ -239,6 +239,34 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// Recovery of a store that holds its unconfirmed tail back: notes that the record at
+    /// queue offset `offset` is in the CommitLog and will be [`put`](Self::put) later, with
+    /// `put`'s rules (an offset below the next one is already accounted for; one past it is a
+    /// gap, `Err` with the next expected offset; an empty queue may start past 0 only when
+    /// `may_start_past_zero`, its holes written now). Appends take offsets after it.
+    pub fn hold(&self, offset: u64, may_start_past_zero: bool) -> Result<(), u64> {
+        let next = self.next_assign.get();
+        if self.files.borrow().is_empty() && offset > next && may_start_past_zero {
+            let file_start = offset - offset % self.entries_per_file;
+            let file = self.file_at(file_start);
+            for _ in file_start..offset {
+                file.append_copy(&ConsumeQueueEntry::HOLE.encode());
+            }
+            self.min_offset.set(offset);
+            self.max_offset.set(offset);
+        } else if offset > next {
+            return Err(next);
+        }
+        self.next_assign.set(next.max(offset + 1));
+        Ok(())
+    }
+
+    /// One past the newest queue offset handed out or held back ([`hold`](Self::hold)):
+    /// [`max_offset`](Self::max_offset) plus the records still waiting to be dispatched.
+    pub fn next_offset(&self) -> u64 {
+        self.next_assign.get()
+    }
+
     fn file_at(&self, file_start: u64) -> Rc<AppendFile> {
         self.files
             .borrow_mut()

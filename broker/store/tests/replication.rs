@@ -235,3 +235,78 @@ fn bytes_that_do_not_continue_the_log_or_are_not_records_change_nothing() {
         master.close().await.unwrap();
     });
 }
+
+/// Messages `range` of queue 0 of `topic`, 300-byte bodies.
+fn numbered(topic: &str, range: std::ops::Range<u64>) -> Vec<Msg> {
+    range.map(|seq| plain(topic, 0, seq, 300)).collect()
+}
+
+/// A store that dispatches by a confirmed offset (a sync master's, a controller-mode slave's)
+/// does not serve after a restart what it had not confirmed before: recovery holds every
+/// record past the checkpoint back until the owner confirms it again, appends take queue
+/// offsets after the held ones, and confirming dispatches them all in order. A store without
+/// the hold dispatches them at open, as before.
+#[test]
+fn records_past_the_checkpoint_wait_to_be_confirmed_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), FlushMode::Sync);
+    config.hold_unconfirmed_tail = true;
+    let topic = TOPICS[0];
+    let expected = |range: std::ops::Range<u64>| -> Vec<Vec<u8>> {
+        range.map(|seq| body_for(topic, 0, seq, 300)).collect()
+    };
+    run(|| async move {
+        // Ten messages confirmed (no limit yet), checkpointed by a clean close.
+        let (store, _) = MessageStore::open(config.clone()).await.unwrap();
+        store
+            .append(batch(topic, 0, &numbered(topic, 0..10)))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+
+        // Five more stored while the confirmed offset stays before them.
+        let (store, report) = MessageStore::open(config.clone()).await.unwrap();
+        assert_eq!(report.records_held_unconfirmed, 0, "{report:?}");
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..10));
+        let confirmed = store.commitlog_offsets().1;
+        store.set_dispatch_limit(confirmed);
+        store
+            .append(batch(topic, 0, &numbered(topic, 10..15)))
+            .await
+            .unwrap();
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..10));
+        store.close().await.unwrap();
+
+        // After the restart they are still held; a new append takes offset 15.
+        let (store, report) = MessageStore::open(config.clone()).await.unwrap();
+        assert_eq!(report.records_held_unconfirmed, 5, "{report:?}");
+        assert_eq!(store.dispatch_limit(), confirmed);
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..10));
+        assert_eq!(store.queue_offsets(topic, 0), Some((0, 10)));
+        let outcome = store
+            .append(batch(topic, 0, &numbered(topic, 15..17)))
+            .await
+            .unwrap();
+        assert_eq!(outcome.records[0].queue_offset, 15);
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..10));
+        let end = store.commitlog_offsets().1;
+        store.set_dispatch_limit(end);
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..17));
+        // Unconfirmed again before a stop, then opened without the hold (an async master):
+        // dispatched at open.
+        store
+            .append(batch(topic, 0, &numbered(topic, 17..20)))
+            .await
+            .unwrap();
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..17));
+        store.close().await.unwrap();
+        let mut without_hold = config.clone();
+        without_hold.hold_unconfirmed_tail = false;
+        let (store, report) = MessageStore::open(without_hold).await.unwrap();
+        assert_eq!(report.records_held_unconfirmed, 0, "{report:?}");
+        assert_eq!(read_all(&store, topic, 0, 0).await, expected(0..20));
+        store.close().await.unwrap();
+    });
+    let report = verify_data_dir(dir.path()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

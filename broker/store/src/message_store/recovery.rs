@@ -293,6 +293,7 @@ impl Inner {
         let mut pending: Vec<DispatchInfo> = Vec::new();
         let mut pending_hashes: Vec<u64> = Vec::new();
         let mut has_gap = false;
+        let holds = config.hold_unconfirmed_tail;
         let (commit_log, scan) = {
             let mut on_record = |physical_offset: u64, view: &RecordView<'_>| {
                 if physical_offset < keep_below || has_gap {
@@ -303,11 +304,13 @@ impl Inner {
                 // Only a full scan may find a queue starting past 0 (retention took its start);
                 // after a checkpoint that means its ConsumeQueue files were lost: rebuild.
                 let may_start_past_zero = keep_below == 0;
-                if info
-                    .queue
-                    .put(info.queue_offset, entry_of(&info), may_start_past_zero)
-                    .is_err()
-                {
+                let placed = if holds {
+                    info.queue.hold(info.queue_offset, may_start_past_zero)
+                } else {
+                    info.queue
+                        .put(info.queue_offset, entry_of(&info), may_start_past_zero)
+                };
+                if placed.is_err() {
                     has_gap = true;
                 }
                 pending.push(info);
@@ -346,11 +349,12 @@ impl Inner {
         // ends short of what its files held lost entries to damage, not to a crash.
         for (topic, by_queue) in queue_map.borrow().iter() {
             for (queue_id, queue) in by_queue {
-                if queue.max_offset() < queue.on_disk_end() {
+                // (Records held back count: `next_offset` is `max_offset` without a hold.)
+                if queue.next_offset() < queue.on_disk_end() {
                     let why = format!(
                         "{topic}/{queue_id} held entries up to {} but only {} are backed by the CommitLog after the checkpoint",
                         queue.on_disk_end(),
-                        queue.max_offset()
+                        queue.next_offset()
                     );
                     warn!(%why, "ConsumeQueue is damaged");
                     report.consume_queue_damage = Some(why);
@@ -358,17 +362,34 @@ impl Inner {
                 }
             }
         }
-        let mut hashes = pending_hashes.into_iter();
-        for info in &pending {
-            for hash in hashes.by_ref().take(usize::from(info.index_hash_count)) {
-                index.put(IndexEntry {
-                    hash,
-                    commitlog_offset: info.physical_offset,
-                    store_timestamp_ms: info.store_timestamp_ms,
-                });
+        let last_scanned_ts = pending.last().map(|info| info.store_timestamp_ms);
+        let held = if holds && !pending.is_empty() {
+            // Every record past the checkpoint waits for the owner to confirm it again; the
+            // index gets their entries as they are dispatched, in order.
+            report.records_held_unconfirmed += pending.len() as u64;
+            PendingDispatch {
+                infos: std::mem::take(&mut pending).into(),
+                index_hashes: pending_hashes.into_iter().collect(),
             }
-        }
-        report.records_redispatched += pending.len() as u64;
+        } else {
+            let mut hashes = pending_hashes.into_iter();
+            for info in &pending {
+                for hash in hashes.by_ref().take(usize::from(info.index_hash_count)) {
+                    index.put(IndexEntry {
+                        hash,
+                        commitlog_offset: info.physical_offset,
+                        store_timestamp_ms: info.store_timestamp_ms,
+                    });
+                }
+            }
+            report.records_redispatched += pending.len() as u64;
+            PendingDispatch::default()
+        };
+        // What the held records wait behind: none is dispatched until the limit passes it.
+        let (dispatched_to, dispatch_limit) = match held.infos.front() {
+            Some(first) => (first.physical_offset, first.physical_offset),
+            None => (scan.end_offset, u64::MAX),
+        };
         let end = scan.end_offset;
         // Entries that point past the recovered end can only exist if the CommitLog lost data
         // the checkpoint called durable; then the derived files cannot be trusted.
@@ -380,11 +401,7 @@ impl Inner {
             return Ok(None);
         }
         // Store timestamps never go backwards, also across a restart (offset-by-time relies on it).
-        let last_ts = pending
-            .last()
-            .map(|i| i.store_timestamp_ms)
-            .unwrap_or(0)
-            .max(index.last_timestamp_ms());
+        let last_ts = last_scanned_ts.unwrap_or(0).max(index.last_timestamp_ms());
         report.commitlog = scan;
         Ok(Some(Inner {
             config: config.clone(),
@@ -392,9 +409,9 @@ impl Inner {
             queues: queue_map,
             index,
             read_ahead: ReadAhead::new(config.readahead_bytes),
-            dispatched_offset: Cell::new(end),
+            dispatched_offset: Cell::new(dispatched_to),
             records_end: Cell::new(end),
-            pending_dispatch: RefCell::new(PendingDispatch::default()),
+            pending_dispatch: RefCell::new(held),
             last_store_timestamp_ms: Cell::new(last_ts),
             writer_wake: LocalNotify::default(),
             flushed: LocalNotify::default(),
@@ -410,7 +427,7 @@ impl Inner {
             is_closed: Cell::new(false),
             journal: None,
             journaled_end: Cell::new(0),
-            dispatch_limit: Cell::new(u64::MAX),
+            dispatch_limit: Cell::new(dispatch_limit),
             published_visible: Cell::new(0),
             appends_held: RefCell::new(None),
         }))

@@ -88,6 +88,15 @@ pub struct StoreConfig {
     /// once its bytes are in the kernel's page cache instead of once its O_DIRECT write is
     /// done; a multiple of 4096. 0 turns it off. Unused under sync flush.
     pub journal_bytes: u64,
+    /// Recovery dispatches none of the records past the checkpoint's derived offset (the
+    /// ConsumeQueues held nothing past it that was known durable): they wait in the dispatch
+    /// queue, with the dispatch limit at that offset, until the owner confirms them again with
+    /// [`MessageStore::set_dispatch_limit`](super::MessageStore::set_dispatch_limit). For a
+    /// store whose dispatch follows a confirmed offset (a sync master, a slave in controller
+    /// mode): the confirmed offset is not persisted, and records dispatched only once confirmed
+    /// must not be served after a restart just because they are on the local disk
+    /// (docs/replication.md, "The confirmed offset").
+    pub hold_unconfirmed_tail: bool,
 }
 
 impl StoreConfig {
@@ -113,6 +122,7 @@ impl StoreConfig {
             max_record_bytes: shardmq_codec::max_record_bytes(4 << 20) as u64,
             max_index_scan_entries_per_query: 4_000_000,
             journal_bytes: 64 << 20,
+            hold_unconfirmed_tail: false,
         }
     }
 
@@ -398,6 +408,9 @@ pub struct RecoveryReport {
     /// A damaged ConsumeQueue or index file found on open (then every derived file is rebuilt).
     pub consume_queue_damage: Option<String>,
     pub records_redispatched: u64,
+    /// Records past the checkpoint held back from dispatch until confirmed again
+    /// ([`StoreConfig::hold_unconfirmed_tail`]).
+    pub records_held_unconfirmed: u64,
     /// Derived files were inconsistent and rebuilt from the whole CommitLog.
     pub rebuilt_derived: bool,
     /// Bytes appended again from the journal: acknowledged before a crash, not yet written to
