@@ -4,8 +4,10 @@
 //! injected at seeded random moments: kill -9 of the master or of a slave, SIGSTOP of the
 //! master or of the controller leader for longer than the heartbeat timeout, and the master or
 //! a slave restarted after a simulated power loss (its CommitLog cut back to its last
-//! checkpoint, the rest reading as zeros), and a crash-looping master (killed and restarted
-//! three times in quick succession).
+//! checkpoint, the rest reading as zeros), a crash-looping master (killed and restarted
+//! three times in quick succession), and a master cut off from every controller (a network
+//! partition through TCP proxies the test owns, one per broker and controller) while it keeps
+//! serving its clients and slaves.
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -48,6 +50,10 @@ enum Fault {
     /// The master crash-loops: killed with kill -9 and started again three times, each time
     /// after 0.2-1.5 s (finished starting or not, master again or not), then left running.
     CrashLoopMaster,
+    /// The master is cut off from every controller (its links dropped, new ones refused) for
+    /// longer than the broker timeout while it keeps running and serving producers, consumers
+    /// and its slaves; then the links come back.
+    PartitionMaster,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -62,6 +68,7 @@ fn faults() -> Vec<Fault> {
         Fault::MasterPowerLoss,
         Fault::SlavePowerLossThenKillMaster,
         Fault::CrashLoopMaster,
+        Fault::PartitionMaster,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
         Ok(names) => {
@@ -99,7 +106,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
         .unwrap_or(DEFAULT_ROUNDS);
     let mut rng = Rng::for_test("chaos");
     let kinds = faults();
-    let mut group = HaGroup::start();
+    let mut group = HaGroup::start_partitionable();
     create_topic(&mut group.master_client(), TOPIC, QUEUES);
 
     let consumer_runtime = tokio::runtime::Builder::new_multi_thread()
@@ -144,6 +151,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
 
     let mut injected: BTreeMap<Fault, usize> = BTreeMap::new();
     let mut write_resume: Vec<Duration> = Vec::new();
+    let mut partition_elections: Vec<Duration> = Vec::new();
     for round in 0..rounds {
         // Under load for a random moment before each fault.
         std::thread::sleep(Duration::from_millis(rng.in_range(200..=1500)));
@@ -206,6 +214,30 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
             Fault::MasterPowerLoss => {
                 let master = before.master_id;
                 power_loss(group.broker(master));
+            }
+            Fault::PartitionMaster => {
+                let master = before.master_id;
+                group.cut_from_controllers(master, true);
+                let cut_at = Instant::now();
+                let mut elected_after = None;
+                while cut_at.elapsed() < PAUSE {
+                    if elected_after.is_none()
+                        && group
+                            .status()
+                            .is_some_and(|s| s.master_id > 0 && s.master_id != master)
+                    {
+                        elected_after = Some(cut_at.elapsed());
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                group.cut_from_controllers(master, false);
+                if let Some(after) = elected_after {
+                    eprintln!(
+                        "chaos round {round}: another master elected {} ms after the partition",
+                        after.as_millis()
+                    );
+                    partition_elections.push(after);
+                }
             }
             Fault::PauseMaster => {
                 let master = before.master_id;
@@ -347,17 +379,18 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
         .count();
     let duplicates: usize = delivered.values().map(|n| n - 1).sum();
     write_resume.sort();
+    partition_elections.sort();
+    let millis = |list: &[Duration]| list.iter().map(Duration::as_millis).collect::<Vec<_>>();
     eprintln!(
         "chaos: {rounds} rounds {injected:?}; {} acknowledged, {} deliveries; lost {lost}, \
          unconsumed {unconsumed}, skipped {skipped}, diverged {}, duplicates {duplicates}; \
-         writes back after a master's kill -9 (ms): {:?}",
+         writes back after a master's kill -9 (ms): {:?}; another master elected after a \
+         master's partition (ms): {:?}",
         acknowledged.len(),
         deliveries.len(),
         diverged.len(),
-        write_resume
-            .iter()
-            .map(Duration::as_millis)
-            .collect::<Vec<_>>()
+        millis(&write_resume),
+        millis(&partition_elections),
     );
     assert!(!acknowledged.is_empty());
     assert_eq!(lost, 0, "acknowledged messages lost");

@@ -35,6 +35,9 @@ pub struct HaGroup {
     pub controller_addresses: Vec<String>,
     pub namesrv_list: String,
     pub brokers: Vec<BrokerProcess>,
+    /// Per broker (index id - 1), the links to each controller when the group was started
+    /// with [`start_partitionable`](HaGroup::start_partitionable); empty otherwise.
+    pub controller_links: Vec<Vec<TcpProxy>>,
     pub _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -48,8 +51,26 @@ impl HaGroup {
         HaGroup::start_each(extra, |_| Vec::new())
     }
 
+    /// Starts the group with each broker reaching each controller through a [`TcpProxy`] of
+    /// its own ([`cut_from_controllers`](HaGroup::cut_from_controllers)).
+    pub fn start_partitionable() -> HaGroup {
+        HaGroup::start_inner(&[], |_| Vec::new(), true)
+    }
+
+    /// Cuts (`true`) or restores (`false`) broker `id`'s links to every controller: it keeps
+    /// running and serving clients and replicas, but reaches no controller.
+    pub fn cut_from_controllers(&self, id: i64, cut: bool) {
+        for link in &self.controller_links[(id - 1) as usize] {
+            link.set_cut(cut);
+        }
+    }
+
     /// Starts the group with `extra` options on every broker and `own(id)` on broker `id`.
     pub fn start_each(extra: &[&str], own: impl Fn(i64) -> Vec<String>) -> HaGroup {
+        HaGroup::start_inner(extra, own, false)
+    }
+
+    fn start_inner(extra: &[&str], own: impl Fn(i64) -> Vec<String>, proxied: bool) -> HaGroup {
         let controller_addresses: Vec<String> = (0..3)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
@@ -88,9 +109,24 @@ impl HaGroup {
             .map(|c| c.as_ref().unwrap().addr().to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let controller_list = controller_addresses.join(",");
         let mut brokers = Vec::new();
+        let mut controller_links = Vec::new();
         for id in 1..=3 {
+            let controller_list = if proxied {
+                let links: Vec<TcpProxy> = controller_addresses
+                    .iter()
+                    .map(|address| TcpProxy::start(address))
+                    .collect();
+                let list = links
+                    .iter()
+                    .map(|link| link.address().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                controller_links.push(links);
+                list
+            } else {
+                controller_addresses.join(",")
+            };
             let dir = tempfile::tempdir().unwrap();
             let ha = format!("127.0.0.1:{}", free_port());
             let own_args = own(id);
@@ -123,6 +159,7 @@ impl HaGroup {
             controller_addresses,
             namesrv_list,
             brokers,
+            controller_links,
             _dirs: dirs,
         };
         wait_until(SETTLE, "a master and all three brokers in sync", || {
@@ -362,4 +399,93 @@ pub fn status_request(client: &mut TestClient) -> Option<shardmq_schema::Verifie
             (wire::Body::ControllerStatusRequest, body.as_union_value())
         })
         .ok()
+}
+
+/// A TCP forwarder on a free loopback port to one target, which the test can cut
+/// ([`set_cut`](Self::set_cut)): while cut, connections it holds are shut down and new ones
+/// are closed as soon as they are accepted (the peer sees a reset or an end of stream, as
+/// across a network partition that drops the connection). Threads end when the proxy drops.
+pub struct TcpProxy {
+    address: String,
+    cut: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl TcpProxy {
+    pub fn start(target: &str) -> TcpProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
+        let address = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let live: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        listener.set_nonblocking(true).unwrap();
+        let target = target.to_owned();
+        let (cut_, live_, stop_) = (cut.clone(), live.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop_.load(Ordering::Relaxed) {
+                let incoming = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                if cut_.load(Ordering::Relaxed) {
+                    drop(incoming);
+                    continue;
+                }
+                let _ = incoming.set_nonblocking(false);
+                let Ok(outgoing) = std::net::TcpStream::connect(&target) else {
+                    continue;
+                };
+                let _ = incoming.set_nodelay(true);
+                let _ = outgoing.set_nodelay(true);
+                {
+                    let mut held = live_.lock().unwrap();
+                    held.retain(|s| s.peer_addr().is_ok());
+                    held.extend([incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()]);
+                }
+                for (mut from, mut to) in [
+                    (incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()),
+                    (outgoing, incoming),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        TcpProxy {
+            address,
+            cut,
+            live,
+            stop,
+        }
+    }
+
+    /// `host:port` to give the clients instead of the target's.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Cuts (`true`) or restores (`false`) the link.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::Relaxed);
+        if cut {
+            for stream in self.live.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.set_cut(true);
+    }
 }
