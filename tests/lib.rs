@@ -1287,13 +1287,46 @@ pub fn http_get_body(addr: SocketAddr, path: &str) -> String {
 }
 
 /// A loopback port free right now (for a server that must be told its port in advance, such
-/// as an HA or controller address).
+/// as an HA or controller address), chosen below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`) and never handed out twice by this process: a port taken
+/// from the ephemeral range could be given again to any socket bound to port 0 (another
+/// server's listener, a client's connection) before the server told it starts.
 #[must_use]
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free loopback port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    const LOWEST: u16 = 10_000;
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_start <= LOWEST + 1_000 {
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free loopback port");
+    }
+    let span = u32::from(ephemeral_start - LOWEST);
+    // A start that differs between test processes run one after another.
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for step in 0..span {
+        let port = LOWEST
+            + u16::try_from((seed.wrapping_add(step.wrapping_mul(7_919))) % span)
+                .expect("below the span");
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOWEST}..{ephemeral_start}");
 }
 
 /// A broker's answer to `BrokerStatusRequest` (`broker status`).
