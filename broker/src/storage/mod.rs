@@ -174,15 +174,13 @@ pub async fn run(
     let follows_confirmed = shard.config.role() == crate::config::BrokerRole::Slave
         && shard.config.controller_self_id > 0;
     if confirms || follows_confirmed {
-        let start = shard
-            .store
-            .dispatch_limit()
-            .min(shard.store.visible_offset());
-        if start < shard.store.visible_offset() {
+        let end = shard.store.visible_offset();
+        let start = shard.store.dispatch_limit().min(end);
+        if start < end {
             info!(
                 storage_shard = id,
                 confirmed = start,
-                end = shard.store.visible_offset(),
+                end,
                 "records past the checkpoint wait to be confirmed again before consumers see them"
             );
         }

@@ -217,14 +217,7 @@ impl ConsumeQueue {
         }
         let file_start = offset - offset % self.entries_per_file;
         if self.files.borrow().is_empty() && offset > max && may_start_past_zero {
-            // A queue rebuilt after retention deleted its early messages starts past 0: holes
-            // fill its first file up to the first surviving entry.
-            let file = self.file_at(file_start);
-            for _ in file_start..offset {
-                file.append_copy(&ConsumeQueueEntry::HOLE.encode());
-            }
-            self.min_offset.set(offset);
-            self.max_offset.set(offset);
+            self.start_at(offset);
         } else if offset > max {
             return Err(max);
         }
@@ -247,18 +240,25 @@ impl ConsumeQueue {
     pub fn hold(&self, offset: u64, may_start_past_zero: bool) -> Result<(), u64> {
         let next = self.next_assign.get();
         if self.files.borrow().is_empty() && offset > next && may_start_past_zero {
-            let file_start = offset - offset % self.entries_per_file;
-            let file = self.file_at(file_start);
-            for _ in file_start..offset {
-                file.append_copy(&ConsumeQueueEntry::HOLE.encode());
-            }
-            self.min_offset.set(offset);
-            self.max_offset.set(offset);
+            self.start_at(offset);
         } else if offset > next {
             return Err(next);
         }
         self.next_assign.set(next.max(offset + 1));
         Ok(())
+    }
+
+    /// Makes an empty queue start at `offset`: a queue rebuilt after retention deleted its
+    /// early messages starts past 0, and holes fill its first file up to the first surviving
+    /// entry.
+    fn start_at(&self, offset: u64) {
+        let file_start = offset - offset % self.entries_per_file;
+        let file = self.file_at(file_start);
+        for _ in file_start..offset {
+            file.append_copy(&ConsumeQueueEntry::HOLE.encode());
+        }
+        self.min_offset.set(offset);
+        self.max_offset.set(offset);
     }
 
     /// One past the newest queue offset handed out or held back ([`hold`](Self::hold)):

@@ -1,7 +1,8 @@
 //! Sequential scanning of CommitLog bytes: where does the valid data end, and why.
 //!
 //! Owns the rules that recovery and `verify` share for walking a segment: a record is accepted
-//! only when it decodes and both CRCs match; a blank filler ends the segment; a zero total size
+//! only when it decodes and both CRCs match (a span read to serve a client's pull checks all
+//! but the body CRC, [`Checks::Framing`]); a blank filler ends the segment; a zero total size
 //! and zero magic mark the clean end of written data (the zero padding of the last DMA block);
 //! anything else is a torn or corrupt record at a known offset. Pure: it reads a byte window the
 //! caller supplies and never does I/O.

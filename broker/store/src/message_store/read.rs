@@ -476,8 +476,10 @@ impl Inner {
     }
 
     /// Reads the ticket's range from its segment file into the read-ahead cache, validating
-    /// every whole record in it (both CRCs and its physical offset, as recovery does), so that
-    /// a pull served from it only cross-checks records against their ConsumeQueue entries.
+    /// every whole record in it as recovery does but the body CRC (its framing, whole-record
+    /// CRC and physical offset), so that a client's pull served from it only cross-checks
+    /// records against their ConsumeQueue entries (a reader inside the broker also checks the
+    /// body CRC).
     async fn fill_span(&self, ticket: ReadTicket) -> Option<SpanRead> {
         let read = match self
             .commit_log
