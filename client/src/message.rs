@@ -441,23 +441,6 @@ impl std::fmt::Debug for MessageExt {
     }
 }
 
-/// Checks that `bytes` are stored properties: UTF-8, every pair with a name-value separator.
-pub(crate) fn check_properties(bytes: &[u8]) -> std::result::Result<(), String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "properties are not UTF-8".to_owned())?;
-    for pair in text
-        .split(PROPERTY_SEPARATOR)
-        .filter(|pair| !pair.is_empty())
-    {
-        if !pair.contains(NAME_VALUE_SEPARATOR) {
-            return Err(format!(
-                "property `{}` has no value separator",
-                pair.escape_debug()
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl MessageExt {
     /// The topic the message was stored in.
     #[must_use]

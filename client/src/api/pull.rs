@@ -130,6 +130,11 @@ impl UndecodedPull {
         }
     }
 
+    /// The records, concatenated, as they arrived (the decoded messages share this memory).
+    pub(crate) fn records(&self) -> &Bytes {
+        &self.records
+    }
+
     /// Decodes and checks the records (`broker_name`: where they were pulled from).
     pub(crate) fn decode(self, broker_name: &str) -> Result<PullResult> {
         let messages = if self.records.is_empty() {

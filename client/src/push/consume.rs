@@ -141,18 +141,15 @@ async fn consume_concurrently(
 
 /// The messages as the listener sees them: a redelivery from the retry topic shows the topic
 /// the message was first sent to (RocketMQ's `resetRetryTopic`).
-fn as_originally_sent(messages: Vec<MessageExt>) -> Vec<MessageExt> {
-    messages
-        .into_iter()
-        .map(|mut message| {
-            if message.topic().starts_with(RETRY_TOPIC_PREFIX) {
-                if let Some(original) = message.retry_topic().map(str::to_owned) {
-                    message.set_topic(&original);
-                }
+fn as_originally_sent(mut messages: Vec<MessageExt>) -> Vec<MessageExt> {
+    for message in &mut messages {
+        if message.topic().starts_with(RETRY_TOPIC_PREFIX) {
+            if let Some(original) = message.retry_topic().map(str::to_owned) {
+                message.set_topic(&original);
             }
-            message
-        })
-        .collect()
+        }
+    }
+    messages
 }
 
 /// Clustering: sends each message back to its broker for retry and takes the ones the broker

@@ -9,13 +9,17 @@
 //! Never: pulling, calling the listener or committing; the pull loop and the consume tasks do,
 //! through these methods.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use shardmq_codec::RecordView;
 
 use crate::api::Pending;
 use crate::message::MessageExt;
+use crate::record::{decode_record, Checks};
 
 /// Limits above which the puller pauses a queue (RocketMQ's pull thresholds), and how far they
 /// rise while the queue has a backlog.
@@ -75,13 +79,65 @@ impl FlowLimits {
     }
 }
 
+/// One pull answer's cached messages. The cache keeps the answer's records, not messages: a
+/// message is handed to the listener as decoded from the answer (concurrent mode), and decoded
+/// again from its record only when it is needed again (a redelivery, a send-back, orderly
+/// mode's consume loop), so caching a message costs no copy and no allocation of its own.
+#[derive(Debug)]
+struct Segment {
+    /// The answer's records (the messages' bodies handed out are slices of the same memory).
+    records: Bytes,
+    broker_name: Arc<str>,
+    /// Its cached messages, in offset order.
+    entries: Vec<Entry>,
+    /// Entries before this one are all finished.
+    first_unfinished: usize,
+    unfinished: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    offset: i64,
+    /// Where the record starts in the segment's records.
+    at: u32,
+    body_len: u32,
+    /// Local redeliveries after `ReconsumeLater`, added to the stored reconsume times.
+    redeliveries: i32,
+    is_finished: bool,
+}
+
+impl Segment {
+    fn first_unfinished_offset(&self) -> Option<i64> {
+        self.entries.get(self.first_unfinished).map(|e| e.offset)
+    }
+
+    fn last_offset(&self) -> Option<i64> {
+        self.entries.last().map(|e| e.offset)
+    }
+
+    fn decode(&self, entry: &Entry) -> Option<MessageExt> {
+        let (mut message, _) = decode_record(
+            &self.records,
+            entry.at as usize,
+            &self.broker_name,
+            Checks::AlreadyChecked,
+        )
+        .ok()?;
+        message.reconsume_times = message.reconsume_times.saturating_add(entry.redeliveries);
+        Some(message)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// Pulled, not yet consumed successfully, by queue offset.
-    /// Boxed: a `MessageExt` is a few hundred bytes, and a B-tree node shifts its entries on
-    /// every insert and removal.
-    messages: BTreeMap<i64, Box<MessageExt>>,
+    /// Pulled, not yet consumed successfully: answers in offset order, each dropped once every
+    /// message of it is finished.
+    segments: VecDeque<Segment>,
+    /// Unfinished messages and their body bytes.
+    cached_count: usize,
     cached_bytes: usize,
+    /// The highest offset ever cached: a message at or below it is a repeat.
+    last_cached: Option<i64>,
     /// The offset after everything pulled so far (the last pull's next begin offset).
     pulled_up_to: i64,
     /// Orderly mode: a consume loop is running for this queue.
@@ -90,6 +146,56 @@ struct State {
     locked_at: Option<Instant>,
     /// Orderly mode: whether the start offset was read again after the first lock.
     is_offset_checked: bool,
+}
+
+impl State {
+    /// The entry of the unfinished message at `offset`, with its segment.
+    fn unfinished_mut(&mut self, offset: i64) -> Option<(&mut Segment, usize)> {
+        let segment = self
+            .segments
+            .iter_mut()
+            .find(|s| s.last_offset().is_some_and(|last| offset <= last))?;
+        let index = segment
+            .entries
+            .binary_search_by_key(&offset, |e| e.offset)
+            .ok()?;
+        (!segment.entries[index].is_finished).then_some((segment, index))
+    }
+
+    /// Unfinished messages at `offsets` (in the order asked), with their segments.
+    fn unfinished<'a>(
+        &'a self,
+        offsets: &'a [i64],
+    ) -> impl Iterator<Item = (&'a Segment, &'a Entry)> + 'a {
+        offsets.iter().filter_map(move |&offset| {
+            let segment = self
+                .segments
+                .iter()
+                .find(|s| s.last_offset().is_some_and(|last| offset <= last))?;
+            let index = segment
+                .entries
+                .binary_search_by_key(&offset, |e| e.offset)
+                .ok()?;
+            let entry = &segment.entries[index];
+            (!entry.is_finished).then_some((segment, entry))
+        })
+    }
+
+    /// The first and last unfinished offsets.
+    fn unfinished_range(&self) -> Option<(i64, i64)> {
+        let first = self
+            .segments
+            .iter()
+            .find_map(Segment::first_unfinished_offset)?;
+        let last = self.segments.iter().rev().find_map(|s| {
+            s.entries
+                .iter()
+                .rev()
+                .find(|e| !e.is_finished)
+                .map(|e| e.offset)
+        })?;
+        Some((first, last))
+    }
 }
 
 /// The cached messages of one assigned queue.
@@ -179,7 +285,7 @@ impl ProcessQueue {
         pending: Pending,
     ) -> Option<String> {
         let state = self.state();
-        let count = state.messages.len() + pending.messages;
+        let count = state.cached_count + pending.messages;
         if count > limits.max_cached_messages {
             return Some(format!(
                 "{count} cached messages, over {}",
@@ -194,13 +300,8 @@ impl ProcessQueue {
             ));
         }
         if is_span_limited {
-            let last = state
-                .messages
-                .keys()
-                .next_back()
-                .copied()
-                .max(pending.last_offset);
-            if let (Some(first), Some(last)) = (state.messages.keys().next(), last) {
+            if let Some((first, last)) = state.unfinished_range() {
+                let last = last.max(pending.last_offset.unwrap_or(last));
                 let span = last - first;
                 if span > limits.max_offset_span {
                     return Some(format!(
@@ -213,22 +314,60 @@ impl ProcessQueue {
         None
     }
 
-    /// Adds pulled messages (those at or past `pulled_up_to`; a repeat is ignored) and
-    /// records that the queue is pulled up to `next_offset`. Returns the messages added.
-    pub(crate) fn put(&self, messages: Vec<MessageExt>, next_offset: i64) -> Vec<MessageExt> {
+    /// Adds pulled messages (those at or past `pulled_up_to` and past every offset cached so
+    /// far; a repeat is ignored) and records that the queue is pulled up to `next_offset`.
+    /// `messages` were decoded, in order, from `records` (the answer's records, pulled from
+    /// `broker_name`), which the cache keeps instead of the messages. Leaves in `messages` the
+    /// ones added (in place: a message is not moved unless one before it is left out).
+    pub(crate) fn put(
+        &self,
+        records: &Bytes,
+        broker_name: &Arc<str>,
+        messages: &mut Vec<MessageExt>,
+        next_offset: i64,
+    ) {
         let mut state = self.state();
-        let mut added = Vec::with_capacity(messages.len());
-        for message in messages {
+        let mut entries = Vec::with_capacity(messages.len());
+        let mut at = 0;
+        let mut bytes = 0;
+        let pulled_up_to = state.pulled_up_to;
+        let mut last_cached = state.last_cached;
+        messages.retain(|message| {
             let offset = message.queue_offset;
-            if offset < state.pulled_up_to || state.messages.contains_key(&offset) {
-                continue;
+            if offset < pulled_up_to || last_cached.is_some_and(|last| offset <= last) {
+                return false;
             }
-            state.cached_bytes += message.body.len();
-            state.messages.insert(offset, Box::new(message.clone()));
-            added.push(message);
+            let Some(record_at) = record_of(records, &mut at, offset) else {
+                // Not from `records`: a caller's mistake, never a message the pull moves past.
+                debug_assert!(false, "message at {offset} is not in the answer's records");
+                tracing::error!(offset, "a pulled message is not in its answer; not cached");
+                return false;
+            };
+            let body_len = message.body.len();
+            bytes += body_len;
+            entries.push(Entry {
+                offset,
+                at: record_at,
+                body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
+                redeliveries: 0,
+                is_finished: false,
+            });
+            last_cached = Some(offset);
+            true
+        });
+        state.last_cached = last_cached;
+        if !entries.is_empty() {
+            state.cached_count += entries.len();
+            state.cached_bytes += bytes;
+            state.segments.push_back(Segment {
+                records: records.clone(),
+                broker_name: Arc::clone(broker_name),
+                unfinished: entries.len(),
+                entries,
+                first_unfinished: 0,
+            });
         }
         state.pulled_up_to = state.pulled_up_to.max(next_offset);
-        added
     }
 
     /// Records a pull that found nothing (or nothing matching) up to `next_offset`.
@@ -251,11 +390,27 @@ impl ProcessQueue {
     /// Removes consumed messages; returns the offset that may now be committed.
     pub(crate) fn remove(&self, offsets: &[i64]) -> i64 {
         let mut state = self.state();
-        for offset in offsets {
-            if let Some(message) = state.messages.remove(offset) {
-                state.cached_bytes -= message.body.len();
+        let mut finished = 0;
+        let mut bytes = 0;
+        for &offset in offsets {
+            let Some((segment, index)) = state.unfinished_mut(offset) else {
+                continue;
+            };
+            segment.entries[index].is_finished = true;
+            segment.unfinished -= 1;
+            while segment
+                .entries
+                .get(segment.first_unfinished)
+                .is_some_and(|e| e.is_finished)
+            {
+                segment.first_unfinished += 1;
             }
+            finished += 1;
+            bytes += segment.entries[index].body_len as usize;
         }
+        state.cached_count -= finished;
+        state.cached_bytes -= bytes;
+        state.segments.retain(|segment| segment.unfinished > 0);
         let committable = committable(&state);
         drop(state);
         self.drained.notify_one();
@@ -276,15 +431,15 @@ impl ProcessQueue {
 
     #[cfg(test)]
     pub(crate) fn cached_count(&self) -> usize {
-        self.state().messages.len()
+        self.state().cached_count
     }
 
-    /// Copies of the cached messages at `offsets` (those still cached), in offset order.
+    /// The cached messages at `offsets` (those still cached), in the order asked.
     pub(crate) fn cached(&self, offsets: &[i64]) -> Vec<MessageExt> {
         let state = self.state();
-        offsets
-            .iter()
-            .filter_map(|offset| state.messages.get(offset).map(|m| MessageExt::clone(m)))
+        state
+            .unfinished(offsets)
+            .filter_map(|(segment, entry)| segment.decode(entry))
             .collect()
     }
 
@@ -294,21 +449,30 @@ impl ProcessQueue {
         let mut state = self.state();
         offsets
             .iter()
-            .filter_map(|offset| {
-                let message = state.messages.get_mut(offset)?;
-                message.reconsume_times = message.reconsume_times.saturating_add(1);
-                Some(MessageExt::clone(message))
+            .filter_map(|&offset| {
+                let (segment, index) = state.unfinished_mut(offset)?;
+                let entry = &mut segment.entries[index];
+                entry.redeliveries = entry.redeliveries.saturating_add(1);
+                let entry = *entry;
+                segment.decode(&entry)
             })
             .collect()
     }
 
     /// Orderly mode: up to `count` cached messages from the lowest offset, left cached.
     pub(crate) fn first_messages(&self, count: usize) -> Vec<MessageExt> {
-        self.state()
-            .messages
-            .values()
+        let state = self.state();
+        state
+            .segments
+            .iter()
+            .flat_map(|segment| {
+                segment.entries[segment.first_unfinished..]
+                    .iter()
+                    .filter(|e| !e.is_finished)
+                    .map(move |entry| (segment, entry))
+            })
             .take(count)
-            .map(|m| MessageExt::clone(m))
+            .filter_map(|(segment, entry)| segment.decode(entry))
             .collect()
     }
 
@@ -327,7 +491,7 @@ impl ProcessQueue {
     /// `put` starts a new one; false when messages are waiting.
     pub(crate) fn stop_consuming_if_empty(&self) -> bool {
         let mut state = self.state();
-        if state.messages.is_empty() || self.is_dropped() {
+        if state.cached_count == 0 || self.is_dropped() {
             state.is_consuming = false;
             true
         } else {
@@ -338,11 +502,24 @@ impl ProcessQueue {
 
 fn committable(state: &State) -> i64 {
     state
-        .messages
-        .keys()
-        .next()
-        .copied()
+        .segments
+        .iter()
+        .find_map(Segment::first_unfinished_offset)
         .unwrap_or(state.pulled_up_to)
+}
+
+/// Where the record of the message at `offset` starts in `records`, searching on from `at`
+/// (moved past it): the messages of an answer are its records', in order, some left out.
+fn record_of(records: &[u8], at: &mut usize, offset: i64) -> Option<u32> {
+    while *at < records.len() {
+        let view = RecordView::parse_unchecked(&records[*at..]).ok()?;
+        let here = *at;
+        *at += (view.total_size() as usize).max(1);
+        if view.queue_offset() as i64 == offset {
+            return u32::try_from(here).ok();
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -351,18 +528,22 @@ mod tests {
     use crate::record::{decode_records, encode_test_record};
     use bytes::Bytes;
 
-    fn messages(offsets: std::ops::Range<u64>) -> Vec<MessageExt> {
+    /// Caches an answer of the messages at `offsets` (10-byte bodies), pulled up to `next`.
+    fn put(queue: &ProcessQueue, offsets: std::ops::Range<u64>, next: i64) -> Vec<MessageExt> {
         let mut bytes = Vec::new();
         for offset in offsets {
             bytes.extend(encode_test_record("t", 0, offset, b"0123456789", &[]));
         }
-        decode_records(&Bytes::from(bytes), "b").unwrap()
+        let records = Bytes::from(bytes);
+        let mut messages = decode_records(&records, "b").unwrap();
+        queue.put(&records, &Arc::from("b"), &mut messages, next);
+        messages
     }
 
     #[test]
     fn commits_stop_at_the_lowest_unfinished_message() {
         let queue = ProcessQueue::new(0);
-        assert_eq!(queue.put(messages(0..5), 5).len(), 5);
+        assert_eq!(put(&queue, 0..5, 5).len(), 5);
         assert_eq!(queue.committable_offset(), 0);
         assert_eq!(queue.remove(&[1, 2]), 0, "offset 0 is still unfinished");
         assert_eq!(queue.remove(&[0]), 3);
@@ -376,7 +557,7 @@ mod tests {
         queue.advance(15);
         assert_eq!(queue.committable_offset(), 15);
         assert_eq!(queue.pulled_up_to(), 15);
-        assert!(queue.put(messages(10..12), 20).is_empty(), "already passed");
+        assert!(put(&queue, 10..12, 20).is_empty(), "already passed");
     }
 
     #[test]
@@ -388,17 +569,17 @@ mod tests {
             backlog_pulls: 0,
         };
         let queue = ProcessQueue::new(0);
-        queue.put(messages(0..3), 3);
+        put(&queue, 0..3, 3);
         assert!(queue.over_limit(&limits, false).is_none());
         assert!(queue.over_limit(&limits, true).is_none());
-        queue.put(messages(3..4), 4);
+        put(&queue, 3..4, 4);
         assert!(queue
             .over_limit(&limits, false)
             .unwrap()
             .contains("4 cached messages"));
         queue.remove(&[1, 2, 3]);
         assert!(queue.over_limit(&limits, true).is_none());
-        queue.put(messages(4..6), 6);
+        put(&queue, 4..6, 6);
         // 0 and 5 cached: span 5.
         assert!(queue.over_limit(&limits, true).unwrap().contains("span 5"));
         assert!(queue.over_limit(&limits, false).is_none());
@@ -421,7 +602,7 @@ mod tests {
             backlog_pulls: 0,
         };
         let queue = ProcessQueue::new(0);
-        queue.put(messages(0..3), 3);
+        put(&queue, 0..3, 3);
         let pending = |messages, bytes, last| Pending {
             messages,
             bytes,
@@ -462,7 +643,7 @@ mod tests {
             "never lowered below the limits set"
         );
         let queue = ProcessQueue::new(0);
-        queue.put(messages(0..3), 3);
+        put(&queue, 0..3, 3);
         let pending = Pending {
             messages: 3,
             bytes: 10,
@@ -479,7 +660,7 @@ mod tests {
     #[test]
     fn redelivery_counts_and_keeps_the_message() {
         let queue = ProcessQueue::new(0);
-        queue.put(messages(0..2), 2);
+        put(&queue, 0..2, 2);
         let again = queue.prepare_redelivery(&[1]);
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].reconsume_times, 1);
@@ -488,11 +669,75 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_message_decoded_again_is_the_message_handed_out() {
+        let queue = ProcessQueue::new(0);
+        let mut bytes = Vec::new();
+        for offset in 0..4u64 {
+            let tag = if offset % 2 == 0 { "even" } else { "odd" };
+            let body = format!("body {offset}");
+            bytes.extend(encode_test_record(
+                "t",
+                0,
+                offset,
+                body.as_bytes(),
+                &[("TAGS", tag), ("k", "v")],
+            ));
+        }
+        let records = Bytes::from(bytes);
+        // A tag filter left the odd offsets out: the even ones are found among the records.
+        let mut added: Vec<_> = decode_records(&records, "b")
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.tags() == Some("even"))
+            .collect();
+        queue.put(&records, &Arc::from("b"), &mut added, 4);
+        assert_eq!(added.len(), 2);
+        assert_eq!(queue.cached_count(), 2);
+        let again = queue.cached(&[2, 1, 0]);
+        assert_eq!(again.len(), 2, "offset 1 was never cached");
+        assert_eq!(format!("{:?}", again[0]), format!("{:?}", added[1]));
+        assert_eq!(format!("{:?}", again[1]), format!("{:?}", added[0]));
+        let redelivered = queue.prepare_redelivery(&[2]);
+        assert_eq!(redelivered[0].reconsume_times, added[1].reconsume_times + 1);
+        assert_eq!(redelivered[0].body, added[1].body);
+        assert_eq!(queue.first_messages(1)[0].queue_offset, 0);
+        assert_eq!(queue.first_messages(9)[1].reconsume_times, 1);
+    }
+
+    #[test]
+    fn answers_leave_the_cache_when_every_message_of_them_is_finished() {
+        let queue = ProcessQueue::new(0);
+        put(&queue, 0..3, 3);
+        put(&queue, 3..6, 6);
+        assert_eq!(put(&queue, 4..8, 8).len(), 2, "4 and 5 are repeats");
+        assert_eq!(queue.remove(&[3, 4, 5, 6, 7]), 0);
+        assert_eq!(queue.cached_count(), 3);
+        assert_eq!(
+            queue
+                .first_messages(9)
+                .iter()
+                .map(|m| m.queue_offset)
+                .collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            queue.remove(&[1, 1, 7, 9]),
+            0,
+            "finished, repeated, unknown offsets"
+        );
+        assert_eq!(queue.remove(&[0]), 2);
+        assert_eq!(queue.remove(&[2]), 8, "all finished: pulled up to 8");
+        assert_eq!(queue.cached_count(), 0);
+        assert!(queue.state().segments.is_empty());
+        assert_eq!(queue.state().cached_bytes, 0);
+    }
+
+    #[test]
     fn one_orderly_loop_at_a_time() {
         let queue = ProcessQueue::new(0);
         assert!(queue.try_start_consuming());
         assert!(!queue.try_start_consuming());
-        queue.put(messages(0..1), 1);
+        put(&queue, 0..1, 1);
         assert!(!queue.stop_consuming_if_empty());
         queue.remove(&[0]);
         assert!(queue.stop_consuming_if_empty());

@@ -337,12 +337,13 @@ fn take_answer(
     tags: &crate::subscription::TagExpression,
     answer: UndecodedPull,
 ) -> Result<()> {
+    let records = answer.records().clone();
     let result = answer.decode(&queue.broker_name)?;
     if process_queue.is_dropped() {
         return Ok(());
     }
     // With `*` no message's tag needs finding among its properties.
-    let matching: Vec<_> = if tags.is_all() {
+    let mut matching: Vec<_> = if tags.is_all() {
         result.messages
     } else {
         result
@@ -351,11 +352,17 @@ fn take_answer(
             .filter(|message| tags.matches(message.tags()))
             .collect()
     };
-    let added = process_queue.put(matching, result.next_begin_offset);
+    let broker_name: Arc<str> = Arc::from(queue.broker_name.as_str());
+    process_queue.put(
+        &records,
+        &broker_name,
+        &mut matching,
+        result.next_begin_offset,
+    );
     core.offsets
         .advance(queue, process_queue.committable_offset());
-    if !added.is_empty() {
-        dispatch(core, queue, process_queue, added);
+    if !matching.is_empty() {
+        dispatch(core, queue, process_queue, matching);
     }
     Ok(())
 }
