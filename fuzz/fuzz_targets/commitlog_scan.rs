@@ -3,8 +3,7 @@
 //! (docs/storage-format.md §4.10).
 //!
 //! The input's first bytes choose the window's place in a segment and whether the window
-//! reaches the file's end, and what the scan checks (both CRCs, or the framing a pull's
-//! span is checked for); the rest is the window. What must hold:
+//! reaches the file's end; the rest is the window. What must hold:
 //! - the scan never panics;
 //! - the records it reports are valid, contiguous from the window's start, each at its own
 //!   physical offset, and lie inside the window and the segment;
@@ -13,8 +12,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shardmq_codec::{decode_message, decode_message_framing};
-use shardmq_store::scan::{scan_window, Checks, ScanStop};
+use shardmq_codec::decode_message;
+use shardmq_store::scan::{scan_window, ScanStop};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
@@ -32,11 +31,6 @@ fuzz_target!(|data: &[u8]| {
     let window_position =
         (u64::from(u16::from_be_bytes([control[2], control[3] & 0x7F])) * 8).min(segment_bytes);
     let is_file_end = control[3] & 0x80 != 0;
-    let checks = if control[1] & 2 == 0 {
-        Checks::Whole
-    } else {
-        Checks::Framing
-    };
 
     let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
     let stop = scan_window(
@@ -45,7 +39,6 @@ fuzz_target!(|data: &[u8]| {
         window_position,
         segment_bytes,
         is_file_end,
-        checks,
         &mut |position, view| records.push((position, view.bytes().to_vec())),
     );
 
@@ -54,11 +47,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(*position, expected_position, "records are not contiguous");
         let at = usize::try_from(position - window_position).unwrap();
         assert_eq!(&window[at..at + bytes.len()], &bytes[..]);
-        let view = match checks {
-            Checks::Whole => decode_message(bytes),
-            Checks::Framing => decode_message_framing(bytes),
-        }
-        .expect("a reported record decodes");
+        let view = decode_message(bytes).expect("a reported record decodes");
         assert_eq!(view.physical_offset(), segment_base + position);
         assert!(
             position + bytes.len() as u64 <= segment_bytes,

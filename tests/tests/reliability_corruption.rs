@@ -584,12 +584,12 @@ async fn pull_with_client(
 }
 
 /// Bytes damaged on disk after recovery has passed them (a clean stop's checkpoint means the
-/// restart does not rescan them) reach no application: the broker checks the framing and the
-/// whole-record CRC of every record it reads from disk and refuses a pull that meets a
-/// damaged header; a damaged body it leaves to the client, whose end-to-end check of both CRCs
-/// refuses it (storage-format.md §4.8). Everything around the two damaged records is served.
+/// restart does not rescan them) reach no application: the broker checks the framing of every
+/// record it reads from disk and refuses a pull that meets a damaged one, naming its offset; a
+/// damaged header or body it leaves to the client, whose end-to-end check of both CRCs refuses
+/// it (storage-format.md §4.8). Everything around the three damaged records is served.
 #[test]
-fn a_record_damaged_on_disk_reaches_no_application_its_header_refused_by_the_broker_its_body_by_the_client(
+fn a_record_damaged_on_disk_reaches_no_application_its_framing_refused_by_the_broker_the_rest_by_the_client(
 ) {
     let mut rng = Rng::for_test("damage met by the read path");
     let dir = temp_dir();
@@ -623,10 +623,13 @@ fn a_record_damaged_on_disk_reaches_no_application_its_header_refused_by_the_bro
     );
     broker.stop();
 
-    let header_victim = &records[in_first_segment / 3];
-    let body_victim = &records[2 * in_first_segment / 3];
+    let framing_victim = &records[in_first_segment / 4];
+    let header_victim = &records[2 * in_first_segment / 4];
+    let body_victim = &records[3 * in_first_segment / 4];
     let segment = first_segment(&broker);
     let mut bytes = std::fs::read(&segment).expect("read the segment");
+    // A byte of the magic code (record offset 4..8): not a record any more.
+    bytes[usize::try_from(framing_victim.physical_offset + 6).unwrap()] ^= 0x01;
     // The born timestamp's lowest byte (record offset 47): a plausible value, a wrong CRC.
     bytes[usize::try_from(header_victim.physical_offset + 47).unwrap()] ^= 0x01;
     // A byte in the middle of the body (which starts at record offset 88, IPv4 hosts).
@@ -668,44 +671,53 @@ fn a_record_damaged_on_disk_reaches_no_application_its_header_refused_by_the_bro
         };
         let to_i64 = |n: u64| i64::try_from(n).unwrap();
 
-        let (served, error) =
-            pull_with_client(&consumer, &queue, 0, to_i64(header_victim.queue_offset + 1)).await;
+        let (served, error) = pull_with_client(
+            &consumer,
+            &queue,
+            0,
+            to_i64(framing_victim.queue_offset + 1),
+        )
+        .await;
         expect_bodies(&served, 0);
         assert!(
             served
                 .iter()
-                .all(|m| m.queue_offset < to_i64(header_victim.queue_offset)),
-            "the record with the damaged header was delivered"
+                .all(|m| m.queue_offset < to_i64(framing_victim.queue_offset)),
+            "the record with the damaged framing was delivered"
         );
-        let error = error.expect("the pull of the damaged header fails");
+        let error = error.expect("the pull of the damaged framing fails");
         assert!(
             !matches!(error, ClientError::CorruptRecord { .. })
                 && error
                     .to_string()
-                    .contains(&header_victim.physical_offset.to_string()),
-            "the broker refuses the damaged header, naming its offset: {error}"
+                    .contains(&framing_victim.physical_offset.to_string()),
+            "the broker refuses the damaged framing, naming its offset: {error}"
         );
 
-        let from = header_victim.queue_offset + 1;
-        let (served, error) = pull_with_client(
-            &consumer,
-            &queue,
-            to_i64(from),
-            to_i64(body_victim.queue_offset + 1),
-        )
-        .await;
-        expect_bodies(&served, from);
-        assert!(
-            served
-                .iter()
-                .all(|m| m.queue_offset < to_i64(body_victim.queue_offset)),
-            "the record with the damaged body was delivered"
-        );
-        match error.expect("the pull of the damaged body fails") {
-            ClientError::CorruptRecord { reason, .. } => {
-                assert!(reason.contains("body CRC"), "{reason}");
+        for (victim, from, check) in [
+            (header_victim, framing_victim.queue_offset + 1, "record CRC"),
+            (body_victim, header_victim.queue_offset + 1, "body CRC"),
+        ] {
+            let (served, error) = pull_with_client(
+                &consumer,
+                &queue,
+                to_i64(from),
+                to_i64(victim.queue_offset + 1),
+            )
+            .await;
+            expect_bodies(&served, from);
+            assert!(
+                served
+                    .iter()
+                    .all(|m| m.queue_offset < to_i64(victim.queue_offset)),
+                "the record with the damaged {check} was delivered"
+            );
+            match error.expect("the pull of the damaged record fails") {
+                ClientError::CorruptRecord { reason, .. } => {
+                    assert!(reason.contains(check), "{reason}");
+                }
+                other => panic!("the client refuses the damaged {check}, not the broker: {other}"),
             }
-            other => panic!("the client refuses the damaged body, not the broker: {other}"),
         }
 
         let from = body_victim.queue_offset + 1;

@@ -34,7 +34,7 @@ use super::append_file::{
     DMA_ALIGNMENT_BYTES,
 };
 use super::record::{blank_header, RecordView, BLANK_MIN_BYTES};
-use super::scan::{scan_window, Checks, ScanStop};
+use super::scan::{scan_window, ScanStop};
 use super::write_ring::WriteRing;
 
 /// Window of the recovery scan; a record larger than this extends the window to fit it.
@@ -934,7 +934,6 @@ async fn scan_segment(
             position,
             segment_bytes,
             is_file_end,
-            Checks::Whole,
             &mut |p, view| {
                 count += 1;
                 on_record(base + p, view);

@@ -79,35 +79,6 @@ pub struct SpanRead {
     /// Physical offset of `bytes[0]`.
     pub from: u64,
     pub bytes: Bytes,
-    /// Physical offsets of the records validated when the span was read, ascending.
-    checked: Rc<[u64]>,
-    /// Where in `checked` the next record is likely to be (a pull asks in order).
-    next_checked: Cell<usize>,
-}
-
-impl SpanRead {
-    /// Bytes read elsewhere (the write ring, or a copy), none of them validated here.
-    pub fn unchecked(from: u64, bytes: Bytes) -> SpanRead {
-        SpanRead {
-            from,
-            bytes,
-            checked: Rc::from(Vec::new()),
-            next_checked: Cell::new(0),
-        }
-    }
-
-    /// Whether the record starting at `offset` was validated when the span was read.
-    pub fn is_checked(&self, offset: u64) -> bool {
-        let hint = self.next_checked.get();
-        let found = match self.checked.get(hint) {
-            Some(&at) if at == offset => Some(hint),
-            _ => self.checked.binary_search(&offset).ok(),
-        };
-        if let Some(index) = found {
-            self.next_checked.set(index + 1);
-        }
-        found.is_some()
-    }
 }
 
 /// A span's buffer: memory that stays put and is only read once filled.
@@ -118,7 +89,6 @@ struct Held {
     buffer: SpanBuffer,
     /// One reference here; every slice handed out holds another.
     pin: Arc<()>,
-    checked: Rc<[u64]>,
 }
 
 impl Held {
@@ -165,8 +135,6 @@ impl Span {
         Some(SpanRead {
             from,
             bytes: Bytes::from_owner(slice),
-            checked: held.checked.clone(),
-            next_checked: Cell::new(held.checked.partition_point(|&at| at < from)),
         })
     }
 }
@@ -503,14 +471,12 @@ impl ReadAhead {
 
 impl ReadTicket {
     /// The read filled `buffer` with `[from, from + buffer.len())` (at most `len`, at least the
-    /// bytes the caller will look up); `checked` holds the physical offsets, ascending, of the
-    /// records the caller validated in it. Returns the span from `from` (unless the range was
+    /// bytes the caller will look up). Returns the span from `from` (unless the range was
     /// forgotten meanwhile, when the buffer is dropped).
-    pub fn complete(self, buffer: SpanBuffer, checked: Vec<u64>) -> Option<SpanRead> {
+    pub fn complete(self, buffer: SpanBuffer) -> Option<SpanRead> {
         self.is_done.set(true);
         let shared = self.shared.clone();
         let len = (buffer.as_ref().as_ref().len() as u64).min(self.len);
-        debug_assert!(checked.windows(2).all(|w| w[0] < w[1]));
         let mut state = shared.state.borrow_mut();
         let read = match state.spans.iter_mut().find(|s| s.id == self.id) {
             Some(span) if len > 0 => {
@@ -518,7 +484,6 @@ impl ReadTicket {
                 span.content = Content::Ready(Held {
                     buffer,
                     pin: Arc::new(()),
-                    checked: checked.into(),
                 });
                 span.read_from(self.from)
             }
@@ -625,7 +590,7 @@ mod tests {
 
     fn filled(ticket: ReadTicket, byte: u8) -> Option<SpanRead> {
         let len = ticket.len as usize;
-        ticket.complete(Box::new(vec![byte; len]), Vec::new())
+        ticket.complete(Box::new(vec![byte; len]))
     }
 
     fn hit(cache: &ReadAhead, from: u64, len: u64) -> Option<SpanRead> {
@@ -642,12 +607,11 @@ mod tests {
         let ticket = cache.reserve(1000, 4096).expect("room");
         assert!(matches!(cache.lookup(1000, 10), Lookup::Reading));
         assert!(cache.reserve(1000, 100).is_none(), "already being read");
-        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]), vec![1000, 1500]);
+        let ticket_read = ticket.complete(Box::new(vec![7u8; 4096]));
         assert_eq!(ticket_read.expect("the span").bytes.len(), 4096);
         let read = hit(&cache, 1500, 100).expect("inside the span");
         assert_eq!((read.from, read.bytes.len()), (1500, 4096 - 500));
         assert!(read.bytes.iter().all(|&b| b == 7));
-        assert!(read.is_checked(1500) && !read.is_checked(1600));
         assert!(hit(&cache, 1000 + 4090, 10).is_none(), "runs past the span");
         assert!(hit(&cache, 999, 10).is_none(), "starts before the span");
         let stats = cache.stats();

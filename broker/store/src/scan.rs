@@ -1,26 +1,14 @@
 //! Sequential scanning of CommitLog bytes: where does the valid data end, and why.
 //!
 //! Owns the rules that recovery and `verify` share for walking a segment: a record is accepted
-//! only when it decodes and both CRCs match (a span read to serve a client's pull checks all
-//! but the body CRC, [`Checks::Framing`]); a blank filler ends the segment; a zero total size
+//! only when it decodes and both CRCs match; a blank filler ends the segment; a zero total size
 //! and zero magic mark the clean end of written data (the zero padding of the last DMA block);
 //! anything else is a torn or corrupt record at a known offset. Pure: it reads a byte window the
 //! caller supplies and never does I/O.
 
 use super::record::{
-    decode_message, decode_message_framing, RecordError, RecordView, BLANK_MAGIC_CODE,
-    BLANK_MIN_BYTES, MESSAGE_MAGIC_CODE,
+    decode_message, RecordError, RecordView, BLANK_MAGIC_CODE, BLANK_MIN_BYTES, MESSAGE_MAGIC_CODE,
 };
-
-/// What a scan checks of each record beyond its framing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Checks {
-    /// Both CRCs: what recovery, `verify` and the replica path accept.
-    Whole,
-    /// The whole-record CRC (every byte but the body), not the body CRC: a span read to serve
-    /// pulls, whose bodies the client checks end to end (storage-format.md §4.8).
-    Framing,
-}
 
 /// Why a scan of a window stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,14 +26,13 @@ pub enum ScanStop {
 /// Walks the entries of `window`, whose first byte is at `window_position` of the segment
 /// starting at physical offset `segment_base`, `segment_bytes` long. `is_file_end` says the window reaches the end of the file, so a record that
 /// runs past it is torn rather than unread. Calls `on_record(position, view)` for each valid
-/// message in order, checked as `checks` says.
+/// message in order.
 pub fn scan_window(
     window: &[u8],
     segment_base: u64,
     window_position: u64,
     segment_bytes: u64,
     is_file_end: bool,
-    checks: Checks,
     on_record: &mut dyn FnMut(u64, &RecordView<'_>),
 ) -> ScanStop {
     let mut at = 0usize;
@@ -101,11 +88,7 @@ pub fn scan_window(
         {
             return ScanStop::NeedMore { position };
         }
-        let decoded = match checks {
-            Checks::Whole => decode_message(rest),
-            Checks::Framing => decode_message_framing(rest),
-        };
-        match decoded {
+        match decode_message(rest) {
             Ok(view) if view.physical_offset() != segment_base + position => {
                 return ScanStop::Invalid {
                     position,

@@ -18,7 +18,7 @@ use super::consume_queue::{ConsumeQueueEntry, CONSUME_QUEUE_ENTRY_BYTES};
 use super::format::StoreFormat;
 use super::index::{index_hash, IndexEntry, IndexKind, INDEX_ENTRY_BYTES};
 use super::record::{decode_message, tags_hash, RecordView};
-use super::scan::{scan_window, Checks, ScanStop};
+use super::scan::{scan_window, ScanStop};
 
 const WINDOW_BYTES: u64 = 8 << 20;
 
@@ -475,7 +475,6 @@ fn scan_file(
             position,
             segment_bytes,
             is_file_end,
-            Checks::Whole,
             on_record,
         ) {
             ScanStop::NeedMore { position: next } => {

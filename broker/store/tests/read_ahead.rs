@@ -191,9 +191,25 @@ fn retention_forgets_the_spans_of_the_segments_it_deletes() {
 const DAMAGED_COUNT: u64 = 300;
 const VICTIM_SEQ: u64 = 150;
 
+/// Where a byte of the victim is flipped.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    /// In the middle of its body: its body CRC fails.
+    Body,
+    /// Its born timestamp's lowest byte (record offset 47): a plausible value, its framing
+    /// intact, its whole-record CRC fails.
+    Header,
+}
+
 /// Fills a store of [`DAMAGED_COUNT`] messages and flips a byte in the middle of message
 /// [`VICTIM_SEQ`]'s body on disk; the victim's (physical offset, size).
 fn store_with_a_damaged_body(config: &StoreConfig) -> (u64, u32) {
+    store_with_damage(config, Damage::Body)
+}
+
+/// Fills a store of [`DAMAGED_COUNT`] messages and flips a byte of message [`VICTIM_SEQ`] on
+/// disk where `damage` says; the victim's (physical offset, size).
+fn store_with_damage(config: &StoreConfig, damage: Damage) -> (u64, u32) {
     let victim_seq = VICTIM_SEQ;
     // Where message 150 lies, found before damaging it.
     let victim = {
@@ -220,7 +236,11 @@ fn store_with_a_damaged_body(config: &StoreConfig) -> (u64, u32) {
         .cloned()
         .unwrap();
     let mut bytes = std::fs::read(&segment_path).unwrap();
-    bytes[(victim.0 - segment_base + u64::from(victim.1) / 2) as usize] ^= 0x20;
+    let in_record = match damage {
+        Damage::Body => u64::from(victim.1) / 2,
+        Damage::Header => 47,
+    };
+    bytes[(victim.0 - segment_base + in_record) as usize] ^= 0x01;
     std::fs::write(&segment_path, &bytes).unwrap();
     victim
 }
@@ -264,45 +284,44 @@ fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
 /// the client's check of both CRCs; a reader inside the broker (`get_messages`) is refused it,
 /// also from the span the client's pull read ahead.
 #[test]
-fn a_pull_for_a_client_leaves_a_damaged_body_to_the_clients_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), 4 << 20);
-    let victim = store_with_a_damaged_body(&config);
+fn a_pull_for_a_client_leaves_a_damaged_body_or_header_to_the_clients_check() {
+    for (damage, expected) in [(Damage::Body, "body CRC"), (Damage::Header, "record CRC")] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path(), 4 << 20);
+        let victim = store_with_damage(&config, damage);
 
-    run(|| async move {
-        let (store, _) = MessageStore::open(config).await.unwrap();
-        let mut offset = 0;
-        let mut served = None;
-        while offset <= VICTIM_SEQ {
-            let result = store
-                .get_messages_for_client(TOPIC, 0, offset, 1024, 8 << 10, &TagFilter::All)
-                .await
-                .expect("a client's pull meets no damaged framing");
-            if (offset..result.next_offset).contains(&VICTIM_SEQ) {
-                served = Some(result.records[(VICTIM_SEQ - offset) as usize].clone());
+        run(|| async move {
+            let (store, _) = MessageStore::open(config).await.unwrap();
+            let mut offset = 0;
+            let mut served = None;
+            while offset <= VICTIM_SEQ {
+                let result = store
+                    .get_messages_for_client(TOPIC, 0, offset, 1024, 8 << 10, &TagFilter::All)
+                    .await
+                    .expect("a client's pull meets no damaged framing");
+                if (offset..result.next_offset).contains(&VICTIM_SEQ) {
+                    served = Some(result.records[(VICTIM_SEQ - offset) as usize].clone());
+                }
+                offset = result.next_offset;
             }
-            offset = result.next_offset;
-        }
-        let served = served.expect("the victim was served");
-        assert_eq!(served.len(), victim.1 as usize);
-        let view = shardmq_store::record::RecordView::parse_unchecked(&served).unwrap();
-        assert_eq!(view.physical_offset(), victim.0);
-        assert!(view.check_record_crc().is_ok(), "the framing is intact");
-        assert!(
-            matches!(
-                decode_message(&served),
-                Err(shardmq_store::record::RecordError::BodyCrc { .. })
-            ),
-            "the client's check finds the damaged body"
-        );
-        assert!(store.read_ahead_stats().hits > 0, "spans were read ahead");
-        // The victim's span is in the cache now, checked for a client only.
-        let error = store
-            .get_messages(TOPIC, 0, VICTIM_SEQ, 1, 1 << 20, &TagFilter::All)
-            .await
-            .expect_err("a reader inside the broker is refused the damaged body");
-        assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
-        assert!(error.to_string().contains(&victim.0.to_string()), "{error}");
-        store.close().await.unwrap();
-    });
+            let served = served.expect("the victim was served");
+            assert_eq!(served.len(), victim.1 as usize);
+            let view = shardmq_store::record::RecordView::parse_unchecked(&served).unwrap();
+            assert_eq!(view.physical_offset(), victim.0, "the framing is intact");
+            let error = decode_message(&served).expect_err("the client's check fails");
+            assert!(
+                error.to_string().contains(expected),
+                "{damage:?}: the client's check finds the damage: {error}"
+            );
+            assert!(store.read_ahead_stats().hits > 0, "spans were read ahead");
+            // The victim's span is in the cache now, its framing checked for a client only.
+            let error = store
+                .get_messages(TOPIC, 0, VICTIM_SEQ, 1, 1 << 20, &TagFilter::All)
+                .await
+                .expect_err("a reader inside the broker is refused the damaged record");
+            assert!(matches!(error, StoreError::Corrupt(_)), "{error}");
+            assert!(error.to_string().contains(&victim.0.to_string()), "{error}");
+            store.close().await.unwrap();
+        });
+    }
 }

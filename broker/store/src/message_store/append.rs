@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::consume_queue::ConsumeQueue;
 use crate::record::{copy_patched, RecordError, StorePatch};
-use crate::scan::{scan_window, Checks, ScanStop};
+use crate::scan::{scan_window, ScanStop};
 
 use super::state::{dispatch_info, get_or_create_queue, DispatchInfo, Inner};
 use super::types::{
@@ -173,7 +173,6 @@ impl MessageStore {
                 at - segment_base,
                 segment_bytes,
                 false,
-                Checks::Whole,
                 &mut |position, view| {
                     let queue = get_or_create_queue(
                         &inner.queues,

@@ -17,7 +17,6 @@ use crate::record::{
     decode_message, decode_message_framing, peek_total_size, RecordView, MESSAGE_MAGIC_CODE,
     MIN_RECORD_BYTES,
 };
-use crate::scan::{scan_window, Checks};
 
 use super::state::Inner;
 use super::types::{io_error, GetResult, GetStatus, StoreError, MAX_QUERY_ANSWER_BYTES};
@@ -93,16 +92,17 @@ impl AsRef<[u8]> for DirectRead {
 /// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
 
-/// Who checks the body CRC of a record the store reads back from disk.
+/// Who checks the CRCs of a record the store reads back from disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bodies {
-    /// The store: for readers inside the broker that copy or act on a body (delay and timer
-    /// delivery, transactions), so that a body damaged on disk is never stored again under a
-    /// fresh CRC.
+pub enum Crcs {
+    /// The store, both CRCs: for readers inside the broker that copy or act on a record
+    /// (delay and timer delivery, transactions), so that a record damaged on disk is never
+    /// stored again under a fresh CRC.
     Checked,
     /// The reader: a consumer's client checks both CRCs of every record end to end
-    /// (storage-format.md §4.8), so the store checks a record's framing and whole-record CRC
-    /// (every byte but the body) and leaves the one pass over its body to the client.
+    /// (storage-format.md §4.8), so the store checks a record's framing only (size, magic,
+    /// field lengths, that it is the record its ConsumeQueue entry names) and leaves the CRCs,
+    /// one pass over every byte, to the client.
     LeftToClient,
 }
 
@@ -124,12 +124,12 @@ impl MessageStore {
             max_bytes,
             filter: filter.clone(),
         };
-        self.read_messages(topic, queue_id, offset, pull, Bodies::Checked)
+        self.read_messages(topic, queue_id, offset, pull, Crcs::Checked)
             .await
     }
 
-    /// [`get_messages`](Self::get_messages) for a consumer's pull: the bodies of records read
-    /// from disk are left to the client's end-to-end check ([`Bodies::LeftToClient`]).
+    /// [`get_messages`](Self::get_messages) for a consumer's pull: the CRCs of records read
+    /// from disk are left to the client's end-to-end check ([`Crcs::LeftToClient`]).
     pub async fn get_messages_for_client(
         &self,
         topic: &str,
@@ -144,7 +144,7 @@ impl MessageStore {
             max_bytes,
             filter: filter.clone(),
         };
-        self.read_messages(topic, queue_id, offset, pull, Bodies::LeftToClient)
+        self.read_messages(topic, queue_id, offset, pull, Crcs::LeftToClient)
             .await
     }
 
@@ -154,7 +154,7 @@ impl MessageStore {
         queue_id: u32,
         offset: u64,
         pull: PullShape,
-        bodies: Bodies,
+        crcs: Crcs,
     ) -> Result<GetResult, StoreError> {
         let PullShape {
             max_messages,
@@ -240,8 +240,7 @@ impl MessageStore {
                 let cached = span.as_ref().and_then(|read| {
                     (start >= read.from && end <= read.from + read.bytes.len() as u64).then(|| {
                         let within = (start - read.from) as usize;
-                        let record = read.bytes.slice(within..within + entry.size as usize);
-                        (record, read.is_checked(start))
+                        read.bytes.slice(within..within + entry.size as usize)
                     })
                 });
                 let first_read = match cached {
@@ -259,24 +258,16 @@ impl MessageStore {
                             let record = read
                                 .bytes
                                 .slice(..(entry.size as usize).min(read.bytes.len()));
-                            let is_checked = read.is_checked(start);
                             is_from_segment |= !self.inner.commit_log.is_in_ring(start, end);
                             span = Some(read);
-                            Some((record, is_checked))
+                            Some(record)
                         }
                         None => None,
                     },
                 };
                 let record = self
                     .inner
-                    .read_queue_record_from(
-                        topic,
-                        queue_id,
-                        queue_offset,
-                        &entry,
-                        first_read,
-                        bodies,
-                    )
+                    .read_queue_record_from(topic, queue_id, queue_offset, &entry, first_read, crcs)
                     .await?;
                 bytes_total += record.len() as u64;
                 result.records.push(record);
@@ -453,7 +444,7 @@ impl Inner {
         if let Some(chunk_end) = self.commit_log.ring_chunk_end(start) {
             len = len.min(chunk_end - start).max(min_len);
             let bytes = self.commit_log.read(start, len).await.ok()?;
-            return Some(SpanRead::unchecked(start, bytes));
+            return Some(SpanRead { from: start, bytes });
         }
         loop {
             match self.read_ahead.lookup(start, min_len) {
@@ -470,16 +461,15 @@ impl Inner {
             Some(ticket) => self.fill_span(ticket).await,
             None => {
                 let bytes = self.commit_log.read(start, len).await.ok()?;
-                Some(SpanRead::unchecked(start, bytes))
+                Some(SpanRead { from: start, bytes })
             }
         }
     }
 
-    /// Reads the ticket's range from its segment file into the read-ahead cache, validating
-    /// every whole record in it as recovery does but the body CRC (its framing, whole-record
-    /// CRC and physical offset), so that a client's pull served from it only cross-checks
-    /// records against their ConsumeQueue entries (a reader inside the broker also checks the
-    /// body CRC).
+    /// Reads the ticket's range from its segment file into the read-ahead cache. Nothing is
+    /// checked here: each record a pull takes from the span is checked as it is served
+    /// ([`read_queue_record_from`](Self::read_queue_record_from)), and the span's records of
+    /// other queues may never be.
     async fn fill_span(&self, ticket: ReadTicket) -> Option<SpanRead> {
         let read = match self
             .commit_log
@@ -493,19 +483,7 @@ impl Inner {
                 return None;
             }
         };
-        let segment_bytes = self.commit_log.segment_bytes();
-        let base = ticket.from - ticket.from % segment_bytes;
-        let mut checked = Vec::new();
-        scan_window(
-            &read,
-            base,
-            ticket.from - base,
-            segment_bytes,
-            false,
-            Checks::Framing,
-            &mut |position, _| checked.push(base + position),
-        );
-        ticket.complete(Box::new(DirectRead(read)), checked)
+        ticket.complete(Box::new(DirectRead(read)))
     }
 
     /// Reads ahead for a consumer of `queue` whose next pull starts at queue offset `next`
@@ -621,22 +599,21 @@ impl Inner {
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
     ) -> Result<Bytes, StoreError> {
-        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None, Bodies::Checked)
+        self.read_queue_record_from(topic, queue_id, queue_offset, entry, None, Crcs::Checked)
             .await
     }
 
     /// Reads and validates the record `entry` names; `first_read` is its bytes when already
-    /// read (as the entry's size says) and whether their framing and whole-record CRC were
-    /// checked when they were read from disk (a record of a read-ahead span); `bodies` whether
-    /// its body CRC is checked here or left to the client.
+    /// read (as the entry's size says, from a span); `crcs` whether its CRCs are checked here
+    /// or left to the client.
     async fn read_queue_record_from(
         &self,
         topic: &str,
         queue_id: u32,
         queue_offset: u64,
         entry: &ConsumeQueueEntry,
-        first_read: Option<(Bytes, bool)>,
-        bodies: Bodies,
+        first_read: Option<Bytes>,
+        crcs: Crcs,
     ) -> Result<Bytes, StoreError> {
         let read = |size: u64| {
             let commit_log = &self.commit_log;
@@ -657,12 +634,9 @@ impl Inner {
         // Sizes from disk are bounded before they are read: a damaged entry's size, and the
         // record's own, at most the largest record this store takes.
         let cap = self.record_cap();
-        let (mut bytes, mut is_checked) = match first_read {
+        let mut bytes = match first_read {
             Some(read) => read,
-            None => (
-                read(u64::from(entry.size).min(readable).min(cap)).await?,
-                false,
-            ),
+            None => read(u64::from(entry.size).min(readable).min(cap)).await?,
         };
         // The CommitLog is the truth: when the entry's size disagrees with the record's own
         // (a damaged ConsumeQueue), the record is read by its own size, so a client never gets
@@ -681,7 +655,6 @@ impl Inner {
                     "ConsumeQueue entry size disagrees with its record; serving the record by its own size (run `shardmq-broker verify`)"
                 );
                 bytes = read(own_size).await?;
-                is_checked = false;
             }
         }
         let own_size = own_size.unwrap_or(0);
@@ -691,26 +664,20 @@ impl Inner {
                 entry.commitlog_offset
             )));
         }
-        // A record read from disk is validated (its framing and whole-record CRC, and its body
-        // CRC unless the client checks that): one damaged there is reported, never served; a
-        // read-ahead span's records had their framing checked as it was read. One still in the
-        // write ring was encoded and checked by this process moments ago; the client checks
-        // both CRCs end to end (storage-format.md §4.5).
+        // A record read from disk is validated: its framing always (a record whose framing is
+        // damaged is reported, never served), its CRCs unless the client checks them end to
+        // end (storage-format.md §4.8). One still in the write ring was encoded and checked by
+        // this process moments ago.
         let from_ring = self.commit_log.is_in_ring(
             entry.commitlog_offset,
             entry.commitlog_offset + bytes.len() as u64,
         );
         let parsed = if from_ring {
             RecordView::parse_unchecked(&bytes)
-        } else if is_checked {
-            RecordView::parse_unchecked(&bytes).and_then(|view| match bodies {
-                Bodies::Checked => view.check_body_crc().map(|()| view),
-                Bodies::LeftToClient => Ok(view),
-            })
         } else {
-            match bodies {
-                Bodies::Checked => decode_message(&bytes),
-                Bodies::LeftToClient => decode_message_framing(&bytes),
+            match crcs {
+                Crcs::Checked => decode_message(&bytes),
+                Crcs::LeftToClient => decode_message_framing(&bytes),
             }
         };
         let view = parsed.map_err(|e| {

@@ -20,7 +20,7 @@ use crate::journal::Journal;
 use crate::notify::LocalNotify;
 use crate::read_ahead::ReadAhead;
 use crate::record::{RecordView, BLANK_MIN_BYTES};
-use crate::scan::{scan_window, Checks, ScanStop};
+use crate::scan::{scan_window, ScanStop};
 
 use super::state::{
     dispatch_info, entry_of, get_or_create_queue, DispatchInfo, Inner, PendingDispatch,
@@ -461,7 +461,6 @@ fn replay_journal(
             at - segment_base,
             segment_bytes,
             false,
-            Checks::Whole,
             &mut |position, view| on_record(segment_base + position, view),
         );
         match stop {
