@@ -5,9 +5,11 @@
 //! master or of the controller leader for longer than the heartbeat timeout, and the master or
 //! a slave restarted after a simulated power loss (its CommitLog cut back to its last
 //! checkpoint, the rest reading as zeros), a crash-looping master (killed and restarted
-//! three times in quick succession), and a master cut off from every controller (a network
-//! partition through TCP proxies the test owns, one per broker and controller) while it keeps
-//! serving its clients and slaves.
+//! three times in quick succession), a master cut off from every controller (a network
+//! partition through TCP proxies the test owns, one per broker and controller or name server)
+//! while it keeps serving its clients and slaves, a master whose messages to the controllers
+//! are held while their connections stay open (a one-way loss), and a master cut off from
+//! every name server (it cannot register; routes lose it).
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -54,6 +56,12 @@ enum Fault {
     /// longer than the broker timeout while it keeps running and serving producers, consumers
     /// and its slaves; then the links come back.
     PartitionMaster,
+    /// Everything the master sends to the controllers is held (its connections stay open and
+    /// answers could still arrive) for longer than the broker timeout; then it is delivered.
+    StallMasterToControllers,
+    /// The master is cut off from every name server for longer than their broker timeout
+    /// while it keeps running, serving and reaching the controllers.
+    PartitionMasterFromNameServers,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -69,6 +77,8 @@ fn faults() -> Vec<Fault> {
         Fault::SlavePowerLossThenKillMaster,
         Fault::CrashLoopMaster,
         Fault::PartitionMaster,
+        Fault::StallMasterToControllers,
+        Fault::PartitionMasterFromNameServers,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
         Ok(names) => {
@@ -215,9 +225,16 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                 let master = before.master_id;
                 power_loss(group.broker(master));
             }
-            Fault::PartitionMaster => {
+            Fault::PartitionMaster | Fault::StallMasterToControllers => {
                 let master = before.master_id;
-                group.cut_from_controllers(master, true);
+                let isolate = |on: bool| {
+                    if fault == Fault::PartitionMaster {
+                        group.cut_from_controllers(master, on);
+                    } else {
+                        group.stall_to_controllers(master, on);
+                    }
+                };
+                isolate(true);
                 let cut_at = Instant::now();
                 let mut elected_after = None;
                 while cut_at.elapsed() < PAUSE {
@@ -230,13 +247,37 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                group.cut_from_controllers(master, false);
+                isolate(false);
                 if let Some(after) = elected_after {
                     eprintln!(
-                        "chaos round {round}: another master elected {} ms after the partition",
-                        after.as_millis()
+                        "chaos round {round}: another master elected {} ms after the {}",
+                        after.as_millis(),
+                        if fault == Fault::PartitionMaster {
+                            "partition"
+                        } else {
+                            "one-way loss"
+                        }
                     );
                     partition_elections.push(after);
+                }
+            }
+            Fault::PartitionMasterFromNameServers => {
+                let master = before.master_id;
+                group.cut_from_name_servers(master, true);
+                std::thread::sleep(PAUSE);
+                group.cut_from_name_servers(master, false);
+                let healed_at = Instant::now();
+                let at_heal = load.count();
+                wait_until(
+                    SETTLE,
+                    "writes after the name servers are reachable again",
+                    || (load.count() > at_heal).then_some(()),
+                );
+                if let Some(first) = load.first_ack_after(healed_at) {
+                    eprintln!(
+                        "chaos round {round}: writes {} ms after the name servers are reachable again",
+                        (first - healed_at).as_millis()
+                    );
                 }
             }
             Fault::PauseMaster => {
@@ -385,7 +426,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
         "chaos: {rounds} rounds {injected:?}; {} acknowledged, {} deliveries; lost {lost}, \
          unconsumed {unconsumed}, skipped {skipped}, diverged {}, duplicates {duplicates}; \
          writes back after a master's kill -9 (ms): {:?}; another master elected after a \
-         master's partition (ms): {:?}",
+         master's partition or one-way loss (ms): {:?}",
         acknowledged.len(),
         deliveries.len(),
         diverged.len(),

@@ -38,6 +38,8 @@ pub struct HaGroup {
     /// Per broker (index id - 1), the links to each controller when the group was started
     /// with [`start_partitionable`](HaGroup::start_partitionable); empty otherwise.
     pub controller_links: Vec<Vec<TcpProxy>>,
+    /// Per broker (index id - 1), the links to each name server, as `controller_links`.
+    pub namesrv_links: Vec<Vec<TcpProxy>>,
     pub _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -51,8 +53,10 @@ impl HaGroup {
         HaGroup::start_each(extra, |_| Vec::new())
     }
 
-    /// Starts the group with each broker reaching each controller through a [`TcpProxy`] of
-    /// its own ([`cut_from_controllers`](HaGroup::cut_from_controllers)).
+    /// Starts the group with each broker reaching each controller and each name server through
+    /// a [`TcpProxy`] of its own ([`cut_from_controllers`](HaGroup::cut_from_controllers),
+    /// [`stall_to_controllers`](HaGroup::stall_to_controllers),
+    /// [`cut_from_name_servers`](HaGroup::cut_from_name_servers)).
     pub fn start_partitionable() -> HaGroup {
         HaGroup::start_inner(&[], |_| Vec::new(), true)
     }
@@ -61,6 +65,24 @@ impl HaGroup {
     /// running and serving clients and replicas, but reaches no controller.
     pub fn cut_from_controllers(&self, id: i64, cut: bool) {
         for link in &self.controller_links[(id - 1) as usize] {
+            link.set_cut(cut);
+        }
+    }
+
+    /// Holds (`true`) or lets through again (`false`) everything broker `id` sends to the
+    /// controllers, on connections it holds and new ones: a one-way loss. Its connections stay
+    /// open and what the controllers send still arrives; its requests wait in the proxy (as
+    /// across a link that drops one direction until it heals, when TCP delivers them late).
+    pub fn stall_to_controllers(&self, id: i64, stalled: bool) {
+        for link in &self.controller_links[(id - 1) as usize] {
+            link.set_stalled(Direction::ToTarget, stalled);
+        }
+    }
+
+    /// Cuts (`true`) or restores (`false`) broker `id`'s links to every name server: it keeps
+    /// running, serving clients and replicas and reaching the controllers, but cannot register.
+    pub fn cut_from_name_servers(&self, id: i64, cut: bool) {
+        for link in &self.namesrv_links[(id - 1) as usize] {
             link.set_cut(cut);
         }
     }
@@ -111,7 +133,23 @@ impl HaGroup {
             .join(",");
         let mut brokers = Vec::new();
         let mut controller_links = Vec::new();
+        let mut namesrv_links = Vec::new();
         for id in 1..=3 {
+            let broker_namesrv_list = if proxied {
+                let links: Vec<TcpProxy> = controllers
+                    .iter()
+                    .map(|c| TcpProxy::start(&c.as_ref().unwrap().addr().to_string()))
+                    .collect();
+                let list = links
+                    .iter()
+                    .map(|link| link.address().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                namesrv_links.push(links);
+                list
+            } else {
+                namesrv_list.clone()
+            };
             let controller_list = if proxied {
                 let links: Vec<TcpProxy> = controller_addresses
                     .iter()
@@ -133,7 +171,7 @@ impl HaGroup {
             let id = id.to_string();
             let mut args = vec![
                 "--namesrv",
-                &namesrv_list,
+                &broker_namesrv_list,
                 "--broker-role",
                 "auto",
                 "--broker-id",
@@ -160,6 +198,7 @@ impl HaGroup {
             namesrv_list,
             brokers,
             controller_links,
+            namesrv_links,
             _dirs: dirs,
         };
         wait_until(SETTLE, "a master and all three brokers in sync", || {
@@ -408,6 +447,8 @@ pub fn status_request(client: &mut TestClient) -> Option<shardmq_schema::Verifie
 pub struct TcpProxy {
     address: String,
     cut: Arc<AtomicBool>,
+    /// Per direction ([`Direction`] as index): bytes are held, not forwarded.
+    stalled: Arc<[AtomicBool; 2]>,
     live: Arc<Mutex<Vec<std::net::TcpStream>>>,
     stop: Arc<AtomicBool>,
 }
@@ -417,11 +458,14 @@ impl TcpProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
         let address = listener.local_addr().unwrap().to_string();
         let cut = Arc::new(AtomicBool::new(false));
+        let stalled: Arc<[AtomicBool; 2]> =
+            Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
         let live: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         listener.set_nonblocking(true).unwrap();
         let target = target.to_owned();
-        let (cut_, live_, stop_) = (cut.clone(), live.clone(), stop.clone());
+        let (cut_, stalled_, live_, stop_) =
+            (cut.clone(), stalled.clone(), live.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop_.load(Ordering::Relaxed) {
                 let incoming = match listener.accept() {
@@ -447,12 +491,17 @@ impl TcpProxy {
                     held.retain(|s| s.peer_addr().is_ok());
                     held.extend([incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()]);
                 }
-                for (mut from, mut to) in [
-                    (incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()),
-                    (outgoing, incoming),
+                for (direction, mut from, mut to) in [
+                    (
+                        Direction::ToTarget,
+                        incoming.try_clone().unwrap(),
+                        outgoing.try_clone().unwrap(),
+                    ),
+                    (Direction::FromTarget, outgoing, incoming),
                 ] {
+                    let (stalled, stop) = (stalled_.clone(), stop_.clone());
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
+                        forward(&mut from, &mut to, &stalled[direction as usize], &stop);
                         let _ = to.shutdown(std::net::Shutdown::Both);
                         let _ = from.shutdown(std::net::Shutdown::Both);
                     });
@@ -462,6 +511,7 @@ impl TcpProxy {
         TcpProxy {
             address,
             cut,
+            stalled,
             live,
             stop,
         }
@@ -472,6 +522,13 @@ impl TcpProxy {
         &self.address
     }
 
+    /// Holds (`true`) or lets through again (`false`) the bytes of one direction, on every
+    /// connection: while held, the forwarder reads no more of them (TCP's own backpressure
+    /// reaches the sender); once let through, what was held arrives, late.
+    pub fn set_stalled(&self, direction: Direction, stalled: bool) {
+        self.stalled[direction as usize].store(stalled, Ordering::Relaxed);
+    }
+
     /// Cuts (`true`) or restores (`false`) the link.
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::Relaxed);
@@ -479,6 +536,42 @@ impl TcpProxy {
             for stream in self.live.lock().unwrap().drain(..) {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
+        }
+    }
+}
+
+/// One direction of a [`TcpProxy`]'s connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From the proxy's clients to its target.
+    ToTarget = 0,
+    /// From the target back to the clients.
+    FromTarget = 1,
+}
+
+/// Copies `from` to `to` until either ends (or the proxy stops), holding each chunk while
+/// `stalled` is set.
+fn forward(
+    from: &mut std::net::TcpStream,
+    to: &mut std::net::TcpStream,
+    stalled: &AtomicBool,
+    stop: &AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let read = match from.read(&mut buffer) {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        while stalled.load(Ordering::Relaxed) {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            return;
         }
     }
 }
