@@ -4,7 +4,8 @@
 # fault at a random moment under continuous produce and consume (kill -9 of the master or a
 # slave, SIGSTOP of the master or of the controller leader past the heartbeat timeout, a slave
 # or the master restarted after a simulated power loss, a crash-looping master, the master cut
-# off from the controllers or from the name servers, its messages to the controllers held); the checker
+# off from the controllers or from the name servers, its messages to the controllers held or
+# slowed); the checker
 # then reports acknowledged messages lost, unconsumed, skipped and diverged (each must be 0),
 # duplicates, and how long writes took to come back after each kill -9 of the master.
 #
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "chaos: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

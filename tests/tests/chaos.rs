@@ -8,8 +8,9 @@
 //! three times in quick succession), a master cut off from every controller (a network
 //! partition through TCP proxies the test owns, one per broker and controller or name server)
 //! while it keeps serving its clients and slaves, a master whose messages to the controllers
-//! are held while their connections stay open (a one-way loss), and a master cut off from
-//! every name server (it cannot register; routes lose it).
+//! are held while their connections stay open (a one-way loss), a master whose links to the
+//! controllers turn slow (0.3-1.5 s each way), and a master cut off from every name server (it
+//! cannot register; routes lose it).
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -59,6 +60,9 @@ enum Fault {
     /// Everything the master sends to the controllers is held (its connections stay open and
     /// answers could still arrive) for longer than the broker timeout; then it is delivered.
     StallMasterToControllers,
+    /// Everything between the master and the controllers arrives 0.3-1.5 s late, each way,
+    /// for 3.5 s (heartbeats every 300 ms, a 2 s broker timeout); then the link is quick again.
+    SlowMasterToControllers,
     /// The master is cut off from every name server for longer than their broker timeout
     /// while it keeps running, serving and reaching the controllers.
     PartitionMasterFromNameServers,
@@ -78,6 +82,7 @@ fn faults() -> Vec<Fault> {
         Fault::CrashLoopMaster,
         Fault::PartitionMaster,
         Fault::StallMasterToControllers,
+        Fault::SlowMasterToControllers,
         Fault::PartitionMasterFromNameServers,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
@@ -260,6 +265,17 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                     );
                     partition_elections.push(after);
                 }
+            }
+            Fault::SlowMasterToControllers => {
+                let master = before.master_id;
+                let delay = Duration::from_millis(rng.in_range(300..=1500));
+                eprintln!(
+                    "chaos round {round}: the master's controller links {} ms late each way",
+                    delay.as_millis()
+                );
+                group.delay_controller_links(master, delay);
+                std::thread::sleep(PAUSE);
+                group.delay_controller_links(master, Duration::ZERO);
             }
             Fault::PartitionMasterFromNameServers => {
                 let master = before.master_id;

@@ -6,7 +6,7 @@
 #![allow(dead_code)] // each test file uses a part
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,14 @@ impl HaGroup {
     pub fn stall_to_controllers(&self, id: i64, stalled: bool) {
         for link in &self.controller_links[(id - 1) as usize] {
             link.set_stalled(Direction::ToTarget, stalled);
+        }
+    }
+
+    /// Delays everything between broker `id` and every controller by `delay` each way (zero:
+    /// none); its connections stay open.
+    pub fn delay_controller_links(&self, id: i64, delay: Duration) {
+        for link in &self.controller_links[(id - 1) as usize] {
+            link.set_delay(delay);
         }
     }
 
@@ -449,6 +457,8 @@ pub struct TcpProxy {
     cut: Arc<AtomicBool>,
     /// Per direction ([`Direction`] as index): bytes are held, not forwarded.
     stalled: Arc<[AtomicBool; 2]>,
+    /// Milliseconds each chunk waits before it is forwarded, both directions.
+    delay_ms: Arc<AtomicU64>,
     live: Arc<Mutex<Vec<std::net::TcpStream>>>,
     stop: Arc<AtomicBool>,
 }
@@ -458,14 +468,20 @@ impl TcpProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
         let address = listener.local_addr().unwrap().to_string();
         let cut = Arc::new(AtomicBool::new(false));
+        let delay_ms = Arc::new(AtomicU64::new(0));
         let stalled: Arc<[AtomicBool; 2]> =
             Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
         let live: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         listener.set_nonblocking(true).unwrap();
         let target = target.to_owned();
-        let (cut_, stalled_, live_, stop_) =
-            (cut.clone(), stalled.clone(), live.clone(), stop.clone());
+        let (cut_, stalled_, delay_ms_, live_, stop_) = (
+            cut.clone(),
+            stalled.clone(),
+            delay_ms.clone(),
+            live.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || {
             while !stop_.load(Ordering::Relaxed) {
                 let incoming = match listener.accept() {
@@ -499,9 +515,16 @@ impl TcpProxy {
                     ),
                     (Direction::FromTarget, outgoing, incoming),
                 ] {
-                    let (stalled, stop) = (stalled_.clone(), stop_.clone());
+                    let (stalled, delay_ms, stop) =
+                        (stalled_.clone(), delay_ms_.clone(), stop_.clone());
                     std::thread::spawn(move || {
-                        forward(&mut from, &mut to, &stalled[direction as usize], &stop);
+                        forward(
+                            &mut from,
+                            &mut to,
+                            &stalled[direction as usize],
+                            &delay_ms,
+                            &stop,
+                        );
                         let _ = to.shutdown(std::net::Shutdown::Both);
                         let _ = from.shutdown(std::net::Shutdown::Both);
                     });
@@ -512,6 +535,7 @@ impl TcpProxy {
             address,
             cut,
             stalled,
+            delay_ms,
             live,
             stop,
         }
@@ -527,6 +551,16 @@ impl TcpProxy {
     /// reaches the sender); once let through, what was held arrives, late.
     pub fn set_stalled(&self, direction: Direction, stalled: bool) {
         self.stalled[direction as usize].store(stalled, Ordering::Relaxed);
+    }
+
+    /// Delays every chunk by `delay` before it is forwarded, both directions (zero: none). A
+    /// chunk is what one read of the sender's bytes returned, so a request and its answer each
+    /// arrive `delay` late, and what follows a chunk waits behind it (a slow, not a lossy link).
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Cuts (`true`) or restores (`false`) the link.
@@ -550,11 +584,12 @@ pub enum Direction {
 }
 
 /// Copies `from` to `to` until either ends (or the proxy stops), holding each chunk while
-/// `stalled` is set.
+/// `stalled` is set and for `delay_ms` first.
 fn forward(
     from: &mut std::net::TcpStream,
     to: &mut std::net::TcpStream,
     stalled: &AtomicBool,
+    delay_ms: &AtomicU64,
     stop: &AtomicBool,
 ) {
     use std::io::{Read, Write};
@@ -564,6 +599,10 @@ fn forward(
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
+        let delay = delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
         while stalled.load(Ordering::Relaxed) {
             if stop.load(Ordering::Relaxed) {
                 return;
