@@ -149,17 +149,21 @@ struct State {
 }
 
 impl State {
+    /// Where the unfinished message at `offset` is: its segment's index and its entry's.
+    fn find_unfinished(&self, offset: i64) -> Option<(usize, usize)> {
+        let at = self
+            .segments
+            .iter()
+            .position(|s| s.last_offset().is_some_and(|last| offset <= last))?;
+        let entries = &self.segments[at].entries;
+        let index = entries.binary_search_by_key(&offset, |e| e.offset).ok()?;
+        (!entries[index].is_finished).then_some((at, index))
+    }
+
     /// The entry of the unfinished message at `offset`, with its segment.
     fn unfinished_mut(&mut self, offset: i64) -> Option<(&mut Segment, usize)> {
-        let segment = self
-            .segments
-            .iter_mut()
-            .find(|s| s.last_offset().is_some_and(|last| offset <= last))?;
-        let index = segment
-            .entries
-            .binary_search_by_key(&offset, |e| e.offset)
-            .ok()?;
-        (!segment.entries[index].is_finished).then_some((segment, index))
+        let (at, index) = self.find_unfinished(offset)?;
+        Some((&mut self.segments[at], index))
     }
 
     /// Unfinished messages at `offsets` (in the order asked), with their segments.
@@ -168,16 +172,9 @@ impl State {
         offsets: &'a [i64],
     ) -> impl Iterator<Item = (&'a Segment, &'a Entry)> + 'a {
         offsets.iter().filter_map(move |&offset| {
-            let segment = self
-                .segments
-                .iter()
-                .find(|s| s.last_offset().is_some_and(|last| offset <= last))?;
-            let index = segment
-                .entries
-                .binary_search_by_key(&offset, |e| e.offset)
-                .ok()?;
-            let entry = &segment.entries[index];
-            (!entry.is_finished).then_some((segment, entry))
+            let (at, index) = self.find_unfinished(offset)?;
+            let segment = &self.segments[at];
+            Some((segment, &segment.entries[index]))
         })
     }
 

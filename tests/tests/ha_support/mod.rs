@@ -143,35 +143,18 @@ impl HaGroup {
         let mut controller_links = Vec::new();
         let mut namesrv_links = Vec::new();
         for id in 1..=3 {
-            let broker_namesrv_list = if proxied {
-                let links: Vec<TcpProxy> = controllers
+            let (broker_namesrv_list, controller_list) = if proxied {
+                let namesrv_addresses: Vec<String> = controllers
                     .iter()
-                    .map(|c| TcpProxy::start(&c.as_ref().unwrap().addr().to_string()))
+                    .map(|c| c.as_ref().unwrap().addr().to_string())
                     .collect();
-                let list = links
-                    .iter()
-                    .map(|link| link.address().to_owned())
-                    .collect::<Vec<_>>()
-                    .join(",");
+                let (links, namesrvs) = proxies_to(&namesrv_addresses);
                 namesrv_links.push(links);
-                list
-            } else {
-                namesrv_list.clone()
-            };
-            let controller_list = if proxied {
-                let links: Vec<TcpProxy> = controller_addresses
-                    .iter()
-                    .map(|address| TcpProxy::start(address))
-                    .collect();
-                let list = links
-                    .iter()
-                    .map(|link| link.address().to_owned())
-                    .collect::<Vec<_>>()
-                    .join(",");
+                let (links, controllers) = proxies_to(&controller_addresses);
                 controller_links.push(links);
-                list
+                (namesrvs, controllers)
             } else {
-                controller_addresses.join(",")
+                (namesrv_list.clone(), controller_addresses.join(","))
             };
             let dir = tempfile::tempdir().unwrap();
             let ha = format!("127.0.0.1:{}", free_port());
@@ -446,6 +429,17 @@ pub fn status_request(client: &mut TestClient) -> Option<shardmq_schema::Verifie
             (wire::Body::ControllerStatusRequest, body.as_union_value())
         })
         .ok()
+}
+
+/// A proxy to each of `targets`, and their addresses as a comma-separated list.
+fn proxies_to(targets: &[String]) -> (Vec<TcpProxy>, String) {
+    let links: Vec<TcpProxy> = targets.iter().map(|t| TcpProxy::start(t)).collect();
+    let list = links
+        .iter()
+        .map(|link| link.address().to_owned())
+        .collect::<Vec<_>>()
+        .join(",");
+    (links, list)
 }
 
 /// A TCP forwarder on a free loopback port to one target, which the test can cut
