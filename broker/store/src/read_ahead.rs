@@ -1,14 +1,13 @@
 //! The read-ahead cache: CommitLog spans read from segment files for pulls, kept in memory so
-//! that a consumer draining a backlog finds the records of its next pull already read (and
-//! validated) while its current answer is on the wire.
+//! that a consumer draining a backlog finds the records of its next pull already read while
+//! its current answer is on the wire.
 //!
 //! Owns the cached spans (the O_DIRECT read buffers themselves, handed to readers as `Bytes`
-//! slices without a copy), which record starts of each span were validated when it was read,
-//! the ConsumeQueue entries read ahead for a queue's next pull (one run per queue), and the
+//! slices without a copy), the ConsumeQueue entries read ahead for a queue's next pull (one run per queue), and the
 //! byte bound (`readahead_bytes`): it counts spans being read, spans cached, spans evicted
 //! while a reader (a pull answer on its way out) still holds a slice of them, and entries.
-//! Never: reading files, deciding what to read ahead, or cross-checking a record against its
-//! ConsumeQueue entry (the message store's read path does these); it never holds a byte the
+//! Never: reading files, deciding what to read ahead, or validating a record or
+//! cross-checking it against its ConsumeQueue entry (the message store's read path does these); it never holds a byte the
 //! caller did not read below the CommitLog's written offset.
 //!
 //! Data enters by [`ReadAhead::reserve`] (room for a read, which also marks the range as being
