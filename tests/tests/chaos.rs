@@ -109,6 +109,34 @@ struct Delivery {
     body: Vec<u8>,
 }
 
+/// Writes back after a master's kill -9 later than this (the issue's target) print the tails
+/// of every process's log.
+const SLOW_WRITES_BACK: Duration = Duration::from_secs(3);
+const LOG_TAIL_LINES: usize = 200;
+
+/// Prints the last [`LOG_TAIL_LINES`] lines of each broker's and name server's log.
+fn print_log_tails(group: &mut HaGroup) {
+    let tail = |lines: Vec<String>| {
+        let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+        lines[from..].join("\n")
+    };
+    for id in 1..=3 {
+        eprintln!(
+            "---- broker {id} ----\n{}",
+            tail(group.broker(id).log_lines())
+        );
+    }
+    for (i, controller) in group.controllers.iter().enumerate() {
+        if let Some(controller) = controller {
+            eprintln!(
+                "---- name server {} ----\n{}",
+                i + 1,
+                tail(controller.log_lines())
+            );
+        }
+    }
+}
+
 /// How long a paused process stays paused: longer than the controller's broker timeout
 /// (2 s in `HaGroup`) and the Raft election timeout.
 const PAUSE: Duration = Duration::from_millis(3500);
@@ -203,6 +231,15 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                         (first - killed_at).as_millis()
                     );
                     write_resume.push(first - killed_at);
+                    if first - killed_at > SLOW_WRITES_BACK {
+                        // Kept for the next reader: such a kill is intermittent, and the
+                        // processes' logs are gone once the run ends.
+                        eprintln!(
+                            "chaos round {round}: writes back took over {SLOW_WRITES_BACK:?}; \
+                             the last {LOG_TAIL_LINES} lines of each process's log follow"
+                        );
+                        print_log_tails(&mut group);
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(rng.in_range(0..=1000)));
                 group.broker(master).restart();
