@@ -54,6 +54,14 @@ struct PullShape {
 }
 
 impl PullShape {
+    fn new(max_messages: u32, max_bytes: u64, filter: &TagFilter) -> PullShape {
+        PullShape {
+            max_messages,
+            max_bytes,
+            filter: filter.clone(),
+        }
+    }
+
     /// Where each of the next [`PULLS_AHEAD`] pulls shaped like this one will start reading,
     /// as `(physical offset, its first record's size)`, found from the queue's `entries` from
     /// the next pull's offset on with the pull's own rules (entries gone or filtered out are
@@ -123,11 +131,7 @@ impl MessageStore {
         max_bytes: u64,
         filter: &TagFilter,
     ) -> Result<GetResult, StoreError> {
-        let pull = PullShape {
-            max_messages,
-            max_bytes,
-            filter: filter.clone(),
-        };
+        let pull = PullShape::new(max_messages, max_bytes, filter);
         self.read_messages(topic, queue_id, offset, pull, Crcs::Checked)
             .await
     }
@@ -143,11 +147,7 @@ impl MessageStore {
         max_bytes: u64,
         filter: &TagFilter,
     ) -> Result<GetResult, StoreError> {
-        let pull = PullShape {
-            max_messages,
-            max_bytes,
-            filter: filter.clone(),
-        };
+        let pull = PullShape::new(max_messages, max_bytes, filter);
         self.read_messages(topic, queue_id, offset, pull, Crcs::LeftToClient)
             .await
     }
@@ -831,11 +831,8 @@ mod tests {
     #[test]
     fn the_next_pulls_start_where_the_pulls_will_start() {
         let entries: Vec<_> = (10..20).map(|offset| entry(offset, 7)).collect();
-        let shape = |max_messages, max_bytes| PullShape {
-            max_messages,
-            max_bytes,
-            filter: TagFilter::All,
-        };
+        let shape =
+            |max_messages, max_bytes| PullShape::new(max_messages, max_bytes, &TagFilter::All);
         // 250 bytes: two records a pull.
         assert_eq!(
             shape(100, 250).starts(&entries, 0),
@@ -856,11 +853,7 @@ mod tests {
         // So are entries the pull's filter leaves out.
         let mut tagged = entries.clone();
         tagged[1].tags_hash = 9;
-        let filtered = PullShape {
-            max_messages: 1,
-            max_bytes: 1 << 20,
-            filter: TagFilter::parse("a"),
-        };
+        let filtered = PullShape::new(1, 1 << 20, &TagFilter::parse("a"));
         let wanted = match &filtered.filter {
             TagFilter::Tags { hashes, .. } => hashes[0],
             TagFilter::All => unreachable!("a tag was given"),
