@@ -4,8 +4,8 @@
 # fault at a random moment under continuous produce and consume (kill -9 of the master or a
 # slave, SIGSTOP of the master or of the controller leader past the heartbeat timeout, a slave
 # or the master restarted after a simulated power loss, a crash-looping master, the master cut
-# off from the controllers or from the name servers, its messages to the controllers held or
-# slowed); the checker
+# off from the controllers, the name servers or its slaves, its messages to the controllers
+# held or slowed, its slaves' acknowledgements held); the checker
 # then reports acknowledged messages lost, unconsumed, skipped and diverged (each must be 0),
 # duplicates, and how long writes took to come back after each kill -9 of the master.
 #

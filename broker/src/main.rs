@@ -132,6 +132,9 @@ struct ServeArgs {
     /// A master's address for its slaves (host:port). [default: the listen port + 1]
     #[arg(long)]
     ha_listen: Option<String>,
+    /// The HA address given to the controllers and name servers, where slaves connect (host:port; RocketMQ's brokerIP2 with haListenPort), for an HA listener reached through a proxy or NAT. [default: the HA listen address]
+    #[arg(long)]
+    ha_advertise: Option<String>,
     /// A slave's master HA address (host:port); without it, learned from the name servers.
     #[arg(long)]
     ha_master: Option<String>,
@@ -285,6 +288,7 @@ impl ServeArgs {
             broker_id,
             broker_role,
             ha_listen,
+            ha_advertise,
             ha_master,
             replica_metadata_interval_ms,
             slave_read_lag_bytes,

@@ -9,8 +9,10 @@
 //! partition through TCP proxies the test owns, one per broker and controller or name server)
 //! while it keeps serving its clients and slaves, a master whose messages to the controllers
 //! are held while their connections stay open (a one-way loss), a master whose links to the
-//! controllers turn slow (0.3-1.5 s each way), and a master cut off from every name server (it
-//! cannot register; routes lose it).
+//! controllers turn slow (0.3-1.5 s each way), a master cut off from every name server (it
+//! cannot register; routes lose it), a master cut off from its slaves (the replication links
+//! through the proxy its `--ha-advertise` names), and a master whose slaves' acknowledgements
+//! are held (a one-way loss on the replication links).
 //! After the rounds a checker compares the whole history:
 //! - every acknowledged message is stored on every broker (lost: 0);
 //! - the consumer group consumed every acknowledged message (unconsumed: 0), and consumed every
@@ -66,6 +68,14 @@ enum Fault {
     /// The master is cut off from every name server for longer than their broker timeout
     /// while it keeps running, serving and reaching the controllers.
     PartitionMasterFromNameServers,
+    /// The replication links between the master and its slaves are cut (dropped, new ones
+    /// refused) for longer than the broker timeout, while every broker keeps reaching the
+    /// controllers, the name servers and the clients; then they come back.
+    PartitionMasterFromSlaves,
+    /// Everything the slaves send the master on their replication links (acknowledgements,
+    /// requests) is held for longer than the broker timeout while the master's bytes still
+    /// reach them; then it is delivered, late.
+    StallSlavesToMaster,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -84,6 +94,8 @@ fn faults() -> Vec<Fault> {
         Fault::StallMasterToControllers,
         Fault::SlowMasterToControllers,
         Fault::PartitionMasterFromNameServers,
+        Fault::PartitionMasterFromSlaves,
+        Fault::StallSlavesToMaster,
     ];
     match std::env::var("SHARDMQ_CHAOS_FAULTS") {
         Ok(names) => {
@@ -332,6 +344,29 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                         (first - healed_at).as_millis()
                     );
                 }
+            }
+            Fault::PartitionMasterFromSlaves | Fault::StallSlavesToMaster => {
+                let master = before.master_id;
+                let isolate = |on: bool| {
+                    if fault == Fault::PartitionMasterFromSlaves {
+                        group.cut_from_slaves(master, on);
+                    } else {
+                        group.stall_from_slaves(master, on);
+                    }
+                };
+                let at_cut = load.count();
+                isolate(true);
+                std::thread::sleep(PAUSE);
+                let during = load.count() - at_cut;
+                isolate(false);
+                eprintln!(
+                    "chaos round {round}: {during} sends acknowledged while the master {} its slaves",
+                    if fault == Fault::PartitionMasterFromSlaves {
+                        "was cut off from"
+                    } else {
+                        "heard nothing from"
+                    }
+                );
             }
             Fault::PauseMaster => {
                 let master = before.master_id;

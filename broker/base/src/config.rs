@@ -112,6 +112,10 @@ pub struct BrokerConfig {
     pub broker_role: String,
     /// A master's address for its slaves (`host:port`); empty: the listen port + 1.
     pub ha_listen: String,
+    /// The HA address this broker gives the controllers and the name servers, where its
+    /// slaves connect when it is master (RocketMQ's `brokerIP2` with `haListenPort`): for a
+    /// listener reached through a proxy or a NAT. Empty: the HA listen address.
+    pub ha_advertise: String,
     /// A slave's master HA address (`host:port`); empty: learned from the name servers.
     pub ha_master: String,
     /// How often a slave copies its master's consumer offsets and delivery progress, ms.
@@ -245,6 +249,7 @@ impl Default for BrokerConfig {
             metrics_listen: String::new(),
             broker_role: "async-master".to_owned(),
             ha_listen: String::new(),
+            ha_advertise: String::new(),
             ha_master: String::new(),
             replica_metadata_interval_ms: 10_000,
             slave_read_enable: false,
@@ -307,6 +312,20 @@ impl BrokerConfig {
             listen.port().wrapping_add(1)
         };
         Ok(Some(SocketAddr::new(listen.ip(), port)))
+    }
+
+    /// The HA address slaves are told to connect to: `ha_advertise`, else `listening` (the
+    /// address the HA listener got).
+    pub fn ha_advertised_addr(&self, listening: SocketAddr) -> Result<SocketAddr, String> {
+        if self.ha_advertise.is_empty() {
+            return Ok(listening);
+        }
+        self.ha_advertise.parse().map_err(|e| {
+            format!(
+                "ha_advertise address `{}` is not host:port: {e}",
+                self.ha_advertise
+            )
+        })
     }
 
     /// The metrics endpoint's address, if one is configured.
@@ -377,7 +396,9 @@ impl BrokerConfig {
         } else {
             self.broker_role.parse()?
         };
-        self.ha_listen_addr()?;
+        if let Some(listening) = self.ha_listen_addr()? {
+            self.ha_advertised_addr(listening)?;
+        }
         match role {
             _ if self.is_auto() => {}
             BrokerRole::Slave => {
@@ -550,5 +571,25 @@ mod tests {
         assert!(config.validate().unwrap_err().contains("readahead_bytes"));
         config.readahead_bytes = 0;
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn slaves_are_told_the_advertised_ha_address_when_one_is_set() {
+        let mut config = BrokerConfig {
+            storage_cores: vec![0],
+            network_cores: vec![0],
+            listen: "127.0.0.1:10911".into(),
+            ..BrokerConfig::default()
+        };
+        let listening: SocketAddr = "127.0.0.1:10912".parse().unwrap();
+        assert_eq!(config.ha_advertised_addr(listening).unwrap(), listening);
+        config.ha_advertise = "10.0.0.7:20912".into();
+        assert_eq!(
+            config.ha_advertised_addr(listening).unwrap(),
+            "10.0.0.7:20912".parse::<SocketAddr>().unwrap()
+        );
+        config.validate().unwrap();
+        config.ha_advertise = "proxy-without-port".into();
+        assert!(config.validate().unwrap_err().contains("ha_advertise"));
     }
 }

@@ -321,6 +321,7 @@ pub fn resolve(
         .ok()
         .flatten()
         .filter(|a| a.port() != 0)
+        .and_then(|a| config.ha_advertised_addr(a).ok())
         .map(|a| a.to_string())
         .unwrap_or_default();
     // The newest term this broker's log holds tells the controller whether a master starting

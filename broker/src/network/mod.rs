@@ -200,8 +200,9 @@ pub async fn start(
                 format!("cannot listen for slaves on {addr}: {e}")
             })?;
             let actual_ha = listener.local_addr().unwrap_or(addr);
-            shard.ha_host.set(Some(actual_ha));
-            info!(addr = %actual_ha, "serving slaves (HA)");
+            let advertised = config.ha_advertised_addr(actual_ha)?;
+            shard.ha_host.set(Some(advertised));
+            info!(addr = %actual_ha, %advertised, "serving slaves (HA)");
             let shard = shard.clone();
             Some(glommio::spawn_local(async move { accept_loop(&shard, &listener).await }).detach())
         }

@@ -40,6 +40,9 @@ pub struct HaGroup {
     pub controller_links: Vec<Vec<TcpProxy>>,
     /// Per broker (index id - 1), the links to each name server, as `controller_links`.
     pub namesrv_links: Vec<Vec<TcpProxy>>,
+    /// Per broker (index id - 1), the link its slaves reach its HA listener through when it
+    /// is master (its `--ha-advertise`), as `controller_links`.
+    pub ha_links: Vec<TcpProxy>,
     pub _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -56,7 +59,9 @@ impl HaGroup {
     /// Starts the group with each broker reaching each controller and each name server through
     /// a [`TcpProxy`] of its own ([`cut_from_controllers`](HaGroup::cut_from_controllers),
     /// [`stall_to_controllers`](HaGroup::stall_to_controllers),
-    /// [`cut_from_name_servers`](HaGroup::cut_from_name_servers)).
+    /// [`cut_from_name_servers`](HaGroup::cut_from_name_servers)), and its slaves reaching
+    /// its HA listener through one more ([`cut_from_slaves`](HaGroup::cut_from_slaves),
+    /// [`stall_from_slaves`](HaGroup::stall_from_slaves)).
     pub fn start_partitionable() -> HaGroup {
         HaGroup::start_inner(&[], |_| Vec::new(), true)
     }
@@ -93,6 +98,20 @@ impl HaGroup {
         for link in &self.namesrv_links[(id - 1) as usize] {
             link.set_cut(cut);
         }
+    }
+
+    /// Cuts (`true`) or restores (`false`) the links between broker `id`, as master, and its
+    /// slaves: their replication connections drop and new ones are closed, while every broker
+    /// keeps reaching the controllers, the name servers and the clients.
+    pub fn cut_from_slaves(&self, id: i64, cut: bool) {
+        self.ha_links[(id - 1) as usize].set_cut(cut);
+    }
+
+    /// Holds (`true`) or lets through again (`false`) everything broker `id`'s slaves send it
+    /// on their replication connections (their acknowledgements and requests): a one-way loss.
+    /// The master's bytes still reach them; what they send arrives late, once let through.
+    pub fn stall_from_slaves(&self, id: i64, stalled: bool) {
+        self.ha_links[(id - 1) as usize].set_stalled(Direction::ToTarget, stalled);
     }
 
     /// Starts the group with `extra` options on every broker and `own(id)` on broker `id`.
@@ -142,6 +161,7 @@ impl HaGroup {
         let mut brokers = Vec::new();
         let mut controller_links = Vec::new();
         let mut namesrv_links = Vec::new();
+        let mut ha_links = Vec::new();
         for id in 1..=3 {
             let (broker_namesrv_list, controller_list) = if proxied {
                 let namesrv_addresses: Vec<String> = controllers
@@ -158,7 +178,12 @@ impl HaGroup {
             };
             let dir = tempfile::tempdir().unwrap();
             let ha = format!("127.0.0.1:{}", free_port());
-            let own_args = own(id);
+            let mut own_args = own(id);
+            if proxied {
+                let link = TcpProxy::start(&ha);
+                own_args.extend(["--ha-advertise".to_owned(), link.address().to_owned()]);
+                ha_links.push(link);
+            }
             let id = id.to_string();
             let mut args = vec![
                 "--namesrv",
@@ -190,6 +215,7 @@ impl HaGroup {
             brokers,
             controller_links,
             namesrv_links,
+            ha_links,
             _dirs: dirs,
         };
         wait_until(SETTLE, "a master and all three brokers in sync", || {
