@@ -5,14 +5,16 @@
 # slave, SIGSTOP of the master or of the controller leader past the heartbeat timeout, a slave
 # or the master restarted after a simulated power loss, a crash-looping master, the master cut
 # off from the controllers, the name servers or its slaves, its messages to the controllers
-# held or slowed, its slaves' acknowledgements held); the checker
+# held or slowed, its slaves' acknowledgements held), then the same number of rounds on a
+# manual sync-master pair (kill -9, SIGSTOP or a power loss of either, the replication link
+# cut or held one way); the checker
 # then reports acknowledged messages lost, unconsumed, skipped and diverged (each must be 0),
 # duplicates, and how long writes took to come back after each kill -9 of the master.
 #
 # Usage: scripts/chaos.sh [--rounds N] [--seed S]
 #   --rounds N  rounds of one run (default 200)
 #   --seed S    replay a run: the seed a run printed (default: a new one)
-# Prints the test's own report (the seed first, `chaos round ...` per round, the summary line
+# Prints the tests' own reports (each seed first, `chaos round ...` per round, a summary line
 # last). Heavy (about 7 s a round); not part of scripts/test.sh, which runs a short run.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
