@@ -29,15 +29,71 @@ pub struct RecordError {
     pub reason: String,
 }
 
-/// Decodes every record in `records` (concatenated stored records, as in
-/// `PullResponse.records`). Bodies, topics and properties are slices of `records`, not copies.
+/// Decodes every record in `records` (concatenated stored records, as in a query's answer).
+/// Bodies, topics and properties are slices of `records`, not copies.
 pub fn decode_records(records: &Bytes, broker_name: &str) -> Result<Vec<MessageExt>, RecordError> {
+    decode_checked(records, broker_name, None)
+}
+
+/// What a pull asked for: every record of its answer must be of this topic and queue, at
+/// rising queue offsets from `from_offset` on. The broker slices a pull's records out by
+/// their ConsumeQueue entries and reads only their heads (size, magic, queue id, queue
+/// offset, CommitLog offset), so the client checks the rest of each record: its framing, both
+/// CRCs and these (storage-format.md §4.8).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pulled<'a> {
+    pub topic: &'a str,
+    pub queue_id: u32,
+    pub from_offset: i64,
+}
+
+/// Decodes a pull's answer (`PullResponse.records`) as [`decode_records`] does, and checks that
+/// every record is one of those `pulled` asked for.
+pub(crate) fn decode_pulled(
+    records: &Bytes,
+    broker_name: &str,
+    pulled: Pulled<'_>,
+) -> Result<Vec<MessageExt>, RecordError> {
+    decode_checked(records, broker_name, Some(pulled))
+}
+
+fn decode_checked(
+    records: &Bytes,
+    broker_name: &str,
+    pulled: Option<Pulled<'_>>,
+) -> Result<Vec<MessageExt>, RecordError> {
     let broker_name: Arc<str> = Arc::from(broker_name);
     let mut messages = Vec::with_capacity(estimated_count(records));
     let mut at = 0;
+    let mut lowest_next = pulled.map_or(i64::MIN, |p| p.from_offset);
     while at < records.len() {
         let (message, total_size) = decode_record(records, at, &broker_name, Checks::Whole)
             .map_err(|reason| RecordError { at, reason })?;
+        if let Some(pulled) = pulled {
+            let reason = if message.topic[..] != *pulled.topic.as_bytes() {
+                Some(format!(
+                    "its topic is `{}`, not `{}` as pulled",
+                    String::from_utf8_lossy(&message.topic),
+                    pulled.topic
+                ))
+            } else if message.queue_id != pulled.queue_id {
+                Some(format!(
+                    "its queue is {}, not {} as pulled",
+                    message.queue_id, pulled.queue_id
+                ))
+            } else if message.queue_offset < lowest_next {
+                Some(format!(
+                    "its queue offset {} is below {lowest_next}, where this answer goes on",
+                    message.queue_offset
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(RecordError { at, reason });
+            }
+            lowest_next = message.queue_offset + 1;
+        }
         messages.push(message);
         at += total_size;
     }
@@ -219,6 +275,50 @@ mod tests {
         assert_eq!(first.user_properties().count(), 0);
         assert_eq!(messages[1].queue_offset, 8);
         assert_eq!(messages[1].tags(), None);
+    }
+
+    #[test]
+    fn a_pull_s_answer_holds_only_records_of_the_topic_queue_and_offsets_pulled() {
+        let pulled = Pulled {
+            topic: "orders",
+            queue_id: 3,
+            from_offset: 7,
+        };
+        // Rising offsets from where the pull began, gaps allowed (a tag filter skips entries).
+        let mut good = encode_test_record("orders", 3, 7, b"a", &[]);
+        good.extend(encode_test_record("orders", 3, 9, b"b", &[]));
+        let messages = decode_pulled(&Bytes::from(good.clone()), "b", pulled).unwrap();
+        assert_eq!(messages.len(), 2);
+        // A record of another topic, another queue, or at an offset the answer cannot hold,
+        // each whole and with good CRCs, is refused where it lies.
+        let second_at = good.len() - encode_test_record("orders", 3, 9, b"b", &[]).len();
+        for (second, names) in [
+            (
+                encode_test_record("orderz", 3, 9, b"b", &[]),
+                "topic is `orderz`",
+            ),
+            (encode_test_record("orders", 2, 9, b"b", &[]), "queue is 2"),
+            (
+                encode_test_record("orders", 3, 7, b"b", &[]),
+                "offset 7 is below 8",
+            ),
+        ] {
+            let mut answer = good[..second_at].to_vec();
+            answer.extend(second);
+            let error = decode_pulled(&Bytes::from(answer), "b", pulled).unwrap_err();
+            assert_eq!(error.at, second_at, "{error}");
+            assert!(error.reason.contains(names), "{names}: {error}");
+        }
+        // A query's answer has no such expectation.
+        let before_the_pull = encode_test_record("orders", 3, 6, b"a", &[]);
+        let error = decode_pulled(&Bytes::from(before_the_pull.clone()), "b", pulled).unwrap_err();
+        assert!(error.reason.contains("offset 6 is below 7"), "{error}");
+        assert_eq!(
+            decode_records(&Bytes::from(before_the_pull), "b")
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]

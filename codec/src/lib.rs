@@ -511,12 +511,40 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry<'_>, RecordError> {
     Ok(Entry::Message(view))
 }
 
-/// Decodes a record that must be a message, validating its framing only: its size, magic and
-/// field lengths, no CRC. For a reader that relies on nothing but where the record's fields
-/// lie and hands the record on to one that checks both CRCs itself (the broker serving a pull:
-/// the client checks both CRCs of every record end to end, storage-format.md §4.8).
-pub fn decode_message_framing(bytes: &[u8]) -> Result<RecordView<'_>, RecordError> {
-    RecordView::parse_unchecked(bytes)
+/// The fields at the head of a message record (its first 36 bytes) that say which record it
+/// is: what a reader that slices records out by their ConsumeQueue entries checks when it
+/// hands them to a reader that checks everything else (the broker serving a pull: the client
+/// checks each record's framing, topic and both CRCs end to end, storage-format.md §4.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHead {
+    pub total_size: u32,
+    pub queue_id: u32,
+    pub queue_offset: u64,
+    pub physical_offset: u64,
+}
+
+/// The bytes of a record's head ([`RecordHead`]): total size to physical offset.
+pub const RECORD_HEAD_BYTES: usize = SYS_FLAG_AT;
+
+/// Reads the head of a record that must be a message: enough bytes for the head and a
+/// message's magic; nothing past the head is read.
+pub fn read_head(bytes: &[u8]) -> Result<RecordHead, RecordError> {
+    if bytes.len() < RECORD_HEAD_BYTES {
+        return Err(RecordError::Truncated {
+            available: bytes.len(),
+            needed: RECORD_HEAD_BYTES,
+        });
+    }
+    let magic = read_u32(bytes, MAGIC_AT);
+    if magic != MESSAGE_MAGIC_CODE {
+        return Err(RecordError::BadMagic(magic));
+    }
+    Ok(RecordHead {
+        total_size: read_u32(bytes, TOTAL_SIZE_AT),
+        queue_id: read_u32(bytes, QUEUE_ID_AT),
+        queue_offset: read_u64(bytes, QUEUE_OFFSET_AT),
+        physical_offset: read_u64(bytes, PHYSICAL_OFFSET_AT),
+    })
 }
 
 /// Decodes a record that must be a message (not a blank), validating it.

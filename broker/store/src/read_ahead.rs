@@ -29,6 +29,7 @@ use bytes::Bytes;
 
 use crate::consume_queue::ConsumeQueueEntry;
 use crate::notify::{LocalNotify, Notified};
+use crate::record::RECORD_HEAD_BYTES;
 
 /// The smallest useful bound: a 1 MiB span being served and the next one read ahead.
 pub const MIN_READAHEAD_BYTES: u64 = 2 << 20;
@@ -82,10 +83,10 @@ pub struct SpanRead {
 
 impl SpanRead {
     /// Asks the CPU to bring into its cache the lines of the record at physical offset `start`,
-    /// `size` bytes, that a pull reads first: its header (magic, sizes, queue, offsets, body
-    /// length) and its tail (topic and properties, after the body). A span arrives by DMA, not
-    /// through the cache, so each of those reads is otherwise a miss in series; asked a few
-    /// records ahead, the misses overlap. Nothing is read; outside the span it does nothing.
+    /// `size` bytes, that a client's pull reads: its head (size, magic, queue, offsets; one or
+    /// two lines). A span arrives by DMA, not through the cache, so each head read is otherwise
+    /// a miss in series; asked a few records ahead, the misses overlap. Nothing is read;
+    /// outside the span it does nothing.
     pub fn prefetch_record(&self, start: u64, size: u32) {
         let Some(within) = start.checked_sub(self.from) else {
             return;
@@ -95,7 +96,7 @@ impl SpanRead {
             return;
         }
         let record = &self.bytes[within..within + size];
-        for at in [0, 64, size.saturating_sub(128), size - 1] {
+        for at in [0, RECORD_HEAD_BYTES - 1] {
             prefetch(&record[at.min(size - 1)]);
         }
     }

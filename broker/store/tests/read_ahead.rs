@@ -199,6 +199,9 @@ enum Damage {
     /// Its born timestamp's lowest byte (record offset 47): a plausible value, its framing
     /// intact, its whole-record CRC fails.
     Header,
+    /// Its topic's length byte, past the body: its head intact, its field lengths no longer
+    /// add up to its total size.
+    TopicLength,
 }
 
 /// Fills a store of [`DAMAGED_COUNT`] messages and flips a byte in the middle of message
@@ -222,7 +225,9 @@ fn store_with_damage(config: &StoreConfig, damage: Damage) -> (u64, u32) {
                 .await
                 .unwrap();
             let view = decode_message(&result.records[0]).unwrap();
-            let at = (view.physical_offset(), view.total_size());
+            let topic_length_at =
+                view.topic_bytes().as_ptr() as u64 - result.records[0].as_ptr() as u64 - 1;
+            let at = (view.physical_offset(), view.total_size(), topic_length_at);
             drop(result);
             store.close().await.unwrap();
             at
@@ -239,10 +244,11 @@ fn store_with_damage(config: &StoreConfig, damage: Damage) -> (u64, u32) {
     let in_record = match damage {
         Damage::Body => u64::from(victim.1) / 2,
         Damage::Header => 47,
+        Damage::TopicLength => victim.2,
     };
     bytes[(victim.0 - segment_base + in_record) as usize] ^= 0x01;
     std::fs::write(&segment_path, &bytes).unwrap();
-    victim
+    (victim.0, victim.1)
 }
 
 #[test]
@@ -279,13 +285,17 @@ fn a_damaged_record_in_a_span_read_ahead_is_refused_not_served() {
     });
 }
 
-/// A pull for a client checks each record's framing and whole-record CRC as it is read, and
-/// leaves the body CRC to the client: the record with the damaged body is served, and fails
-/// the client's check of both CRCs; a reader inside the broker (`get_messages`) is refused it,
-/// also from the span the client's pull read ahead.
+/// A pull for a client reads each record's head only (that it is the record its ConsumeQueue
+/// entry names) and leaves the rest to the client: a record damaged past its head is served,
+/// and fails the client's check of its framing and both CRCs; a reader inside the broker
+/// (`get_messages`) is refused it, also from the span the client's pull read ahead.
 #[test]
-fn a_pull_for_a_client_leaves_a_damaged_body_or_header_to_the_clients_check() {
-    for (damage, expected) in [(Damage::Body, "body CRC"), (Damage::Header, "record CRC")] {
+fn a_pull_for_a_client_leaves_a_record_damaged_past_its_head_to_the_clients_check() {
+    for (damage, expected) in [
+        (Damage::Body, "body CRC"),
+        (Damage::Header, "record CRC"),
+        (Damage::TopicLength, "add up"),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path(), 4 << 20);
         let victim = store_with_damage(&config, damage);
@@ -298,7 +308,7 @@ fn a_pull_for_a_client_leaves_a_damaged_body_or_header_to_the_clients_check() {
                 let result = store
                     .get_messages_for_client(TOPIC, 0, offset, 1024, 8 << 10, &TagFilter::All)
                     .await
-                    .expect("a client's pull meets no damaged framing");
+                    .expect("a client's pull meets no damaged head");
                 if (offset..result.next_offset).contains(&VICTIM_SEQ) {
                     served = Some(result.records[(VICTIM_SEQ - offset) as usize].clone());
                 }
@@ -306,15 +316,15 @@ fn a_pull_for_a_client_leaves_a_damaged_body_or_header_to_the_clients_check() {
             }
             let served = served.expect("the victim was served");
             assert_eq!(served.len(), victim.1 as usize);
-            let view = shardmq_store::record::RecordView::parse_unchecked(&served).unwrap();
-            assert_eq!(view.physical_offset(), victim.0, "the framing is intact");
+            let head = shardmq_store::record::read_head(&served).unwrap();
+            assert_eq!(head.physical_offset, victim.0, "the head is intact");
             let error = decode_message(&served).expect_err("the client's check fails");
             assert!(
                 error.to_string().contains(expected),
                 "{damage:?}: the client's check finds the damage: {error}"
             );
             assert!(store.read_ahead_stats().hits > 0, "spans were read ahead");
-            // The victim's span is in the cache now, its framing checked for a client only.
+            // The victim's span is in the cache now, its head read for a client only.
             let error = store
                 .get_messages(TOPIC, 0, VICTIM_SEQ, 1, 1 << 20, &TagFilter::All)
                 .await
@@ -324,4 +334,77 @@ fn a_pull_for_a_client_leaves_a_damaged_body_or_header_to_the_clients_check() {
             store.close().await.unwrap();
         });
     }
+}
+
+/// A ConsumeQueue entry that names another record (queue 0's entry 5 changed on disk to name
+/// queue 1's message 5, which lies between queue 0's messages 5 and 6, so the queue's offsets
+/// still rise and recovery keeps the entry) is refused by the record's head, for a client's
+/// pull as for a reader inside the broker: never served as queue 0's message 5.
+#[test]
+fn a_queue_entry_naming_another_record_is_refused_by_the_record_s_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 0);
+    {
+        let config = config.clone();
+        run(|| async move {
+            let (store, _) = MessageStore::open(config).await.unwrap();
+            for seq in 0..64 {
+                for queue in 0..2 {
+                    let message = [plain(TOPIC, queue, seq, BODY_BYTES)];
+                    store.append(batch(TOPIC, queue, &message)).await.unwrap();
+                }
+            }
+            store.close().await.unwrap();
+        });
+    }
+    let queue_file = |queue: u32| {
+        config
+            .shard_dir
+            .join("consumequeue")
+            .join(TOPIC)
+            .join(queue.to_string())
+            .join(format!("{:020}", 0))
+    };
+    // Entries are 20 bytes, their CommitLog offset first.
+    let fifth = 5 * 20..5 * 20 + 8;
+    let other = std::fs::read(queue_file(1)).unwrap()[fifth.clone()].to_vec();
+    let mut bytes = std::fs::read(queue_file(0)).unwrap();
+    bytes[fifth].copy_from_slice(&other);
+    std::fs::write(queue_file(0), &bytes).unwrap();
+
+    run(|| async move {
+        let (store, report) = MessageStore::open(config).await.unwrap();
+        assert!(
+            !report.rebuilt_derived,
+            "recovery kept the entry: {report:?}"
+        );
+        let filter = TagFilter::All;
+        for (reader, result) in [
+            (
+                "a client's pull",
+                store
+                    .get_messages_for_client(TOPIC, 0, 5, 1, 1 << 20, &filter)
+                    .await,
+            ),
+            (
+                "a reader inside the broker",
+                store.get_messages(TOPIC, 0, 5, 1, 1 << 20, &filter).await,
+            ),
+        ] {
+            let error = result.expect_err(reader);
+            assert!(matches!(error, StoreError::Corrupt(_)), "{reader}: {error}");
+            assert!(
+                error.to_string().contains("holds another record"),
+                "{reader}: {error}"
+            );
+        }
+        // The entries before it still serve their own messages.
+        let result = store
+            .get_messages_for_client(TOPIC, 0, 0, 5, 1 << 20, &filter)
+            .await
+            .unwrap();
+        assert_eq!(result.records.len(), 5);
+        check_bodies(&result.records, 0);
+        store.close().await.unwrap();
+    });
 }

@@ -16,7 +16,7 @@ use super::missing_body;
 use crate::error::{Error, Result};
 use crate::message::MessageExt;
 use crate::pool::ConnectionPool;
-use crate::record::decode_records;
+use crate::record::{decode_pulled, Pulled};
 
 /// Time a pull may take beyond its long-poll hold before the client gives up on it.
 pub(crate) const PULL_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
@@ -96,6 +96,11 @@ pub(crate) struct PullArgs<'a> {
 #[derive(Debug)]
 pub(crate) struct UndecodedPull {
     address: String,
+    /// What was pulled: the topic, the queue and the offset asked for, which every record of
+    /// the answer must match.
+    topic: String,
+    queue_id: u32,
+    offset: i64,
     pub status: PullStatus,
     pub next_begin_offset: i64,
     pub min_offset: i64,
@@ -140,9 +145,16 @@ impl UndecodedPull {
         let messages = if self.records.is_empty() {
             Vec::new()
         } else {
-            decode_records(&self.records, broker_name).map_err(|error| Error::CorruptRecord {
-                address: self.address.clone(),
-                reason: error.to_string(),
+            let pulled = Pulled {
+                topic: &self.topic,
+                queue_id: self.queue_id,
+                from_offset: self.offset,
+            };
+            decode_pulled(&self.records, broker_name, pulled).map_err(|error| {
+                Error::CorruptRecord {
+                    address: self.address.clone(),
+                    reason: error.to_string(),
+                }
             })?
         };
         Ok(PullResult {
@@ -215,6 +227,9 @@ impl ConnectionPool {
         };
         Ok(UndecodedPull {
             address: address.to_owned(),
+            topic: args.topic.to_owned(),
+            queue_id: args.queue_id,
+            offset: args.offset,
             status,
             next_begin_offset: response.next_begin_offset(),
             min_offset: response.min_offset(),

@@ -14,7 +14,7 @@ use crate::filter::TagFilter;
 use crate::index::{index_hash, IndexKind};
 use crate::read_ahead::{Lookup, ReadAheadStats, ReadTicket, SpanRead};
 use crate::record::{
-    decode_message, decode_message_framing, peek_total_size, RecordView, MESSAGE_MAGIC_CODE,
+    decode_message, peek_total_size, read_head, RecordError, RecordView, MESSAGE_MAGIC_CODE,
     MIN_RECORD_BYTES,
 };
 
@@ -104,17 +104,19 @@ impl AsRef<[u8]> for DirectRead {
 /// Largest number of candidates one key/id query examines.
 const MAX_INDEX_CANDIDATES: usize = 1024;
 
-/// Who checks the CRCs of a record the store reads back from disk.
+/// Who checks a record the store reads back: the store, or the reader it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Crcs {
-    /// The store, both CRCs: for readers inside the broker that copy or act on a record
-    /// (delay and timer delivery, transactions), so that a record damaged on disk is never
-    /// stored again under a fresh CRC.
+    /// The store, everything: the framing, that it is the record its ConsumeQueue entry names
+    /// (topic included) and, for a record read from disk, both CRCs. For readers inside the
+    /// broker that copy or act on a record (delay and timer delivery, transactions), so that
+    /// a record damaged on disk is never stored again under a fresh CRC.
     Checked,
-    /// The reader: a consumer's client checks both CRCs of every record end to end
-    /// (storage-format.md §4.8), so the store checks a record's framing only (size, magic,
-    /// field lengths, that it is the record its ConsumeQueue entry names) and leaves the CRCs,
-    /// one pass over every byte, to the client.
+    /// The reader: a consumer's client checks every record end to end (its framing, both
+    /// CRCs, and that its topic, queue and queue offsets are those it pulled; storage-format.md
+    /// §4.8), so the store reads a record's head only (its first 36 bytes: size, magic, queue
+    /// id, queue offset, CommitLog offset) to know that it is the record its ConsumeQueue
+    /// entry names, and slices it out without reading the rest.
     LeftToClient,
 }
 
@@ -674,43 +676,48 @@ impl Inner {
                 entry.commitlog_offset
             )));
         }
-        // A record read from disk is validated: its framing always (a record whose framing is
-        // damaged is reported, never served), its CRCs unless the client checks them end to
-        // end (storage-format.md §4.8). One still in the write ring was encoded and checked by
-        // this process moments ago.
-        let from_ring = self.commit_log.is_in_ring(
-            entry.commitlog_offset,
-            entry.commitlog_offset + bytes.len() as u64,
-        );
-        let parsed = if from_ring {
-            RecordView::parse_unchecked(&bytes)
-        } else {
-            match crcs {
-                Crcs::Checked => decode_message(&bytes),
-                Crcs::LeftToClient => decode_message_framing(&bytes),
-            }
-        };
-        let view = parsed.map_err(|e| {
+        let damaged = |e: RecordError| {
             StoreError::Corrupt(format!(
                 "record at CommitLog offset {} ({topic}/{queue_id} entry {queue_offset}) is damaged: {e}; run `shardmq-broker verify`",
                 entry.commitlog_offset
             ))
-        })?;
-        if view.queue_offset() != queue_offset
-            || view.queue_id() != queue_id
-            || view.topic() != topic
-        {
+        };
+        // Which record this is, by its head. For a client's pull that is all the store reads
+        // of it: the client checks the rest end to end (see `Crcs::LeftToClient`).
+        let head = read_head(&bytes).map_err(damaged)?;
+        let is_named = head.queue_offset == queue_offset
+            && head.queue_id == queue_id
+            && head.physical_offset == entry.commitlog_offset;
+        let topic_matches = match crcs {
+            Crcs::LeftToClient => true,
+            Crcs::Checked => {
+                // A record read from disk is validated whole; one still in the write ring was
+                // encoded and checked by this process moments ago.
+                let from_ring = self.commit_log.is_in_ring(
+                    entry.commitlog_offset,
+                    entry.commitlog_offset + bytes.len() as u64,
+                );
+                let view = if from_ring {
+                    RecordView::parse_unchecked(&bytes)
+                } else {
+                    decode_message(&bytes)
+                }
+                .map_err(damaged)?;
+                view.topic() == topic
+            }
+        };
+        if !is_named || !topic_matches {
             return Err(StoreError::Corrupt(format!(
                 "ConsumeQueue {topic}/{queue_id} entry {queue_offset} points at CommitLog offset {} which holds another record",
                 entry.commitlog_offset
             )));
         }
-        if view.total_size() as usize != bytes.len() {
+        if head.total_size as usize != bytes.len() {
             return Err(StoreError::Corrupt(format!(
                 "ConsumeQueue {topic}/{queue_id} entry {queue_offset} covers {} bytes but the record at CommitLog offset {} is {} bytes",
                 bytes.len(),
                 entry.commitlog_offset,
-                view.total_size()
+                head.total_size
             )));
         }
         Ok(bytes)
