@@ -787,6 +787,8 @@ pub struct BrokerProcess {
     process: ServerProcess,
     data_dir: PathBuf,
     args: Vec<String>,
+    /// The logs of the runs before [`restart`](Self::restart)s, oldest first.
+    earlier_logs: Vec<String>,
 }
 
 impl BrokerProcess {
@@ -802,6 +804,7 @@ impl BrokerProcess {
             process: Self::spawn(data_dir, &args),
             data_dir: data_dir.to_owned(),
             args,
+            earlier_logs: Vec::new(),
         }
     }
 
@@ -873,7 +876,32 @@ impl BrokerProcess {
         if self.process.is_running() {
             self.kill9();
         }
+        let run = self.earlier_runs() + 1;
+        self.earlier_logs
+            .push(format!("---- run {run} of this broker ----"));
+        self.earlier_logs.extend(self.process.log_lines());
         self.process = Self::spawn(&self.data_dir, &self.args);
+    }
+
+    /// The log of every run of this broker, the earlier ones (before each
+    /// [`restart`](Self::restart)) first, then the current one's lines so far.
+    #[must_use]
+    pub fn all_log_lines(&self) -> Vec<String> {
+        let mut lines = self.earlier_logs.clone();
+        lines.push(format!(
+            "---- run {} of this broker (the current one) ----",
+            self.earlier_runs() + 1
+        ));
+        lines.extend(self.process.log_lines());
+        lines
+    }
+
+    /// How many runs came before the current one.
+    fn earlier_runs(&self) -> usize {
+        self.earlier_logs
+            .iter()
+            .filter(|line| line.starts_with("---- run "))
+            .count()
     }
 }
 

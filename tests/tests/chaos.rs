@@ -29,7 +29,11 @@
 //! The seed is printed; `SHARDMQ_TEST_SEED=<seed>` replays a run's faults and moments.
 //! `SHARDMQ_CHAOS_ROUNDS` sets the number of rounds (the test command runs a short run;
 //! `scripts/chaos.sh --rounds N` the long one); `SHARDMQ_CHAOS_FAULTS` and
-//! `SHARDMQ_CHAOS_PAIR_FAULTS` restrict the kinds of each test.
+//! `SHARDMQ_CHAOS_PAIR_FAULTS` restrict the kinds of each test. When a broker lacks
+//! acknowledged messages it prints which (by the order they were acknowledged in, as each
+//! round's line counts them) and the end of its log, every run of it (`SHARDMQ_CHAOS_LOG_LINES`
+//! lines, 40 unless set); `SHARDMQ_CHAOS_TRACE_ACKS=1` prints each acknowledgement's queue,
+//! queue offset and offset message id as it comes.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first.
 
@@ -399,7 +403,7 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                 .map(|id| (id, copy_of(&group.brokers[id as usize - 1], id)))
                 .collect()
         },
-        |id| group.brokers[id as usize - 1].log_lines(),
+        |id| group.brokers[id as usize - 1].all_log_lines(),
         consumer,
     );
     write_resume.sort();
@@ -648,7 +652,7 @@ fn faults_in_a_manual_sync_master_pair_lose_skip_and_diverge_nothing() {
                 .map(|i| (i as i64, copy_of(&pair.brokers[i], i as i64)))
                 .collect()
         },
-        |id| pair.brokers[id as usize].log_lines(),
+        |id| pair.brokers[id as usize].all_log_lines(),
         consumer,
     );
     eprintln!("chaos pair: {rounds} rounds {injected:?}; {verdict}");
@@ -781,15 +785,26 @@ fn check_history(
     let (_, reference) = &copies[0];
     for (id, queues) in &copies {
         let bodies: HashSet<&Vec<u8>> = queues.iter().flat_map(|q| q.values()).collect();
-        let missing = acknowledged_set
+        // Which acknowledgements (by their order, as each round's line counts them) it lacks.
+        let lacking: Vec<usize> = acknowledged
             .iter()
-            .filter(|b| !bodies.contains(*b))
-            .count();
+            .enumerate()
+            .filter(|(_, b)| !bodies.contains(*b))
+            .map(|(i, _)| i)
+            .collect();
+        let missing = lacking.len();
         if missing > 0 {
             let log = log_of(*id);
+            let first: Vec<String> = lacking
+                .iter()
+                .take(10)
+                .map(|&i| String::from_utf8_lossy(&acknowledged[i]).into_owned())
+                .collect();
             eprintln!(
-                "broker {id} lacks {missing} acknowledged messages; its log ends:\n{}",
-                log[log.len().saturating_sub(40)..].join("\n")
+                "broker {id} lacks {missing} acknowledged messages, acknowledged {} (the first \
+                 {first:?}); its log ends:\n{}",
+                ranges(&lacking),
+                log[log.len().saturating_sub(lacking_log_lines())..].join("\n")
             );
         }
         lost = lost.max(missing);
@@ -857,6 +872,39 @@ fn check_history(
         diverged,
         duplicates: delivered.values().map(|n| n - 1).sum(),
     }
+}
+
+/// How many of its last log lines a broker that lacks acknowledged messages prints:
+/// `SHARDMQ_CHAOS_LOG_LINES`, else 40.
+fn lacking_log_lines() -> usize {
+    std::env::var("SHARDMQ_CHAOS_LOG_LINES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40)
+}
+
+/// Sorted indices as ranges: `3-5, 9` (the first ten ranges, and how many more).
+fn ranges(sorted: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut at = 0;
+    while at < sorted.len() {
+        let mut end = at;
+        while end + 1 < sorted.len() && sorted[end + 1] == sorted[end] + 1 {
+            end += 1;
+        }
+        out.push(if end == at {
+            format!("#{}", sorted[at])
+        } else {
+            format!("#{}-{}", sorted[at], sorted[end])
+        });
+        at = end + 1;
+    }
+    let more = out.len().saturating_sub(10);
+    out.truncate(10);
+    if more > 0 {
+        out.push(format!("and {more} more ranges"));
+    }
+    out.join(", ")
 }
 
 /// A broker's copy of every queue of the topic: each queue's bodies by queue offset.
@@ -935,19 +983,34 @@ fn cut_to_checkpoints(data_dir: &std::path::Path) {
                 std::fs::remove_file(&path).unwrap();
             } else {
                 // The segment keeps its (preallocated) size; what was not durable reads back
-                // as zeros, as unwritten extents do after a power loss.
+                // as zeros, as unwritten extents do after a power loss: a hole is punched
+                // there. That also waits for the killed process's O_DIRECT writes still in
+                // flight (its io_uring outlives it by a moment) and leaves no dirty page in the
+                // cache. Zeros written through the cache instead raced those writes: a write
+                // that completed over cached pages could not drop them, and the kernel then
+                // failed the restarted broker's first fsync of the segment with EIO.
                 let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
                 let len = file.metadata().unwrap().len();
                 let from = durable - base;
                 if len > from {
-                    use std::os::unix::fs::FileExt;
-                    let zeros = vec![0u8; 1 << 20];
-                    let mut at = from;
-                    while at < len {
-                        let n = (len - at).min(zeros.len() as u64) as usize;
-                        file.write_all_at(&zeros[..n], at).unwrap();
-                        at += n as u64;
-                    }
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: a plain system call on a descriptor this function owns.
+                    let punched = unsafe {
+                        libc::fallocate(
+                            file.as_raw_fd(),
+                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                            i64::try_from(from).unwrap(),
+                            i64::try_from(len - from).unwrap(),
+                        )
+                    };
+                    assert_eq!(
+                        punched,
+                        0,
+                        "punching a hole in {}: {}",
+                        path.display(),
+                        std::io::Error::last_os_error()
+                    );
+                    file.sync_all().unwrap();
                 }
             }
         }

@@ -339,6 +339,15 @@ impl Load {
                             .await
                         {
                             Ok(r) if r.status == shardmq_client::SendStatus::SendOk => {
+                                if std::env::var_os("SHARDMQ_CHAOS_TRACE_ACKS").is_some() {
+                                    eprintln!(
+                                        "ack {} queue {} offset {} at {}",
+                                        String::from_utf8_lossy(&body),
+                                        r.queue.queue_id,
+                                        r.queue_offset,
+                                        r.offset_msg_id()
+                                    );
+                                }
                                 acknowledged.lock().unwrap().push((body, Instant::now()));
                                 if !pause.is_zero() {
                                     tokio::time::sleep(pause).await;
