@@ -109,7 +109,7 @@ pub async fn run(
     // The master terms of this shard's log (store/epochs.rs): a master begins one as it starts;
     // a slave forgets any its log no longer reaches. A sync master whose last term was its own
     // and acknowledged by a slave guards against having lost acknowledged bytes of it.
-    let mut guards_lost_tail = false;
+    let mut guarded = None;
     let epochs = {
         let mut epochs = crate::store::epochs::EpochLog::load(&shard_dir)
             .map_err(|e| format!("storage shard {id}: cannot read the epoch log: {e}"))?;
@@ -135,9 +135,10 @@ pub async fn run(
                 "master term begins"
             );
             if config.role() == crate::config::BrokerRole::SyncMaster {
-                let replicated = crate::store::epochs::load_replicated_term(&shard_dir)
+                // Whatever this log still holds of it: a power loss may have taken its end,
+                // or all of it (then `begin_term` dropped it from the log).
+                guarded = crate::store::epochs::load_replicated_term(&shard_dir)
                     .map_err(|e| format!("storage shard {id}: {e}"))?;
-                guards_lost_tail = replicated.is_some() && replicated == epochs.previous();
             }
         }
         epochs
@@ -189,8 +190,8 @@ pub async fn run(
     }
     let confirm_task =
         confirms.then(|| glommio::spawn_local(refresh_confirmed_loop(shard.clone())).detach());
-    if guards_lost_tail {
-        shard.master.guard_lost_tail();
+    if let Some(term) = guarded {
+        shard.master.guard_lost_tail(term);
         let wait_ms = shard.config.lost_tail_wait_ms;
         if wait_ms > 0 {
             hold_for_lost_tail(shard.clone(), wait_ms);

@@ -159,8 +159,8 @@ impl StorageShard {
             crate::replication::SlaveTail::Cut => {
                 // A replica of the last term joined holding nothing this log lost: the
                 // appends held for it go ahead.
-                if self.store.appends_held() && self.master.knew_previous_term(&epochs) {
-                    self.release_appends("a slave of the previous term joined holding nothing this log lost");
+                if self.store.appends_held() && self.master.knew_guarded_term(&epochs) {
+                    self.release_appends("a slave of the guarded term joined holding nothing this log lost");
                 }
             }
         }

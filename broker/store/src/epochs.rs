@@ -178,14 +178,45 @@ impl EpochLog {
 
     /// Starts a new term at `log_end` (a master starting): the epoch after the newest known,
     /// or `at_least` if that is higher (a controller's number), with a new incarnation id.
+    /// Terms that begin at or past `log_end` hold none of this log's bytes (they wrote nothing,
+    /// or a power loss took what they wrote) and are dropped, so the new term begins exactly
+    /// where the log ends and every byte written from here on is the new term's. What a slave
+    /// holds of a dropped term is found through the term a slave acknowledged last
+    /// ([`REPLICATED_TERM_FILE`]) and taken back with [`take_back`](Self::take_back).
     pub fn begin_term(&mut self, log_end: u64, at_least: u64) -> Epoch {
+        let number = (self.last().epoch + 1).max(at_least);
+        self.truncate(log_end);
         let epoch = Epoch {
-            epoch: (self.last().epoch + 1).max(at_least),
-            start: log_end.max(self.last().start),
+            epoch: number,
+            start: log_end,
             incarnation: new_incarnation(),
         };
         self.push(epoch).expect("a new term follows the last");
         epoch
+    }
+
+    /// Bytes of `source`'s terms (a slave's log) from where this log's last term begins up to
+    /// `to` were appended before that term wrote anything (a master taking back what a power
+    /// loss took from its log): records the terms those bytes cross, as `source` names them,
+    /// and moves the last term's start to `to`.
+    pub fn take_back(&mut self, source: &EpochLog, to: u64) {
+        let current = self.last();
+        if self.entries.len() < 2 || to <= current.start {
+            return;
+        }
+        self.entries.pop();
+        for term in source.entries() {
+            let is_crossed = term.start >= current.start && term.start < to;
+            if is_crossed && term.epoch > self.last().epoch && term.epoch < current.epoch {
+                let _ = self.push(*term);
+            }
+        }
+        let moved = Epoch {
+            start: to.max(self.last().start),
+            ..current
+        };
+        self.push(moved)
+            .expect("the current term follows the terms taken back");
     }
 
     /// Where term `epoch` ends on a log that ends at `log_end` (`None`: no such term here).
@@ -418,6 +449,24 @@ mod tests {
         assert_eq!(master.entries().len(), 3);
         // A controller's number wins when it is higher.
         assert_eq!(master.begin_term(150, 9).epoch, 9);
+    }
+
+    #[test]
+    fn a_term_a_power_loss_took_whole_is_dropped_and_the_next_begins_at_the_log_end() {
+        // Term 2 began at 500; the log was cut back to 400 (and to 0 below).
+        let mut master = log(&[(1, 0), (2, 500)]);
+        let next = master.begin_term(400, 0);
+        assert_eq!((next.epoch, next.start), (3, 400));
+        let kept: Vec<(u64, u64)> = master
+            .entries()
+            .iter()
+            .map(|e| (e.epoch, e.start))
+            .collect();
+        assert_eq!(kept, [(0, 0), (1, 0), (3, 400)]);
+        let mut emptied = log(&[(1, 0), (2, 500)]);
+        let next = emptied.begin_term(0, 0);
+        assert_eq!((next.epoch, next.start), (3, 0));
+        assert_eq!(emptied.entries().len(), 2);
     }
 
     #[test]

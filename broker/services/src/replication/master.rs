@@ -52,15 +52,19 @@ pub struct MasterSide {
     confirmed: Cell<u64>,
     /// Fires when `confirmed` moves, so a slave's held pull carries it at once.
     confirmed_moved: LocalNotify,
-    /// The previous term was this (sync) master's own and a slave acknowledged bytes of it: a
-    /// slave holding more of it than this log does may hold acknowledged messages, kept
-    /// ([`SlaveTail::Keep`]) rather than cut once this master has written past them.
-    guards_lost_tail: Cell<bool>,
+    /// The term a slave last acknowledged bytes of, as this (sync) master's replicated-term
+    /// file named it when it started: a slave holding more of it than this log does (a power
+    /// loss took the rest here, possibly the whole term) holds acknowledged messages. They are
+    /// taken back ([`SlaveTail::Return`]), or kept ([`SlaveTail::Keep`]) rather than cut once
+    /// this master has written past them.
+    guarded: Cell<Option<Epoch>>,
     /// The term whose first acknowledgement by a slave was last noted (for
     /// [`replicated_term_due`](Self::replicated_term_due)).
     replicated_noted: Cell<Option<Epoch>>,
     /// A slave asked to return its bytes of the previous term: (broker id, link, where they end).
     returning: Cell<Option<(i64, ReplicaLink, u64)>>,
+    /// That slave's terms, which name the terms the returned bytes cross.
+    returning_terms: RefCell<Option<EpochLog>>,
 }
 
 impl MasterSide {
@@ -72,16 +76,16 @@ impl MasterSide {
             marks: RefCell::new(VecDeque::new()),
             confirmed: Cell::new(0),
             confirmed_moved: LocalNotify::default(),
-            guards_lost_tail: Cell::new(false),
+            guarded: Cell::new(None),
             replicated_noted: Cell::new(None),
             returning: Cell::new(None),
+            returning_terms: RefCell::new(None),
         }
     }
 
-    /// Marks the previous term as this master's own, acknowledged by a slave (see
-    /// `guards_lost_tail`).
-    pub fn guard_lost_tail(&self) {
-        self.guards_lost_tail.set(true);
+    /// Guards `term`, the term a slave last acknowledged bytes of (see `guarded`).
+    pub fn guard_lost_tail(&self, term: Epoch) {
+        self.guarded.set(Some(term));
     }
 
     /// The current term, once a live slave first acknowledges bytes of it: the caller records
@@ -127,18 +131,23 @@ impl MasterSide {
         Ok(end)
     }
 
-    /// Returned bytes were appended up to `log_end`: the current term (which holds nothing of
-    /// its own) now begins there; with `done`, the return is over.
+    /// Returned bytes were appended up to `log_end`: the terms they cross (as the returning
+    /// slave names them) are recorded and the current term (which holds nothing of its own)
+    /// now begins there; with `done`, the return is over.
     pub fn returned(&self, log_end: u64, done: bool) {
-        self.epochs.borrow_mut().rebase_last(log_end);
+        match self.returning_terms.borrow().as_ref() {
+            Some(source) => self.epochs.borrow_mut().take_back(source, log_end),
+            None => self.epochs.borrow_mut().rebase_last(log_end),
+        }
         if done {
-            self.returning.set(None);
+            self.stop_return();
         }
     }
 
     /// Forgets a return under way (the wait for it is over).
     pub fn stop_return(&self) {
         self.returning.set(None);
+        *self.returning_terms.borrow_mut() = None;
     }
 
     /// The confirmed offset (RocketMQ 5's `confirmOffset`): consumers are served only records
@@ -438,15 +447,24 @@ impl MasterSide {
     ) -> JoinAnswer {
         let epochs = self.epochs.borrow();
         let consistent_end = epochs.consistent_end(log_end, slave, slave_end);
-        let tail = match epochs.lost_tail_end(slave, slave_end) {
+        // The slave holds bytes this log lost: of its previous term, or of the guarded term
+        // (which this log may no longer know: a power loss took all of it).
+        let guarded = self.guarded.get();
+        let guarded_end = guarded
+            .filter(|term| slave.entries().contains(term))
+            .and_then(|term| slave.end_of(term.epoch, slave_end))
+            .filter(|&end| end > log_end);
+        let lost_end = epochs.lost_tail_end(slave, slave_end).max(guarded_end);
+        let tail = match lost_end {
             Some(end) if log_end == epochs.last().start && consistent_end == log_end => {
                 SlaveTail::Return { end }
             }
-            Some(end) if self.guards_lost_tail.get() => SlaveTail::Keep { end },
+            Some(end) if guarded.is_some() => SlaveTail::Keep { end },
             _ => SlaveTail::Cut,
         };
         if let SlaveTail::Return { end } = tail {
             self.returning.set(Some((broker_id, link, end)));
+            *self.returning_terms.borrow_mut() = Some(slave.clone());
         }
         JoinAnswer {
             epoch: epochs.last().epoch,
@@ -458,13 +476,12 @@ impl MasterSide {
         }
     }
 
-    /// Whether `slave` holds this log's previous term (it was a replica then): its join tells
-    /// whether this master lost acknowledged bytes of that term.
-    pub fn knew_previous_term(&self, slave: &EpochLog) -> bool {
-        let epochs = self.epochs.borrow();
-        epochs
-            .previous()
-            .is_some_and(|p| slave.entries().contains(&p))
+    /// Whether `slave` holds the guarded term (it was a replica then): its join tells whether
+    /// this master lost acknowledged bytes of it.
+    pub fn knew_guarded_term(&self, slave: &EpochLog) -> bool {
+        self.guarded
+            .get()
+            .is_some_and(|term| slave.entries().contains(&term))
     }
 }
 
@@ -520,7 +537,7 @@ mod tests {
         let answer = master.join(4, link, &slave, 800, 0, 500);
         assert_eq!(answer.tail, SlaveTail::Return { end: 800 });
         assert_eq!(answer.consistent_end, 500);
-        assert!(master.knew_previous_term(&slave));
+        assert!(!master.knew_guarded_term(&slave), "nothing is guarded yet");
         // Only that slave, on that connection, from the log's end, within what it holds.
         assert!(master.check_return(5, link, 500, 100, 500).is_err());
         assert!(master.check_return(4, (0, 4), 500, 100, 500).is_err());
@@ -544,7 +561,8 @@ mod tests {
             master.join(4, link, &slave, 800, 0, 600).tail,
             SlaveTail::Cut
         );
-        master.guard_lost_tail();
+        master.guard_lost_tail(term(1, 0, 11));
+        assert!(master.knew_guarded_term(&slave));
         assert_eq!(
             master.join(4, link, &slave, 800, 0, 600).tail,
             SlaveTail::Keep { end: 800 }
@@ -555,7 +573,68 @@ mod tests {
             master.join(4, link, &EpochLog::default(), 0, 0, 600).tail,
             SlaveTail::Cut
         );
-        assert!(!master.knew_previous_term(&EpochLog::default()));
+        assert!(!master.knew_guarded_term(&EpochLog::default()));
+    }
+
+    #[test]
+    fn a_slave_holding_a_term_this_log_lost_whole_returns_it_and_the_term_is_known_again() {
+        use crate::store::epochs::Epoch;
+        let term = |epoch, start, incarnation| Epoch {
+            epoch,
+            start,
+            incarnation,
+        };
+        // Term 2 began at 500 and a slave acknowledged its bytes (the replicated-term file
+        // names it); a power loss cut the master's log to 400, below where term 2 began, and
+        // the master began term 3 there, dropping term 2 from its log.
+        let master = master();
+        let current = {
+            let mut epochs = master.epochs.borrow_mut();
+            epochs.push(term(1, 0, 11)).unwrap();
+            epochs.push(term(2, 500, 12)).unwrap();
+            epochs.begin_term(400, 0)
+        };
+        assert_eq!((current.epoch, current.start), (3, 400));
+        master.guard_lost_tail(term(2, 500, 12));
+        let mut slave = EpochLog::default();
+        slave.push(term(1, 0, 11)).unwrap();
+        slave.push(term(2, 500, 12)).unwrap();
+        assert!(master.knew_guarded_term(&slave));
+        let link = (0, 3);
+        let answer = master.join(4, link, &slave, 900, 0, 400);
+        assert_eq!(answer.tail, SlaveTail::Return { end: 900 });
+        assert_eq!(answer.consistent_end, 400);
+        assert_eq!(master.check_return(4, link, 400, 500, 400), Ok(900));
+        master.returned(900, true);
+        assert_eq!(
+            master.epochs.borrow().entries()[1..],
+            [
+                term(1, 0, 11),
+                term(2, 500, 12),
+                Epoch {
+                    start: 900,
+                    ..current
+                }
+            ]
+        );
+        // The two logs agree now: nothing more is returned, and nothing is cut.
+        let answer = master.join(4, link, &slave, 900, 0, 900);
+        assert_eq!(answer.tail, SlaveTail::Cut);
+        assert_eq!(answer.consistent_end, 900);
+
+        // Had the master written past 400 first, the slave keeps term 2's bytes.
+        let master = self::master();
+        {
+            let mut epochs = master.epochs.borrow_mut();
+            epochs.push(term(1, 0, 11)).unwrap();
+            epochs.push(term(2, 500, 12)).unwrap();
+            epochs.begin_term(400, 0);
+        }
+        master.guard_lost_tail(term(2, 500, 12));
+        assert_eq!(
+            master.join(4, link, &slave, 900, 0, 450).tail,
+            SlaveTail::Keep { end: 900 }
+        );
     }
 
     #[test]
