@@ -248,6 +248,13 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// A record at queue offset `offset` was appended and waits to be dispatched (a replicated
+    /// or returned record, whose offset is its own): appends take offsets after it.
+    pub fn note_pending(&self, offset: u64) {
+        self.next_assign
+            .set(self.next_assign.get().max(offset.saturating_add(1)));
+    }
+
     /// Makes an empty queue start at `offset`: a queue rebuilt after retention deleted its
     /// early messages starts past 0, and holes fill its first file up to the first surviving
     /// entry.

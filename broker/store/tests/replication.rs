@@ -310,3 +310,45 @@ fn records_past_the_checkpoint_wait_to_be_confirmed_again_after_a_restart() {
     let report = verify_data_dir(dir.path()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A master taking back what a power loss took from its log appends a slave's bytes with
+/// `append_replicated`; they wait to be dispatched until confirmed. Its own appends that follow
+/// take queue offsets after the records taken back, never the same ones again.
+#[test]
+fn records_taken_back_and_not_yet_dispatched_keep_their_queue_offsets_from_new_appends() {
+    let master_dir = tempfile::tempdir().unwrap();
+    let replica_dir = tempfile::tempdir().unwrap();
+    let mut replica_config = config(replica_dir.path(), FlushMode::Async);
+    replica_config.hold_unconfirmed_tail = true;
+    let master_config = config(master_dir.path(), FlushMode::Async);
+    let topic = TOPICS[0];
+    run(|| async move {
+        let (master, _) = MessageStore::open(master_config).await.unwrap();
+        master
+            .append(batch(topic, 0, &numbered(topic, 0..8)))
+            .await
+            .unwrap();
+        // The store that takes the bytes back confirms nothing yet: they wait to be dispatched.
+        let (replica, _) = MessageStore::open(replica_config).await.unwrap();
+        replica.set_dispatch_limit(0);
+        let mut rng = Rng(7);
+        let end = replicate(&master, &replica, &mut rng).await;
+        assert_eq!(
+            replica.queue_offsets(topic, 0),
+            Some((0, 0)),
+            "none dispatched"
+        );
+        let outcome = replica
+            .append(batch(topic, 0, &numbered(topic, 8..10)))
+            .await
+            .unwrap();
+        assert_eq!(outcome.records[0].queue_offset, 8);
+        assert_eq!(outcome.records[1].queue_offset, 9);
+        replica.set_dispatch_limit(replica.commitlog_offsets().1);
+        let expected: Vec<Vec<u8>> = (0..10).map(|seq| body_for(topic, 0, seq, 300)).collect();
+        assert_eq!(read_all(&replica, topic, 0, 0).await, expected);
+        assert!(end > 0);
+        replica.close().await.unwrap();
+        master.close().await.unwrap();
+    });
+}

@@ -209,7 +209,12 @@ impl MessageStore {
                 }
             }
         }
-        // Valid: append the bytes and queue the complete records for dispatch.
+        // Valid: append the bytes and queue the complete records for dispatch. Their queue
+        // offsets are taken: a master's own appends that follow (after a slave returned bytes
+        // its log lost) take offsets after them, though they wait to be dispatched.
+        for info in &infos {
+            info.queue.note_pending(info.queue_offset);
+        }
         log.append_raw(bytes);
         inner.records_end.set(at);
         inner.last_store_timestamp_ms.set(last_ts);
