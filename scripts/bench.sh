@@ -6,7 +6,9 @@
 # 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks, io_uring, iodepth 8,
 #    1 GiB into fresh space; three runs, the median is the reference) and the latency of fdatasync after 4 KiB O_DIRECT writes, and of 4 KiB O_DSYNC writes, on the
 #    disk of the data directory (installing fio with apt-get when missing), and TCP loopback
-#    throughput and round trip (python3);
+#    throughput, round trip and the sender's CPU per KiB (python3; on 2 or more cores the
+#    receiver pinned to core 0 and the sender to core 1, as the isolated layout places the
+#    broker and the load generator);
 # 3. the storage engine alone: `shardmq-perf store`, 64 producers x batch 64, async;
 # 4. for each flush mode (async, sync) starts its own name server and broker on free loopback
 #    ports over a fresh data directory, runs the fixed scenarios below with `shardmq-perf`
@@ -182,13 +184,20 @@ rm -f "$work_dir/fio.dat"
 
 step "loopback: TCP throughput (2 GiB, 1 MiB writes) and 1 KiB round trips"
 python3 - <<'PY' | record loopback tcp
-import json, multiprocessing, resource, socket, time
+import json, multiprocessing, os, resource, socket, time
 
 TOTAL = 2 << 30
 CHUNK = 1 << 20
 ROUND_TRIPS = 20000
 
+# As the isolated layout places them on a 2-core machine: the receiver (the broker's side) on
+# core 0, the sender (the load generator's) on core 1.
+PIN = (os.cpu_count() or 1) >= 2
+
+
 def sink(port_queue):
+    if PIN:
+        os.sched_setaffinity(0, {0})
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -224,6 +233,8 @@ if __name__ == "__main__":
     queue = multiprocessing.Queue()
     process = multiprocessing.Process(target=sink, args=(queue,))
     process.start()
+    if PIN:
+        os.sched_setaffinity(0, {1})
     port = queue.get()
     data = b"D" * CHUNK
     client = socket.create_connection(("127.0.0.1", port))
