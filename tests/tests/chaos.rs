@@ -106,16 +106,20 @@ fn faults() -> Vec<Fault> {
         Fault::PartitionMasterFromSlaves,
         Fault::StallSlavesToMaster,
     ];
-    match std::env::var("SHARDMQ_CHAOS_FAULTS") {
+    chosen(&all, "SHARDMQ_CHAOS_FAULTS")
+}
+
+/// The faults of `all` the environment variable `var` names (comma-separated, as printed), or
+/// all of them when it is not set.
+fn chosen<F: std::marker::Copy + std::fmt::Debug>(all: &[F], var: &str) -> Vec<F> {
+    match std::env::var(var) {
         Ok(names) => {
-            let chosen: Vec<Fault> = all
-                .into_iter()
+            let chosen: Vec<F> = all
+                .iter()
+                .copied()
                 .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
                 .collect();
-            assert!(
-                !chosen.is_empty(),
-                "SHARDMQ_CHAOS_FAULTS names no fault of {all:?}"
-            );
+            assert!(!chosen.is_empty(), "{var} names no fault of {all:?}");
             chosen
         }
         Err(_) => all.to_vec(),
@@ -451,20 +455,7 @@ fn pair_faults() -> Vec<PairFault> {
         PairFault::PartitionMasterFromSlave,
         PairFault::StallSlaveToMaster,
     ];
-    match std::env::var("SHARDMQ_CHAOS_PAIR_FAULTS") {
-        Ok(names) => {
-            let chosen: Vec<PairFault> = all
-                .into_iter()
-                .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
-                .collect();
-            assert!(
-                !chosen.is_empty(),
-                "SHARDMQ_CHAOS_PAIR_FAULTS names no fault of {all:?}"
-            );
-            chosen
-        }
-        Err(_) => all.to_vec(),
-    }
+    chosen(&all, "SHARDMQ_CHAOS_PAIR_FAULTS")
 }
 
 /// A manual sync-master pair (RocketMQ's classic mode, no controller): one name server, a

@@ -519,14 +519,16 @@ mod tests {
         assert!(alive(&master.sync_view(1200), 2));
     }
 
-    #[test]
-    fn a_slave_holding_the_lost_end_of_the_last_term_returns_it_keeps_it_or_cuts_it() {
-        use crate::store::epochs::Epoch;
-        let term = |epoch, start, incarnation| Epoch {
+    fn term(epoch: u64, start: u64, incarnation: u64) -> crate::store::epochs::Epoch {
+        crate::store::epochs::Epoch {
             epoch,
             start,
             incarnation,
-        };
+        }
+    }
+
+    #[test]
+    fn a_slave_holding_the_lost_end_of_the_last_term_returns_it_keeps_it_or_cuts_it() {
         let master = master();
         master.epochs.borrow_mut().push(term(1, 0, 11)).unwrap();
         // The master restarted with its log cut at 500; the slave holds term 1 to 800.
@@ -579,11 +581,6 @@ mod tests {
     #[test]
     fn a_slave_holding_a_term_this_log_lost_whole_returns_it_and_the_term_is_known_again() {
         use crate::store::epochs::Epoch;
-        let term = |epoch, start, incarnation| Epoch {
-            epoch,
-            start,
-            incarnation,
-        };
         // Term 2 began at 500 and a slave acknowledged its bytes (the replicated-term file
         // names it); a power loss cut the master's log to 400, below where term 2 began, and
         // the master began term 3 there, dropping term 2 from its log.
