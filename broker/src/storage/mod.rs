@@ -117,6 +117,7 @@ pub async fn run(
         if config.role() == crate::config::BrokerRole::Slave {
             epochs.truncate(end);
         } else {
+            let before = epochs.entries().to_vec();
             let term = epochs.begin_term(end, config.controller_epoch);
             if config.controller_self_id > 0 && term.epoch != config.controller_epoch {
                 // Only when this log holds a term the controller's state does not know (its
@@ -135,10 +136,16 @@ pub async fn run(
                 "master term begins"
             );
             if config.role() == crate::config::BrokerRole::SyncMaster {
-                // Whatever this log still holds of it: a power loss may have taken its end,
-                // or all of it (then `begin_term` dropped it from the log).
+                // The term a slave last acknowledged is guarded when it was this master's
+                // last: the term before the new one, or one `begin_term` dropped because this
+                // log holds none of it any more (a power loss took all of it, or the terms
+                // after it wrote nothing). A promoted slave's stale file names an older term.
+                let dropped = |t: &crate::store::epochs::Epoch| {
+                    before.contains(t) && !epochs.entries().contains(t)
+                };
                 guarded = crate::store::epochs::load_replicated_term(&shard_dir)
-                    .map_err(|e| format!("storage shard {id}: {e}"))?;
+                    .map_err(|e| format!("storage shard {id}: {e}"))?
+                    .filter(|t| Some(*t) == epochs.previous() || dropped(t));
             }
         }
         epochs
