@@ -192,7 +192,14 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
         // Under load for a random moment before each fault.
         std::thread::sleep(Duration::from_millis(rng.in_range(200..=1500)));
         let fault = kinds[rng.below(kinds.len())];
-        let before = group.status().expect("a controller answers");
+        // Each fault hits a whole group: the last round's "whole again" may have been read
+        // just before a late change (a slow link's heartbeats arrive behind each other, and
+        // an election can follow the read).
+        let before = wait_until(SETTLE, "the group whole before the fault", || {
+            group
+                .status()
+                .filter(|s| s.master_id > 0 && s.in_sync.len() == 3 && s.leader > 0)
+        });
         eprintln!(
             "chaos round {round}: {fault:?} (master {}, epoch {}, in sync {:?}, acknowledged {})",
             before.master_id,
