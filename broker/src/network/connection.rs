@@ -180,7 +180,12 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                     };
                     let shard = shard.clone();
                     let connection = connection.clone();
-                    shard.request_started();
+                    let kind = frame
+                        .frame()
+                        .body_type()
+                        .variant_name()
+                        .unwrap_or("unknown");
+                    shard.request_started(kind);
                     glommio::spawn_local(async move {
                         let answer = dispatch::handle(&shard, &connection, frame, early).await;
                         drop(claim);
@@ -188,7 +193,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
                             connection.send(frames).await;
                         }
                         tracing::trace!(target: TIMELINE, stage = "answered", connection = connection.id);
-                        shard.request_finished();
+                        shard.request_finished(kind);
                         drop(permit);
                     })
                     .detach();

@@ -110,6 +110,7 @@ pub async fn start(
         changed: LocalNotify::default(),
         encoders: RefCell::new(Vec::new()),
         inflight_requests: Cell::new(0),
+        inflight_by_kind: RefCell::default(),
         idle: LocalNotify::default(),
         client_calls: client_calls::ClientCalls::default(),
         request_bytes: Rc::new(budget::ByteBudget::new(
@@ -217,6 +218,9 @@ pub async fn start(
     }))
 }
 
+/// How long a stopping network shard waits for the requests in flight.
+const DRAIN_BOUND: Duration = Duration::from_secs(5);
+
 /// A network shard that serves: the runtime accepts connections until the broker stops,
 /// drains, stops what runs beside the shard, then finishes it.
 pub struct Serving {
@@ -245,13 +249,20 @@ impl Serving {
         let shard = &self.shard;
         // Parked pulls answer now rather than holding the stop for their whole suspend time.
         shard.parking.wake_all();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + DRAIN_BOUND;
         while shard.inflight_requests.get() > 0 && std::time::Instant::now() < deadline {
             future::or(
                 shard.idle.notified(),
                 glommio::timer::sleep(Duration::from_millis(20)),
             )
             .await;
+        }
+        if shard.inflight_requests.get() > 0 {
+            warn!(
+                network_shard = shard.id,
+                in_flight = ?shard.inflight_by_kind.borrow(),
+                "requests still in flight after the drain's bound: stopping without their answers"
+            );
         }
     }
 
