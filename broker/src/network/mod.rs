@@ -260,7 +260,12 @@ impl Serving {
         if shard.inflight_requests.get() > 0 {
             warn!(
                 network_shard = shard.id,
-                in_flight = ?shard.inflight_by_kind.borrow(),
+                in_flight = ?shard
+                    .inflight_by_kind
+                    .borrow()
+                    .iter()
+                    .filter(|(_, count)| **count > 0)
+                    .collect::<Vec<_>>(),
                 "requests still in flight after the drain's bound: stopping without their answers"
             );
         }

@@ -57,7 +57,8 @@ pub struct NetworkShard {
     pub changed: LocalNotify,
     pub(super) encoders: RefCell<Vec<FrameEncoder>>,
     pub(super) inflight_requests: Cell<usize>,
-    /// The requests in flight by body type, for the drain's report when its bound passes.
+    /// The requests in flight by body type (zero counts kept), for the drain's report when
+    /// its bound passes.
     pub(super) inflight_by_kind: RefCell<std::collections::BTreeMap<&'static str, usize>>,
     pub idle: LocalNotify,
     /// Requests this shard sent to clients, waiting for their answers.
@@ -262,14 +263,10 @@ impl NetworkShard {
 
     pub fn request_finished(&self, kind: &'static str) {
         self.inflight_requests.set(self.inflight_requests.get() - 1);
-        let mut by_kind = self.inflight_by_kind.borrow_mut();
-        if let Some(count) = by_kind.get_mut(kind) {
+        // Counts stay at zero rather than leave the map: a request costs no allocation.
+        if let Some(count) = self.inflight_by_kind.borrow_mut().get_mut(kind) {
             *count -= 1;
-            if *count == 0 {
-                by_kind.remove(kind);
-            }
         }
-        drop(by_kind);
         if self.inflight_requests.get() == 0 {
             self.idle.notify_all();
         }

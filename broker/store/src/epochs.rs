@@ -288,15 +288,6 @@ impl EpochLog {
         (theirs > self.last().start).then_some(theirs)
     }
 
-    /// Moves the last term's start to `start` (a master took back bytes of its previous term
-    /// before writing any of its own: its term begins after them).
-    pub fn rebase_last(&mut self, start: u64) {
-        let last = self.entries.len() - 1;
-        if last > 0 && start > self.entries[last].start {
-            self.entries[last].start = start;
-        }
-    }
-
     /// Drops the terms that start at or past `offset` (the log is being cut there).
     pub fn truncate(&mut self, offset: u64) {
         while self.entries.len() > 1 && self.last().start >= offset {
@@ -409,7 +400,7 @@ mod tests {
             ],
         };
         assert_eq!(master.lost_tail_end(&other, 800), None);
-        master.rebase_last(800);
+        master.take_back(&slave, 800);
         assert_eq!(master.last().start, 800);
         assert_eq!(master.lost_tail_end(&slave, 800), None);
         assert_eq!(master.consistent_end(800, &slave, 800), 800);

@@ -61,10 +61,17 @@ pub struct MasterSide {
     /// The term whose first acknowledgement by a slave was last noted (for
     /// [`replicated_term_due`](Self::replicated_term_due)).
     replicated_noted: Cell<Option<Epoch>>,
-    /// A slave asked to return its bytes of the previous term: (broker id, link, where they end).
-    returning: Cell<Option<(i64, ReplicaLink, u64)>>,
-    /// That slave's terms, which name the terms the returned bytes cross.
-    returning_terms: RefCell<Option<EpochLog>>,
+    /// The slave asked to return the bytes this log lost, while the return is under way.
+    returning: RefCell<Option<Returning>>,
+}
+
+/// A return asked of a slave: which slave on which connection, where its bytes end, and its
+/// terms (which name the terms the returned bytes cross).
+struct Returning {
+    broker_id: i64,
+    link: ReplicaLink,
+    end: u64,
+    terms: EpochLog,
 }
 
 impl MasterSide {
@@ -78,8 +85,7 @@ impl MasterSide {
             confirmed_moved: LocalNotify::default(),
             guarded: Cell::new(None),
             replicated_noted: Cell::new(None),
-            returning: Cell::new(None),
-            returning_terms: RefCell::new(None),
+            returning: RefCell::new(None),
         }
     }
 
@@ -114,7 +120,14 @@ impl MasterSide {
         len: u64,
         log_end: u64,
     ) -> Result<u64, String> {
-        let Some((asked, asked_link, end)) = self.returning.get() else {
+        let returning = self.returning.borrow();
+        let Some(&Returning {
+            broker_id: asked,
+            link: asked_link,
+            end,
+            ..
+        }) = returning.as_ref()
+        else {
             return Err("this master asked for no returned bytes: join again".into());
         };
         if asked != broker_id || asked_link != link {
@@ -135,9 +148,10 @@ impl MasterSide {
     /// slave names them) are recorded and the current term (which holds nothing of its own)
     /// now begins there; with `done`, the return is over.
     pub fn returned(&self, log_end: u64, done: bool) {
-        match self.returning_terms.borrow().as_ref() {
-            Some(source) => self.epochs.borrow_mut().take_back(source, log_end),
-            None => self.epochs.borrow_mut().rebase_last(log_end),
+        if let Some(returning) = self.returning.borrow().as_ref() {
+            self.epochs
+                .borrow_mut()
+                .take_back(&returning.terms, log_end);
         }
         if done {
             self.stop_return();
@@ -146,8 +160,7 @@ impl MasterSide {
 
     /// Forgets a return under way (the wait for it is over).
     pub fn stop_return(&self) {
-        self.returning.set(None);
-        *self.returning_terms.borrow_mut() = None;
+        *self.returning.borrow_mut() = None;
     }
 
     /// The confirmed offset (RocketMQ 5's `confirmOffset`): consumers are served only records
@@ -463,8 +476,12 @@ impl MasterSide {
             _ => SlaveTail::Cut,
         };
         if let SlaveTail::Return { end } = tail {
-            self.returning.set(Some((broker_id, link, end)));
-            *self.returning_terms.borrow_mut() = Some(slave.clone());
+            *self.returning.borrow_mut() = Some(Returning {
+                broker_id,
+                link,
+                end,
+                terms: slave.clone(),
+            });
         }
         JoinAnswer {
             epoch: epochs.last().epoch,
@@ -547,7 +564,7 @@ mod tests {
         assert!(master.check_return(4, link, 500, 301, 500).is_err());
         assert_eq!(master.check_return(4, link, 500, 300, 500), Ok(800));
         master.returned(800, true);
-        assert!(master.returning.get().is_none());
+        assert!(master.returning.borrow().is_none());
         assert_eq!(master.epochs.borrow().last(), term(2, 800, 12));
         assert_eq!(
             master.join(4, link, &slave, 800, 0, 800).tail,
@@ -569,7 +586,7 @@ mod tests {
             master.join(4, link, &slave, 800, 0, 600).tail,
             SlaveTail::Keep { end: 800 }
         );
-        assert!(master.returning.get().is_none());
+        assert!(master.returning.borrow().is_none());
         // A slave that never had term 1 (a new one) holds nothing lost.
         assert_eq!(
             master.join(4, link, &EpochLog::default(), 0, 0, 600).tail,
