@@ -10,6 +10,8 @@
 //!   turns wire tables into registry calls and registry answers into wire tables. No I/O.
 //! - [`registry`]: the route table itself, pure data and rules, tested without sockets or
 //!   clocks.
+//! - [`remoting`]: RocketMQ's remoting protocol on the same port (told apart by a connection's
+//!   first bytes): route, cluster and topic-list queries for RocketMQ clients and tools.
 //!
 //! The wire format is `docs/protocol.md` ("Name server"); the schema is `schema/fbs/namesrv.fbs`.
 
@@ -17,6 +19,7 @@ pub mod controller;
 pub mod handler;
 pub mod metrics;
 pub mod registry;
+pub mod remoting;
 pub mod server;
 
 pub use handler::RequestHandler;

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use shardmq_remoting::Sniffed;
 use shardmq_schema::{wire, FrameDecoder, FrameEncoder, DEFAULT_MAX_FRAME_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,13 +29,21 @@ use tracing::{debug, info, warn};
 
 use crate::handler::{AfterFrame, RequestHandler, Session};
 use crate::registry::{RegistryLimits, RouteTable};
+use crate::remoting::{serve_remoting_connection, RemotingHandler};
+
+/// What answers each protocol's requests.
+#[derive(Debug)]
+struct Handlers {
+    native: RequestHandler,
+    remoting: RemotingHandler,
+}
 
 /// Bytes a connection asks the socket for at once.
-const READ_CHUNK_BYTES: usize = 16 * 1024;
+pub(crate) const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 /// Answers buffered for one write: past this the connection writes before it decodes more,
 /// so that pipelined requests for large answers (topic lists) cannot pile up memory.
-const MAX_PENDING_WRITE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_PENDING_WRITE_BYTES: usize = 1024 * 1024;
 
 /// Largest frame accepted before the handshake: a `HandshakeRequest` is a few hundred bytes.
 const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 * 1024;
@@ -162,10 +171,10 @@ impl NamesrvServer {
     /// close after its current batch, and waits up to 2 s for them.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let config = Arc::new(self.config);
-        let handler = Arc::new(RequestHandler::new(
-            Arc::clone(&self.registry),
-            config.max_frame_bytes,
-        ));
+        let handler = Arc::new(Handlers {
+            native: RequestHandler::new(Arc::clone(&self.registry), config.max_frame_bytes),
+            remoting: RemotingHandler::new(Arc::clone(&self.registry)),
+        });
         let (stop_sender, stop_receiver) = watch::channel(false);
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
         let metrics = self.metrics_listener.map(|listener| {
@@ -266,7 +275,7 @@ fn admit(
     stream: TcpStream,
     peer: SocketAddr,
     connection_slots: &Arc<Semaphore>,
-    handler: &Arc<RequestHandler>,
+    handler: &Arc<Handlers>,
     config: &Arc<ServerConfig>,
     stop: &watch::Receiver<bool>,
 ) {
@@ -282,10 +291,30 @@ fn admit(
     let config = Arc::clone(config);
     let stop = stop.clone();
     tokio::spawn(async move {
+        let mut stream = stream;
         debug!(%peer, "connection opened");
-        let mut session = Session::new(peer);
-        let reason = serve_connection(stream, &mut session, &handler, &config, stop).await;
-        handler.connection_closed(&session);
+        let reason = match tell_protocol(&mut stream, config.idle_timeout).await {
+            Ok((Protocol::Native, read_buffer)) => {
+                let mut session = Session::new(peer);
+                let reason = serve_connection(
+                    stream,
+                    read_buffer,
+                    &mut session,
+                    &handler.native,
+                    &config,
+                    stop,
+                )
+                .await;
+                handler.native.connection_closed(&session);
+                reason
+            }
+            Ok((Protocol::Remoting, read_buffer)) => {
+                debug!(%peer, "a RocketMQ remoting connection");
+                serve_remoting_connection(stream, read_buffer, &handler.remoting, &config, stop)
+                    .await
+            }
+            Err(reason) => reason,
+        };
         debug!(%peer, "connection closed: {reason}");
         drop(slot);
     });
@@ -303,11 +332,13 @@ fn refuse_busy(stream: &TcpStream, max_connections: usize) {
 
 /// Why a connection ended, for the log.
 #[derive(Debug)]
-enum Closed {
+pub(crate) enum Closed {
     ByPeer,
     Idle,
     Shutdown,
     AfterResponse,
+    /// Its first bytes are neither protocol's, or a remoting frame could not be decoded.
+    Malformed(String),
     Io(io::Error),
 }
 
@@ -318,7 +349,40 @@ impl std::fmt::Display for Closed {
             Self::Idle => formatter.write_str("idle timeout"),
             Self::Shutdown => formatter.write_str("shutting down"),
             Self::AfterResponse => formatter.write_str("after a final response"),
+            Self::Malformed(reason) => write!(formatter, "malformed input: {reason}"),
             Self::Io(io_error) => write!(formatter, "I/O error: {io_error}"),
+        }
+    }
+}
+
+/// The two protocols one port serves.
+enum Protocol {
+    /// ShardMQ's own frames (docs/protocol.md).
+    Native,
+    /// RocketMQ's remoting frames, for RocketMQ clients and tools ([`crate::remoting`]).
+    Remoting,
+}
+
+/// Reads a new connection's first bytes until they tell the protocol (`shardmq_remoting::sniff`:
+/// at most 12 bytes are needed); returns them with what else that read brought. Bytes that are
+/// neither protocol's go to the native decoder, which answers them as the malformed frame they
+/// are.
+async fn tell_protocol(
+    stream: &mut TcpStream,
+    idle_timeout: Duration,
+) -> Result<(Protocol, BytesMut), Closed> {
+    let mut read_buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        match shardmq_remoting::sniff(&read_buffer) {
+            Sniffed::Remoting => return Ok((Protocol::Remoting, read_buffer)),
+            Sniffed::Native | Sniffed::Neither => return Ok((Protocol::Native, read_buffer)),
+            Sniffed::NeedMore => {}
+        }
+        match timeout(idle_timeout, stream.read_buf(&mut read_buffer)).await {
+            Ok(Ok(0)) => return Err(Closed::ByPeer),
+            Ok(Ok(_)) => {}
+            Ok(Err(io_error)) => return Err(Closed::Io(io_error)),
+            Err(_) => return Err(Closed::Idle),
         }
     }
 }
@@ -326,6 +390,7 @@ impl std::fmt::Display for Closed {
 /// Reads frames, answers them, and returns when the connection is over.
 async fn serve_connection(
     mut stream: TcpStream,
+    mut read_buffer: BytesMut,
     session: &mut Session,
     handler: &RequestHandler,
     config: &ServerConfig,
@@ -333,7 +398,6 @@ async fn serve_connection(
 ) -> Closed {
     let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
     let mut encoder = FrameEncoder::with_max_frame_bytes(config.max_frame_bytes);
-    let mut read_buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut write_buffer = BytesMut::new();
     loop {
         if *stop.borrow_and_update() {

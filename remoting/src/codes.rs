@@ -48,8 +48,11 @@ pub mod request {
     /// 5.x only.
     pub const BROKER_HEARTBEAT: i32 = 904;
 
-    // Client -> name server.
+    // Client (and admin tool) -> name server.
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
+    pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
+    pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    pub const GET_TOPICS_BY_CLUSTER: i32 = 224;
 }
 
 /// Response codes (RocketMQ's `RemotingSysResponseCode` and `ResponseCode`).
