@@ -23,6 +23,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
     BTreeMap::from([
         ("shardmq-schema", set(&[])),
         ("shardmq-codec", set(&[])),
+        ("shardmq-remoting", set(&[])),
         ("shardmq-store", set(&["shardmq-codec"])),
         (
             "shardmq-base",
@@ -45,9 +46,13 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-store",
                 "shardmq-codec",
                 "shardmq-schema",
+                "shardmq-remoting",
             ]),
         ),
-        ("shardmq-namesrv", set(&["shardmq-schema", "shardmq-codec"])),
+        (
+            "shardmq-namesrv",
+            set(&["shardmq-schema", "shardmq-codec", "shardmq-remoting"]),
+        ),
         ("shardmq-client", set(&["shardmq-schema", "shardmq-codec"])),
         (
             "shardmq-perf",
@@ -60,7 +65,12 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ),
         (
             "shardmq-tests",
-            set(&["shardmq-schema", "shardmq-codec", "shardmq-client"]),
+            set(&[
+                "shardmq-schema",
+                "shardmq-codec",
+                "shardmq-client",
+                "shardmq-remoting",
+            ]),
         ),
         (
             "shardmq-fuzz",
