@@ -206,12 +206,24 @@ pub fn encode_frame_head(
     max_frame_bytes: usize,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    encode_frame_head_with_body_bytes(command, command.body.len(), max_frame_bytes, dst)
+}
+
+/// As [`encode_frame_head`], for a body of `body_bytes` that is not in `command.body` (which
+/// should be empty): a pull answer whose body is the stored records, written after the head as
+/// slices of the log. On error `dst` is unchanged.
+pub fn encode_frame_head_with_body_bytes(
+    command: &RemotingCommand,
+    body_bytes: usize,
+    max_frame_bytes: usize,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let start = dst.len();
     dst.put_u32(0);
     dst.put_u32(0);
     let result = command
         .encode_header(dst)
-        .and_then(|()| patch_head(command, start, max_frame_bytes, dst));
+        .and_then(|()| patch_head(command, body_bytes, start, max_frame_bytes, dst));
     if result.is_err() {
         dst.truncate(start);
     }
@@ -221,6 +233,7 @@ pub fn encode_frame_head(
 /// Fills in the prefix and the word once the header's size is known.
 fn patch_head(
     command: &RemotingCommand,
+    body_bytes: usize,
     start: usize,
     max_frame_bytes: usize,
     dst: &mut BytesMut,
@@ -230,7 +243,7 @@ fn patch_head(
     if header_bytes > MAX_HEADER_LENGTH_FIELD {
         return Err(EncodeError::HeaderTooLarge { header_bytes });
     }
-    let frame_bytes = head_bytes + command.body.len();
+    let frame_bytes = head_bytes + body_bytes;
     // The length field is an i32, so no configuration can let a frame past 2 GiB.
     if frame_bytes > max_frame_bytes || frame_bytes - LENGTH_PREFIX_BYTES > i32::MAX as usize {
         return Err(EncodeError::FrameTooLarge {
@@ -300,6 +313,29 @@ mod tests {
         let mut dst = BytesMut::new();
         encode_frame(command, DEFAULT_MAX_FRAME_BYTES, &mut dst).expect("encodes");
         dst
+    }
+
+    #[test]
+    fn a_head_for_a_body_sent_apart_decodes_with_that_body() {
+        let records = [Bytes::from_static(b"first"), Bytes::from_static(b"second")];
+        let answer = RemotingCommand::request(11, 9);
+        let mut wire = BytesMut::new();
+        encode_frame_head_with_body_bytes(&answer, 11, DEFAULT_MAX_FRAME_BYTES, &mut wire)
+            .expect("encodes");
+        for record in &records {
+            wire.extend_from_slice(record);
+        }
+        let decoded = FrameDecoder::default()
+            .decode(&mut wire)
+            .expect("decodes")
+            .expect("whole");
+        assert_eq!(&decoded.body[..], b"firstsecond");
+        assert!(wire.is_empty());
+        let mut too_large = BytesMut::new();
+        assert!(
+            encode_frame_head_with_body_bytes(&answer, 100, 64, &mut too_large).is_err()
+                && too_large.is_empty()
+        );
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub use command::{
     FLAG_ONEWAY, FLAG_RESPONSE, SERVER_VERSION,
 };
 pub use frame::{
-    encode_frame, encode_frame_head, sniff, FrameDecoder, FrameError, FrameLimits, Sniffed,
-    DEFAULT_MAX_FRAME_BYTES, SNIFF_BYTES,
+    encode_frame, encode_frame_head, encode_frame_head_with_body_bytes, sniff, FrameDecoder,
+    FrameError, FrameLimits, Sniffed, DEFAULT_MAX_FRAME_BYTES, SNIFF_BYTES,
 };
 pub use heartbeat::{
     decode_heartbeat_body, encode_heartbeat_body, ConsumerData, HeartbeatData, ProducerData,

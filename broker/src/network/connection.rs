@@ -55,14 +55,23 @@ pub const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
 pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
 
 /// Most slices one `sendmsg` carries (Linux's `IOV_MAX`).
-const MAX_WRITE_SLICES: usize = 1024;
+pub(super) const MAX_WRITE_SLICES: usize = 1024;
 
-pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
+pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
     let peer = match stream.peer_addr() {
         Ok(peer) => peer,
         Err(_) => return,
     };
     let _ = stream.set_nodelay(true);
+    let handshake_timeout = Duration::from_millis(shard.config.handshake_timeout_ms);
+    let Some((is_remoting, first_bytes)) = tell_protocol(&mut stream, handshake_timeout).await
+    else {
+        debug!(%peer, "connection closed before its first bytes told its protocol");
+        return;
+    };
+    if is_remoting {
+        return super::remoting::serve(shard, stream, peer, first_bytes).await;
+    }
     let socket = stream.as_raw_fd();
     let (mut reader, mut writer) = futures_lite::io::split(stream);
     let inflight_limit = shard.config.max_inflight_per_connection;
@@ -102,12 +111,11 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     .detach();
 
     let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
-    let handshake_timeout = Duration::from_millis(shard.config.handshake_timeout_ms);
     let handshake_deadline = Instant::now() + handshake_timeout;
     let mut malformed_frames = 0u32;
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
     let mut read_chunk_bytes = MIN_READ_CHUNK_BYTES;
-    let mut buffer = BytesMut::with_capacity(read_chunk_bytes);
+    let mut buffer = first_bytes;
     let mut room = ReadRoom::default();
     // The shard's request byte budget: the frame at the front of `buffer` is charged
     // (`charged` bytes) once its length prefix is in; a decoded frame's charge moves to its
@@ -404,6 +412,40 @@ impl ReadRoom {
     }
 }
 
+/// Reads a new connection's first bytes until they tell its protocol (at most
+/// [`shardmq_remoting::SNIFF_BYTES`] are needed): `Some((true, bytes))` for RocketMQ's remoting
+/// protocol, `Some((false, bytes))` for ShardMQ's own (and for bytes of neither, which the
+/// native decoder then answers as the malformed frame they are), `None` when the peer closed or
+/// said nothing within `timeout` (the handshake's).
+async fn tell_protocol(stream: &mut TcpStream, timeout: Duration) -> Option<(bool, BytesMut)> {
+    let deadline = Instant::now() + timeout;
+    let mut first = BytesMut::with_capacity(MIN_READ_CHUNK_BYTES);
+    loop {
+        match shardmq_remoting::sniff(&first) {
+            shardmq_remoting::Sniffed::Remoting => return Some((true, first)),
+            shardmq_remoting::Sniffed::Native | shardmq_remoting::Sniffed::Neither => {
+                return Some((false, first))
+            }
+            shardmq_remoting::Sniffed::NeedMore => {}
+        }
+        let start = first.len();
+        first.resize(start + MIN_READ_CHUNK_BYTES, 0);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let read = futures_lite::future::or(
+            async { stream.read(&mut first[start..]).await.ok() },
+            async {
+                glommio::timer::sleep(remaining).await;
+                None
+            },
+        )
+        .await;
+        match read {
+            Some(received) if received > 0 => first.truncate(start + received),
+            _ => return None,
+        }
+    }
+}
+
 /// Writes every byte of `pending` (frames, and the stored records a pull answer carries as
 /// slices of the CommitLog's buffers) to the socket `socket`, in as few system calls as it
 /// takes: one `sendmsg` gathers up to [`MAX_WRITE_SLICES`] slices, so a pull answer of a
@@ -412,7 +454,7 @@ impl ReadRoom {
 /// through `writer` (glommio's write of the first slice, which returns once some of it went).
 ///
 /// `writer` must be the write half of the stream `socket` belongs to; it is the only writer.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
+pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     socket: RawFd,
     writer: &mut W,
     pending: &mut VecDeque<Bytes>,

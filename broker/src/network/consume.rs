@@ -10,19 +10,56 @@ use shardmq_schema::{build_frame, wire, FrameHeader};
 
 use super::request::{
     encode_ok, encode_status, frame_error, group_queue, invalid, readable_queue, refuse, Answer,
+    Refusal,
 };
 use super::NetworkShard;
 use crate::mesh::{PullQuery, StorageRequest};
 use crate::naming::check_group_name;
 use crate::store::{GetResult, GetStatus, TagFilter};
 
+/// A pull as either protocol asks it (`PullRequest`'s fields).
+pub(super) struct PullAsk<'a> {
+    pub consumer_group: Option<&'a str>,
+    pub topic: Option<&'a str>,
+    pub queue_id: i32,
+    pub queue_offset: i64,
+    pub max_messages: u32,
+    /// 0: the broker's `max_pull_bytes`.
+    pub max_bytes: u32,
+    /// `None`: every message.
+    pub tag_expression: Option<&'a str>,
+    pub suspend_timeout_ms: u32,
+    /// Below 0: nothing to commit.
+    pub commit_offset: i64,
+}
+
 pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>) -> Answer {
-    let (topic, queue_id) = readable_queue(shard, r.topic(), r.queue_id())?;
-    if let Some(group) = r.consumer_group().filter(|g| !g.is_empty()) {
+    let ask = PullAsk {
+        consumer_group: r.consumer_group(),
+        topic: r.topic(),
+        queue_id: r.queue_id(),
+        queue_offset: r.queue_offset(),
+        max_messages: r.max_messages(),
+        max_bytes: r.max_bytes(),
+        tag_expression: r.tag_expression(),
+        suspend_timeout_ms: r.suspend_timeout_ms(),
+        commit_offset: r.commit_offset(),
+    };
+    let (result, requested) = pull_records(shard, ask).await?;
+    encode_pull(shard, id, result, requested)
+}
+
+/// Serves a pull: commits the offset it carries, reads, and when nothing is there yet parks
+/// until an arrival or its suspend timeout. Returns what was read and the offset asked for.
+pub(super) async fn pull_records(
+    shard: &NetworkShard,
+    r: PullAsk<'_>,
+) -> Result<(GetResult, u64), Refusal> {
+    let (topic, queue_id) = readable_queue(shard, r.topic, r.queue_id)?;
+    if let Some(group) = r.consumer_group.filter(|g| !g.is_empty()) {
         check_group_name(group).map_err(invalid)?;
-        if r.commit_offset() >= 0 {
-            let (group, topic, offset) =
-                (group.to_owned(), topic.clone(), r.commit_offset() as u64);
+        if r.commit_offset >= 0 {
+            let (group, topic, offset) = (group.to_owned(), topic.clone(), r.commit_offset as u64);
             shard
                 .ask(shard.shard_of(&topic, queue_id), |reply| {
                     StorageRequest::CommitConsumerOffset {
@@ -36,9 +73,9 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>
                 .await?;
         }
     }
-    let offset = u64::try_from(r.queue_offset())
-        .map_err(|_| invalid("queue_offset must not be negative"))?;
-    let expression = r.tag_expression().unwrap_or("*");
+    let offset =
+        u64::try_from(r.queue_offset).map_err(|_| invalid("queue_offset must not be negative"))?;
+    let expression = r.tag_expression.unwrap_or("*");
     if expression.contains('\u{1}') || expression.contains('\u{2}') {
         return Err(refuse(
             wire::Status::INVALID_TAG_EXPRESSION,
@@ -49,15 +86,15 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>
         topic,
         queue_id,
         offset,
-        max_messages: r.max_messages().clamp(1, shard.config.max_pull_messages),
-        max_bytes: match u64::from(r.max_bytes()) {
+        max_messages: r.max_messages.clamp(1, shard.config.max_pull_messages),
+        max_bytes: match u64::from(r.max_bytes) {
             0 => shard.config.max_pull_bytes,
             n => n.min(shard.config.max_pull_bytes),
         },
         filter: TagFilter::parse(expression),
     };
     let metrics_topic = query.topic.clone();
-    let suspend_ms = u64::from(r.suspend_timeout_ms()).min(shard.config.max_suspend_timeout_ms);
+    let suspend_ms = u64::from(r.suspend_timeout_ms).min(shard.config.max_suspend_timeout_ms);
     let storage = shard.shard_of(&query.topic, queue_id);
     let slot = if suspend_ms > 0 {
         shard
@@ -113,11 +150,12 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>
         result.records.len(),
         result.records.iter().map(Bytes::len).sum(),
     );
-    encode_pull(shard, id, result, offset)
+    Ok((result, offset))
 }
 
-fn encode_pull(shard: &NetworkShard, id: u64, result: GetResult, requested: u64) -> Answer {
-    let status = match result.status {
+/// What a pull's answer says: found, nothing yet, nothing that matched, or moved.
+pub(super) fn pull_status(result: &GetResult, requested: u64) -> wire::Status {
+    match result.status {
         GetStatus::Found => wire::Status::OK,
         GetStatus::NoMatchedMessage => wire::Status::PULL_RETRY_IMMEDIATELY,
         GetStatus::NoNewMessage => wire::Status::PULL_NOT_FOUND,
@@ -125,7 +163,11 @@ fn encode_pull(shard: &NetworkShard, id: u64, result: GetResult, requested: u64)
         GetStatus::NoMatchedQueue | GetStatus::OffsetTooSmall | GetStatus::OffsetOverflow => {
             wire::Status::PULL_OFFSET_MOVED
         }
-    };
+    }
+}
+
+fn encode_pull(shard: &NetworkShard, id: u64, result: GetResult, requested: u64) -> Answer {
+    let status = pull_status(&result, requested);
     let total: usize = result.records.iter().map(Bytes::len).sum();
     let mut head = BytesMut::new();
     shard

@@ -30,6 +30,7 @@ pub mod parking;
 pub mod produce;
 pub mod query;
 pub mod queue_locks;
+pub mod remoting;
 pub mod replica;
 pub mod request;
 pub mod send_back;

@@ -1,0 +1,252 @@
+//! A RocketMQ consumer's requests: PULL_MESSAGE (11) is served by the native pull
+//! (`consume::pull_records`: long polling, tag filters) and answered with the four offsets
+//! RocketMQ's clients read on every answer and the stored records as the body (ShardMQ's
+//! CommitLog record is RocketMQ's MessageExt layout, so the body is slices of the log, not a
+//! copy); QUERY_CONSUMER_OFFSET (14), UPDATE_CONSUMER_OFFSET (15), GET_MAX_OFFSET (30),
+//! GET_MIN_OFFSET (31) and SEARCH_OFFSET_BY_TIMESTAMP (29) become the native offset requests.
+
+use shardmq_remoting::codes::{pull_sys_flag, request, response};
+use shardmq_remoting::RemotingCommand;
+use shardmq_schema::wire;
+
+use super::dispatch::{
+    native_answer, native_request, queue_id, required, required_i64, response_code, Answer, Reply,
+};
+use super::RemotingSession;
+use crate::network::consume::{self as native, PullAsk};
+use crate::network::request::{refuse, Connection, Refusal};
+use crate::network::NetworkShard;
+
+/// RocketMQ's default suspend time of a pull (the client's call times out at 30 s).
+const DEFAULT_SUSPEND_TIMEOUT_MS: i64 = 15_000;
+/// RocketMQ's default `maxMsgNums`.
+const DEFAULT_PULL_MESSAGES: i32 = 32;
+
+pub(super) async fn pull(
+    shard: &NetworkShard,
+    session: &RemotingSession,
+    command: &RemotingCommand,
+) -> Answer {
+    let group = required(command, "consumerGroup")?;
+    let topic = required(command, "topic")?;
+    let sys_flag = optional_i32(command, "sysFlag")?.unwrap_or(0);
+    let commit_offset = if sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 {
+        optional_i64(command, "commitOffset")?.unwrap_or(-1)
+    } else {
+        -1
+    };
+    let suspend_timeout_ms = if sys_flag & pull_sys_flag::SUSPEND != 0 {
+        optional_i64(command, "suspendTimeoutMillis")?.unwrap_or(DEFAULT_SUSPEND_TIMEOUT_MS)
+    } else {
+        0
+    };
+    if command
+        .ext("expressionType")
+        .is_some_and(|kind| !kind.is_empty() && kind != "TAG")
+    {
+        return Err(refuse(
+            wire::Status::INVALID_TAG_EXPRESSION,
+            "ShardMQ filters by tag only (expressionType TAG)",
+        ));
+    }
+    // The pull's own expression when it carries one, else the heartbeat's.
+    let expression = if sys_flag & pull_sys_flag::SUBSCRIPTION != 0 {
+        command
+            .ext("subscription")
+            .filter(|expression| !expression.is_empty())
+            .map(str::to_owned)
+    } else {
+        session
+            .subscriptions
+            .borrow()
+            .get(&(group.to_owned(), topic.to_owned()))
+            .cloned()
+    };
+    let ask = PullAsk {
+        consumer_group: Some(group),
+        topic: Some(topic),
+        queue_id: queue_id(command, "queueId")?,
+        queue_offset: required_i64(command, "queueOffset")?,
+        max_messages: u32::try_from(
+            optional_i32(command, "maxMsgNums")?.unwrap_or(DEFAULT_PULL_MESSAGES),
+        )
+        .unwrap_or(1),
+        max_bytes: u32::try_from(optional_i32(command, "maxMsgBytes")?.unwrap_or(0)).unwrap_or(0),
+        tag_expression: expression.as_deref(),
+        suspend_timeout_ms: u32::try_from(suspend_timeout_ms.max(0)).unwrap_or(u32::MAX),
+        commit_offset,
+    };
+    let (result, requested) = native::pull_records(shard, ask).await?;
+    let status = native::pull_status(&result, requested);
+    let mut reply = Reply::to(command, response_code(status))
+        .with_ext("suggestWhichBrokerId", result.suggest_broker_id.max(0))
+        .with_ext("nextBeginOffset", result.next_offset)
+        .with_ext("minOffset", result.min_offset)
+        .with_ext("maxOffset", result.max_offset);
+    if status == wire::Status::OK {
+        reply.body = result.records;
+    }
+    Ok(reply)
+}
+
+pub(super) async fn query_consumer_offset(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let (group, topic) = (
+        required(command, "consumerGroup")?,
+        required(command, "topic")?,
+    );
+    let queue_id = queue_id(command, "queueId")?;
+    let request = native_request(shard, |b| {
+        let (group, topic) = (b.create_string(group), b.create_string(topic));
+        let body = wire::QueryConsumerOffsetRequest::create(
+            b,
+            &wire::QueryConsumerOffsetRequestArgs {
+                consumer_group: Some(group),
+                topic: Some(topic),
+                queue_id,
+            },
+        );
+        (
+            wire::Body::QueryConsumerOffsetRequest,
+            body.as_union_value(),
+        )
+    })?;
+    let query = request
+        .frame()
+        .body_as_query_consumer_offset_request()
+        .expect("built as an offset query");
+    match native_answer(shard, native::query_consumer_offset(shard, 0, query).await) {
+        Ok(answer) => Ok(Reply::to(command, response::SUCCESS).with_ext(
+            "offset",
+            answer
+                .frame()
+                .body_as_offset_response()
+                .map_or(0, |offset| offset.offset()),
+        )),
+        // RocketMQ's clients then start where the group's consume-from setting says.
+        Err(refusal) if refusal.status == wire::Status::CONSUMER_GROUP_NOT_FOUND => {
+            let mut reply = Reply::to(command, response::QUERY_NOT_FOUND);
+            reply.command.remark = Some(refusal.message);
+            Ok(reply)
+        }
+        Err(refusal) => Err(refusal),
+    }
+}
+
+pub(super) async fn update_consumer_offset(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let (group, topic) = (
+        required(command, "consumerGroup")?,
+        required(command, "topic")?,
+    );
+    let queue_id = queue_id(command, "queueId")?;
+    let offset = required_i64(command, "commitOffset")?;
+    let request = native_request(shard, |b| {
+        let (group, topic) = (b.create_string(group), b.create_string(topic));
+        let body = wire::CommitConsumerOffsetRequest::create(
+            b,
+            &wire::CommitConsumerOffsetRequestArgs {
+                consumer_group: Some(group),
+                topic: Some(topic),
+                queue_id,
+                offset,
+            },
+        );
+        (
+            wire::Body::CommitConsumerOffsetRequest,
+            body.as_union_value(),
+        )
+    })?;
+    let commit = request
+        .frame()
+        .body_as_commit_consumer_offset_request()
+        .expect("built as an offset commit");
+    native_answer(
+        shard,
+        native::commit_consumer_offset(shard, 0, commit).await,
+    )?;
+    Ok(Reply::to(command, response::SUCCESS))
+}
+
+/// GET_MAX_OFFSET (the next offset a queue will write) and GET_MIN_OFFSET.
+pub(super) async fn queue_offset(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let topic = required(command, "topic")?;
+    let queue_id = queue_id(command, "queueId")?;
+    let request = native_request(shard, |b| {
+        let topic = b.create_string(topic);
+        let body = wire::QueueOffsetsRequest::create(
+            b,
+            &wire::QueueOffsetsRequestArgs {
+                topic: Some(topic),
+                queue_id,
+            },
+        );
+        (wire::Body::QueueOffsetsRequest, body.as_union_value())
+    })?;
+    let offsets = request
+        .frame()
+        .body_as_queue_offsets_request()
+        .expect("built as a queue offsets request");
+    let answer = native_answer(shard, native::queue_offsets(shard, 0, offsets).await)?;
+    let offsets = answer.frame().body_as_queue_offsets_response();
+    let offset = if command.code == request::GET_MAX_OFFSET {
+        offsets.map_or(0, |o| o.max_offset())
+    } else {
+        offsets.map_or(0, |o| o.min_offset())
+    };
+    Ok(Reply::to(command, response::SUCCESS).with_ext("offset", offset))
+}
+
+pub(super) async fn offset_by_time(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let topic = required(command, "topic")?;
+    let queue_id = queue_id(command, "queueId")?;
+    let timestamp_ms = required_i64(command, "timestamp")?;
+    let request = native_request(shard, |b| {
+        let topic = b.create_string(topic);
+        let body = wire::OffsetByTimeRequest::create(
+            b,
+            &wire::OffsetByTimeRequestArgs {
+                topic: Some(topic),
+                queue_id,
+                timestamp_ms,
+            },
+        );
+        (wire::Body::OffsetByTimeRequest, body.as_union_value())
+    })?;
+    let by_time = request
+        .frame()
+        .body_as_offset_by_time_request()
+        .expect("built as an offset-by-time request");
+    let answer = native_answer(shard, native::offset_by_time(shard, 0, by_time).await)?;
+    let offset = answer
+        .frame()
+        .body_as_offset_response()
+        .map_or(0, |o| o.offset().max(0));
+    Ok(Reply::to(command, response::SUCCESS).with_ext("offset", offset))
+}
+
+fn optional_i32(command: &RemotingCommand, field: &str) -> Result<Option<i32>, Refusal> {
+    command
+        .ext_opt_i32(field)
+        .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))
+}
+
+fn optional_i64(command: &RemotingCommand, field: &str) -> Result<Option<i64>, Refusal> {
+    command
+        .ext_opt_i64(field)
+        .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))
+}

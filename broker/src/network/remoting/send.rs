@@ -1,0 +1,276 @@
+//! A RocketMQ producer's sends: SEND_MESSAGE (10, long header names), SEND_MESSAGE_V2 (310,
+//! one-letter names) and SEND_BATCH_MESSAGE (320, a body of concatenated messages) become one
+//! native `SendRequest`, served by the native send (`produce::send`: topic checks, auto-create,
+//! delay levels and timers, the stored record, replication), and are answered with RocketMQ's
+//! send header: the offset message id (comma-joined for a batch), the queue and the first
+//! queue offset.
+//!
+//! RocketMQ keeps what ShardMQ has fields for in properties; they move to those fields: `TAGS`,
+//! `KEYS` (space-separated), `UNIQ_KEY`, `DELAY` (a level), `TIMER_DELIVER_MS`,
+//! `TIMER_DELAY_SEC`/`TIMER_DELAY_MS`. `WAIT` is dropped (the broker's flush mode decides).
+//! Transactional half messages (`TRAN_MSG`) are refused until check-backs speak remoting. The
+//! other properties are stored as the message's properties; RocketMQ's reserved names that a
+//! client may not set are refused by the native check, naming the property.
+
+use shardmq_remoting::codes::{message_sys_flag, request};
+use shardmq_remoting::{parse_properties, BatchMessages, RemotingCommand};
+use shardmq_schema::wire;
+
+use super::dispatch::{native_answer, native_request, required, Answer, Reply};
+use crate::network::produce as native;
+use crate::network::request::{refuse, Connection, Refusal};
+use crate::network::NetworkShard;
+
+/// Bits 8..10 of a message's sys flag: the compression of a compressed body.
+const COMPRESSION_TYPE_SHIFT: i32 = 8;
+const COMPRESSION_TYPE_MASK: i32 = 0x7 << COMPRESSION_TYPE_SHIFT;
+
+/// One message of a send, as the native `Message` table takes it.
+#[derive(Default)]
+struct Outgoing<'a> {
+    body: &'a [u8],
+    flag: i32,
+    born_timestamp_ms: i64,
+    tags: Option<&'a str>,
+    keys: Vec<&'a str>,
+    unique_id: Option<&'a str>,
+    delay_level: i32,
+    deliver_at_ms: i64,
+    delay_ms: i64,
+    compression: wire::Compression,
+    properties: Vec<(&'a str, &'a str)>,
+}
+
+pub(super) async fn send(
+    shard: &NetworkShard,
+    connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let header = Header::of(command);
+    let topic = header.required("topic", "b")?;
+    let producer_group = header.optional("producerGroup", "a").unwrap_or_default();
+    let queue_id = header
+        .optional("queueId", "e")
+        .map(|id| id.parse::<i32>())
+        .transpose()
+        .map_err(|_| refuse(wire::Status::INVALID_ARGUMENT, "queueId is not an integer"))?
+        .unwrap_or(-1);
+    let sys_flag = header.number("sysFlag", "f")?;
+    let compression = compression_of(sys_flag)?;
+    let born_timestamp_ms = header.number("bornTimestamp", "g")?;
+    let batch_bodies: Vec<shardmq_remoting::BatchMessage>;
+    let header_properties = header.optional("properties", "i").unwrap_or_default();
+    let mut messages = Vec::new();
+    if command.code == request::SEND_BATCH_MESSAGE {
+        batch_bodies = BatchMessages::new(command.body.clone())
+            .collect::<Result<_, _>>()
+            .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))?;
+        for message in &batch_bodies {
+            let mut outgoing = outgoing(&message.properties)?;
+            outgoing.body = &message.body;
+            outgoing.flag = message.flag;
+            outgoing.born_timestamp_ms = born_timestamp_ms;
+            outgoing.compression = compression;
+            messages.push(outgoing);
+        }
+    } else {
+        let mut outgoing = outgoing(header_properties.as_bytes())?;
+        outgoing.body = &command.body;
+        outgoing.flag = i32::try_from(header.number("flag", "h")?).unwrap_or(0);
+        outgoing.born_timestamp_ms = born_timestamp_ms;
+        outgoing.compression = compression;
+        messages.push(outgoing);
+    }
+    let request = native_request(shard, |b| {
+        let topic = b.create_string(topic);
+        let producer_group = b.create_string(producer_group);
+        let messages: Vec<_> = messages
+            .iter()
+            .map(|message| build_message(b, message))
+            .collect();
+        let messages = b.create_vector(&messages);
+        let body = wire::SendRequest::create(
+            b,
+            &wire::SendRequestArgs {
+                topic: Some(topic),
+                queue_id,
+                producer_group: Some(producer_group),
+                messages: Some(messages),
+            },
+        );
+        (wire::Body::SendRequest, body.as_union_value())
+    })?;
+    let send = request
+        .frame()
+        .body_as_send_request()
+        .expect("built as a send");
+    let answer = native_answer(shard, native::send(shard, connection, 0, send).await)?;
+    let frame = answer.frame();
+    let sent = frame
+        .body_as_send_response()
+        .ok_or_else(|| refuse(wire::Status::SYSTEM_ERROR, "the send answer has no results"))?;
+    let results = sent.results().unwrap_or_default();
+    let offset_ids: Vec<&str> = results
+        .iter()
+        .map(|result| result.offset_msg_id().unwrap_or_default())
+        .collect();
+    // A delayed or timer message has no place in its queue until it is delivered there; the
+    // header needs a number that is not negative (RocketMQ gives the schedule queue's).
+    let queue_offset = results.iter().next().map_or(0, |r| r.queue_offset().max(0));
+    let mut reply = Reply::to(command, super::dispatch::response_code(frame.status()))
+        .with_ext("msgId", offset_ids.join(","))
+        .with_ext("queueId", sent.queue_id())
+        .with_ext("queueOffset", queue_offset);
+    if let Some(message) = frame.message().filter(|m| !m.is_empty()) {
+        reply.command.remark = Some(message.to_owned());
+    }
+    Ok(reply)
+}
+
+/// The send header's fields, by their long names (SEND_MESSAGE) or their letters (V2, batch).
+struct Header<'a> {
+    command: &'a RemotingCommand,
+    is_short: bool,
+}
+
+impl<'a> Header<'a> {
+    fn of(command: &'a RemotingCommand) -> Self {
+        Self {
+            command,
+            is_short: command.code != request::SEND_MESSAGE,
+        }
+    }
+
+    fn optional(&self, long: &str, letter: &str) -> Option<&'a str> {
+        self.command.ext(if self.is_short { letter } else { long })
+    }
+
+    fn required(&self, long: &str, letter: &str) -> Result<&'a str, Refusal> {
+        required(self.command, if self.is_short { letter } else { long })
+            .map_err(|refusal| refuse(refusal.status, format!("{} ({long})", refusal.message)))
+    }
+
+    /// A numeric field; absent reads as 0.
+    fn number(&self, long: &str, letter: &str) -> Result<i64, Refusal> {
+        self.optional(long, letter)
+            .map(|value| {
+                value.parse::<i64>().map_err(|_| {
+                    refuse(
+                        wire::Status::INVALID_ARGUMENT,
+                        format!("send header field {long} is {value:?}, not an integer"),
+                    )
+                })
+            })
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+}
+
+fn compression_of(sys_flag: i64) -> Result<wire::Compression, Refusal> {
+    let sys_flag = i32::try_from(sys_flag).unwrap_or(0);
+    if sys_flag & message_sys_flag::TRANSACTION_TYPE_MASK != 0 {
+        return Err(transactions_refused());
+    }
+    if sys_flag & message_sys_flag::COMPRESSED == 0 {
+        return Ok(wire::Compression::NONE);
+    }
+    match (sys_flag & COMPRESSION_TYPE_MASK) >> COMPRESSION_TYPE_SHIFT {
+        // RocketMQ reads 0 as ZLIB, its default.
+        0 | 3 => Ok(wire::Compression::ZLIB),
+        1 => Ok(wire::Compression::LZ4),
+        2 => Ok(wire::Compression::ZSTD),
+        other => Err(refuse(
+            wire::Status::INVALID_ARGUMENT,
+            format!("compression type {other} in sysFlag is not one RocketMQ defines"),
+        )),
+    }
+}
+
+fn transactions_refused() -> Refusal {
+    refuse(
+        wire::Status::UNKNOWN_REQUEST,
+        "transactional messages are not supported over RocketMQ's protocol by ShardMQ yet",
+    )
+}
+
+/// What a message's properties say, moved to the fields ShardMQ keeps them in.
+fn outgoing(properties: &[u8]) -> Result<Outgoing<'_>, Refusal> {
+    let properties = parse_properties(properties)
+        .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))?;
+    let mut message = Outgoing::default();
+    let number = |name: &str, value: &str| {
+        value.parse::<i64>().map_err(|_| {
+            refuse(
+                wire::Status::INVALID_ARGUMENT,
+                format!("property {name} is {value:?}, not an integer"),
+            )
+        })
+    };
+    for (name, value) in properties.iter() {
+        match name {
+            "TAGS" => message.tags = Some(value).filter(|tags| !tags.is_empty()),
+            "KEYS" => message.keys = value.split(' ').filter(|key| !key.is_empty()).collect(),
+            "UNIQ_KEY" => message.unique_id = Some(value),
+            "DELAY" => {
+                message.delay_level = i32::try_from(number(name, value)?).unwrap_or(i32::MAX)
+            }
+            "TIMER_DELIVER_MS" => message.deliver_at_ms = number(name, value)?,
+            "TIMER_DELAY_SEC" => {
+                message.delay_ms = number(name, value)?.saturating_mul(1000);
+            }
+            "TIMER_DELAY_MS" => message.delay_ms = number(name, value)?,
+            "TRAN_MSG" if value.eq_ignore_ascii_case("true") => return Err(transactions_refused()),
+            // The broker's flush mode decides when a send is answered; the producer group of a
+            // transaction is the send header's.
+            "WAIT" | "TRAN_MSG" | "PGROUP" => {}
+            _ => message.properties.push((name, value)),
+        }
+    }
+    Ok(message)
+}
+
+fn build_message<'b>(
+    b: &mut flatbuffers::FlatBufferBuilder<'b>,
+    message: &Outgoing<'_>,
+) -> flatbuffers::WIPOffset<wire::Message<'b>> {
+    let body = b.create_vector(message.body);
+    let tags = message.tags.map(|tags| b.create_string(tags));
+    let keys: Vec<_> = message
+        .keys
+        .iter()
+        .map(|key| b.create_string(key))
+        .collect();
+    let keys = (!keys.is_empty()).then(|| b.create_vector(&keys));
+    let unique_id = message.unique_id.map(|id| b.create_string(id));
+    let properties: Vec<_> = message
+        .properties
+        .iter()
+        .map(|(key, value)| {
+            let (key, value) = (b.create_string(key), b.create_string(value));
+            wire::KeyValue::create(
+                b,
+                &wire::KeyValueArgs {
+                    key: Some(key),
+                    value: Some(value),
+                },
+            )
+        })
+        .collect();
+    let properties = (!properties.is_empty()).then(|| b.create_vector(&properties));
+    wire::Message::create(
+        b,
+        &wire::MessageArgs {
+            body: Some(body),
+            tags,
+            keys,
+            flag: message.flag,
+            born_timestamp_ms: message.born_timestamp_ms,
+            unique_id,
+            properties,
+            delay_level: message.delay_level,
+            deliver_at_ms: message.deliver_at_ms,
+            compression: message.compression,
+            delay_ms: message.delay_ms,
+        },
+    )
+}

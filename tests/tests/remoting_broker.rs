@@ -1,0 +1,426 @@
+//! RocketMQ's remoting protocol on the real broker's client port, spoken with the
+//! `shardmq-remoting` codec over a plain socket: the three send codes, heartbeats, pulls with
+//! their four offsets and long polling, consumer offsets, queue offsets, refusals of what is not
+//! supported, and a native consumer reading what a remoting producer sent. (The compatibility
+//! suite in `compat/` drives the same through RocketMQ's own client.)
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use shardmq_codec::decode_message;
+use shardmq_remoting::codes::{pull_sys_flag, request, response};
+use shardmq_remoting::{
+    encode_batch_record, encode_frame, encode_properties, FrameDecoder, OffsetMessageId,
+    RemotingCommand, SerializeType, DEFAULT_MAX_FRAME_BYTES,
+};
+use shardmq_tests::LocalCluster;
+use tempfile::TempDir;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+const TOPIC: &str = "Orders";
+const GROUP: &str = "OrdersGroup";
+
+struct RemotingClient {
+    stream: TcpStream,
+    buffer: BytesMut,
+    decoder: FrameDecoder,
+    next_opaque: i32,
+}
+
+impl RemotingClient {
+    fn connect(addr: &str) -> Self {
+        let stream = TcpStream::connect(addr).expect("connects");
+        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        Self {
+            stream,
+            buffer: BytesMut::new(),
+            decoder: FrameDecoder::default(),
+            next_opaque: 1,
+        }
+    }
+
+    fn send(&mut self, command: &RemotingCommand) {
+        let mut frame = BytesMut::new();
+        encode_frame(command, DEFAULT_MAX_FRAME_BYTES, &mut frame).expect("encodes");
+        self.stream.write_all(&frame).expect("writes");
+    }
+
+    fn receive(&mut self) -> Option<RemotingCommand> {
+        loop {
+            if let Some(command) = self
+                .decoder
+                .decode(&mut self.buffer)
+                .expect("a valid frame")
+            {
+                return Some(command);
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(error) => panic!("no answer within {READ_TIMEOUT:?}: {error}"),
+            }
+        }
+    }
+
+    /// Sends `command` with a fresh opaque and returns its answer (skipping requests the broker
+    /// pushes meanwhile).
+    fn call(&mut self, mut command: RemotingCommand) -> RemotingCommand {
+        command.opaque = self.next_opaque;
+        self.next_opaque += 1;
+        self.send(&command);
+        loop {
+            let answer = self
+                .receive()
+                .expect("an answer before the connection closed");
+            if !answer.is_response() {
+                continue;
+            }
+            assert_eq!(
+                answer.opaque, command.opaque,
+                "the answer echoes the opaque"
+            );
+            return answer;
+        }
+    }
+}
+
+fn properties(pairs: &[(&str, &str)]) -> String {
+    let mut bytes = BytesMut::new();
+    encode_properties(pairs.iter().copied(), &mut bytes).expect("encodes");
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn heartbeat() -> RemotingCommand {
+    let body = format!(
+        r#"{{"clientID":"127.0.0.1@remoting-test","producerDataSet":[{{"groupName":"P"}}],
+        "consumerDataSet":[{{"groupName":"{GROUP}","consumeType":"CONSUME_PASSIVELY",
+        "messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_FIRST_OFFSET","unitMode":false,
+        "subscriptionDataSet":[{{"topic":"{TOPIC}","subString":"a || b","tagsSet":["a","b"],
+        "codeSet":[],"subVersion":1,"expressionType":"TAG","classFilterMode":false}}]}}]}}"#
+    );
+    RemotingCommand::request(request::HEART_BEAT, 0).with_body(Bytes::from(body))
+}
+
+fn pull(queue_id: i32, offset: i64, sys_flag: i32, suspend_ms: i64) -> RemotingCommand {
+    RemotingCommand::request(request::PULL_MESSAGE, 0)
+        .with_ext("consumerGroup", GROUP)
+        .with_ext("topic", TOPIC)
+        .with_ext("queueId", queue_id.to_string())
+        .with_ext("queueOffset", offset.to_string())
+        .with_ext("maxMsgNums", "32")
+        .with_ext("sysFlag", sys_flag.to_string())
+        .with_ext("commitOffset", "0")
+        .with_ext("suspendTimeoutMillis", suspend_ms.to_string())
+        .with_ext("subVersion", "1")
+}
+
+fn ext_i64(command: &RemotingCommand, field: &str) -> i64 {
+    command
+        .ext_i64(field)
+        .unwrap_or_else(|e| panic!("answer lacks {field}: {e}"))
+}
+
+#[test]
+fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(dir.path());
+    cluster.create_topic(TOPIC, 4);
+    let broker = cluster.broker_addr();
+    let mut client = RemotingClient::connect(&broker);
+    assert_eq!(client.call(heartbeat()).code, response::SUCCESS);
+
+    // SEND_MESSAGE (long names), JSON header.
+    let first = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", TOPIC)
+            .with_ext("defaultTopic", "TBW102")
+            .with_ext("defaultTopicQueueNums", "4")
+            .with_ext("queueId", "1")
+            .with_ext("sysFlag", "0")
+            .with_ext("bornTimestamp", "1700000000000")
+            .with_ext("flag", "7")
+            .with_ext(
+                "properties",
+                properties(&[
+                    ("TAGS", "a"),
+                    ("KEYS", "k1 k2"),
+                    ("UNIQ_KEY", "AC11000100002A9F0000000000000001"),
+                    ("WAIT", "true"),
+                    ("color", "blue"),
+                ]),
+            )
+            .with_body(Bytes::from_static(b"first body")),
+    );
+    assert_eq!(first.code, response::SUCCESS, "{:?}", first.remark);
+    let msg_id = first.ext("msgId").expect("msgId").to_owned();
+    assert_eq!(
+        msg_id.len(),
+        32,
+        "an IPv4 offset message id is 32 hex characters"
+    );
+    let located = OffsetMessageId::decode(&msg_id).expect("a RocketMQ offset message id");
+    assert_eq!(located.store_host.to_string(), broker);
+    assert_eq!(ext_i64(&first, "queueId"), 1);
+    assert_eq!(ext_i64(&first, "queueOffset"), 0);
+
+    // SEND_MESSAGE_V2 (letters), binary header.
+    let second = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE_V2, 0)
+            .with_ext("a", "P")
+            .with_ext("b", TOPIC)
+            .with_ext("c", "TBW102")
+            .with_ext("d", "4")
+            .with_ext("e", "1")
+            .with_ext("f", "0")
+            .with_ext("g", "1700000000001")
+            .with_ext("h", "0")
+            .with_ext("i", properties(&[("TAGS", "b"), ("UNIQ_KEY", "U2")]))
+            .with_body(Bytes::from_static(b"second body"))
+            .with_serialize_type(SerializeType::RocketMq),
+    );
+    assert_eq!(second.code, response::SUCCESS, "{:?}", second.remark);
+    assert_eq!(second.serialize_type, SerializeType::RocketMq);
+    assert_eq!(ext_i64(&second, "queueOffset"), 1);
+
+    // SEND_BATCH_MESSAGE: three messages of tags c, a, b.
+    let mut batch = BytesMut::new();
+    for (index, tag) in ["c", "a", "b"].iter().enumerate() {
+        let unique = format!("B{index}");
+        let props = properties(&[("TAGS", tag), ("UNIQ_KEY", &unique)]);
+        let body = format!("batch body {index}");
+        encode_batch_record(0, body.as_bytes(), props.as_bytes(), &mut batch).expect("encodes");
+    }
+    let batched = client.call(
+        RemotingCommand::request(request::SEND_BATCH_MESSAGE, 0)
+            .with_ext("a", "P")
+            .with_ext("b", TOPIC)
+            .with_ext("e", "1")
+            .with_ext("f", "0")
+            .with_ext("g", "1700000000002")
+            .with_ext("m", "true")
+            .with_body(batch.freeze()),
+    );
+    assert_eq!(batched.code, response::SUCCESS, "{:?}", batched.remark);
+    assert_eq!(batched.ext("msgId").unwrap().split(',').count(), 3);
+    assert_eq!(ext_i64(&batched, "queueOffset"), 2);
+
+    // A pull without its own subscription filters by the heartbeat's (a || b): offsets 0, 1,
+    // 3, 4 come back, 2 (tag c) does not.
+    let pulled = client.call(pull(1, 0, pull_sys_flag::SUSPEND, 1000));
+    assert_eq!(pulled.code, response::SUCCESS, "{:?}", pulled.remark);
+    assert_eq!(ext_i64(&pulled, "nextBeginOffset"), 5);
+    assert_eq!(ext_i64(&pulled, "minOffset"), 0);
+    assert_eq!(ext_i64(&pulled, "maxOffset"), 5);
+    assert_eq!(ext_i64(&pulled, "suggestWhichBrokerId"), 0);
+    let mut records = Vec::new();
+    let mut rest = &pulled.body[..];
+    while !rest.is_empty() {
+        let size = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        let view = decode_message(&rest[..size]).expect("a RocketMQ MessageExt record");
+        records.push((
+            view.queue_offset(),
+            view.tags().map(str::to_owned),
+            view.body().to_vec(),
+            view.flag(),
+        ));
+        rest = &rest[size..];
+    }
+    let offsets: Vec<u64> = records.iter().map(|r| r.0).collect();
+    assert_eq!(offsets, vec![0, 1, 3, 4]);
+    assert_eq!(records[0].2, b"first body");
+    assert_eq!(records[0].3, 7);
+    assert_eq!(records[2].1.as_deref(), Some("a"));
+    assert_eq!(records[3].2, b"batch body 2");
+
+    // The pull's own subscription wins when its flag says so.
+    let only_c =
+        client.call(pull(1, 0, pull_sys_flag::SUBSCRIPTION, 0).with_ext("subscription", "c"));
+    assert_eq!(only_c.code, response::SUCCESS);
+    let view = decode_message(&only_c.body).expect("one record");
+    assert_eq!(view.queue_offset(), 2);
+
+    // Long polling: nothing past the end answers PULL_NOT_FOUND after the suspend time.
+    let asked = Instant::now();
+    let empty = client.call(pull(1, 5, pull_sys_flag::SUSPEND, 600));
+    assert_eq!(empty.code, response::PULL_NOT_FOUND);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(500),
+        "the pull was held"
+    );
+    assert_eq!(ext_i64(&empty, "nextBeginOffset"), 5);
+    // An offset past the end moves.
+    let moved = client.call(pull(1, 50, 0, 0));
+    assert_eq!(moved.code, response::PULL_OFFSET_MOVED);
+
+    // Consumer offsets: none yet, then committed (oneway, as RocketMQ's clients send it).
+    let query = || {
+        RemotingCommand::request(request::QUERY_CONSUMER_OFFSET, 0)
+            .with_ext("consumerGroup", GROUP)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "1")
+    };
+    assert_eq!(client.call(query()).code, response::QUERY_NOT_FOUND);
+    client.send(
+        &RemotingCommand::request(request::UPDATE_CONSUMER_OFFSET, 999)
+            .with_ext("consumerGroup", GROUP)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "1")
+            .with_ext("commitOffset", "4")
+            .with_oneway(),
+    );
+    let deadline = Instant::now() + READ_TIMEOUT;
+    loop {
+        let answer = client.call(query());
+        if answer.code == response::SUCCESS {
+            assert_eq!(ext_i64(&answer, "offset"), 4);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the oneway commit never landed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let max = client.call(
+        RemotingCommand::request(request::GET_MAX_OFFSET, 0)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "1"),
+    );
+    assert_eq!(ext_i64(&max, "offset"), 5);
+    let min = client.call(
+        RemotingCommand::request(request::GET_MIN_OFFSET, 0)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "1"),
+    );
+    assert_eq!(ext_i64(&min, "offset"), 0);
+    let members = client.call(
+        RemotingCommand::request(request::GET_CONSUMER_LIST_BY_GROUP, 0)
+            .with_ext("consumerGroup", GROUP),
+    );
+    let members: serde_json::Value = serde_json::from_slice(&members.body).expect("json");
+    assert_eq!(
+        members["consumerIdList"],
+        serde_json::json!(["127.0.0.1@remoting-test"])
+    );
+
+    // What is not supported says so, and the connection goes on.
+    let unsupported = client.call(RemotingCommand::request(request::VIEW_MESSAGE_BY_ID, 0));
+    assert_eq!(unsupported.code, response::REQUEST_CODE_NOT_SUPPORTED);
+    assert!(unsupported.remark.unwrap_or_default().contains("33"));
+    let half = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "0")
+            .with_ext("sysFlag", "4")
+            .with_ext("properties", properties(&[("TRAN_MSG", "true")]))
+            .with_body(Bytes::from_static(b"half")),
+    );
+    assert_eq!(half.code, response::REQUEST_CODE_NOT_SUPPORTED);
+    let missing_topic = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", "NoSuchTopic")
+            .with_ext("queueId", "0")
+            .with_body(Bytes::from_static(b"x")),
+    );
+    assert_eq!(missing_topic.code, response::TOPIC_NOT_EXIST);
+    let reserved = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "0")
+            .with_ext("properties", properties(&[("REAL_TOPIC", "elsewhere")]))
+            .with_body(Bytes::from_static(b"x")),
+    );
+    assert_eq!(reserved.code, response::MESSAGE_ILLEGAL);
+    assert!(reserved.remark.unwrap_or_default().contains("REAL_TOPIC"));
+
+    // A native consumer reads what the remoting producer sent, properties and all.
+    let output = shardmq_tests::run_cli(
+        &cluster.namesrv_addr(),
+        &[
+            "--json", "consume", TOPIC, "--group", "native", "--from", "first", "--count", "5",
+        ],
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    for body in ["first body", "second body", "batch body 0", "batch body 2"] {
+        assert!(text.contains(body), "{body} missing from {text}");
+    }
+    assert!(
+        text.contains("blue"),
+        "the user property reaches the native consumer: {text}"
+    );
+}
+
+#[test]
+fn malformed_remoting_frames_close_the_broker_connection_and_store_nothing() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(dir.path());
+    cluster.create_topic(TOPIC, 1);
+    let broker = cluster.broker_addr();
+
+    let mut oversized = RemotingClient::connect(&broker);
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    frame.extend_from_slice(&[0, 0, 0, 2]);
+    frame.extend_from_slice(b"{}");
+    oversized.stream.write_all(&frame).unwrap();
+    assert!(oversized.receive().is_none(), "closed after a lying length");
+
+    let mut garbled = RemotingClient::connect(&broker);
+    let header = br#"{"code":10,"extFields":{"topic":5}}"#;
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&((4 + header.len() + 4) as u32).to_be_bytes());
+    frame.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    frame.extend_from_slice(header);
+    frame.extend_from_slice(b"body");
+    garbled.stream.write_all(&frame).unwrap();
+    assert!(
+        garbled.receive().is_none(),
+        "closed after an unreadable header"
+    );
+
+    // A batch whose record lies about its length is refused whole.
+    let mut client = RemotingClient::connect(&broker);
+    let mut batch = BytesMut::new();
+    encode_batch_record(0, b"good", b"", &mut batch).unwrap();
+    let mut lying = batch.to_vec();
+    lying.extend_from_slice(&1000u32.to_be_bytes());
+    lying.extend_from_slice(&[0; 12]);
+    let refused = client.call(
+        RemotingCommand::request(request::SEND_BATCH_MESSAGE, 0)
+            .with_ext("a", "P")
+            .with_ext("b", TOPIC)
+            .with_ext("e", "0")
+            .with_body(Bytes::from(lying)),
+    );
+    assert_eq!(
+        refused.code,
+        response::MESSAGE_ILLEGAL,
+        "{:?}",
+        refused.remark
+    );
+    let max = client.call(
+        RemotingCommand::request(request::GET_MAX_OFFSET, 0)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "0"),
+    );
+    assert_eq!(
+        ext_i64(&max, "offset"),
+        0,
+        "nothing of the refused batch is stored"
+    );
+
+    // A oneway request gets no answer: the next answer is the next request's.
+    client.send(&RemotingCommand::request(request::VIEW_MESSAGE_BY_ID, 77).with_oneway());
+    let answer = client.call(
+        RemotingCommand::request(request::GET_MIN_OFFSET, 0)
+            .with_ext("topic", TOPIC)
+            .with_ext("queueId", "0"),
+    );
+    assert_eq!(answer.code, response::SUCCESS);
+}
