@@ -424,3 +424,167 @@ fn malformed_remoting_frames_close_the_broker_connection_and_store_nothing() {
     );
     assert_eq!(answer.code, response::SUCCESS);
 }
+
+/// Pulls every record of `queue_id` from `offset`, returning (queue offset, CommitLog offset
+/// the record carries, tags, body).
+fn pull_all(
+    client: &mut RemotingClient,
+    topic: &str,
+    group: &str,
+    queue_id: i32,
+) -> Vec<(u64, i64, Option<String>, Vec<u8>)> {
+    let answer = client.call(
+        RemotingCommand::request(request::PULL_MESSAGE, 0)
+            .with_ext("consumerGroup", group)
+            .with_ext("topic", topic)
+            .with_ext("queueId", queue_id.to_string())
+            .with_ext("queueOffset", "0")
+            .with_ext("maxMsgNums", "32")
+            .with_ext("sysFlag", pull_sys_flag::SUSPEND.to_string())
+            .with_ext("commitOffset", "0")
+            .with_ext("suspendTimeoutMillis", "5000"),
+    );
+    assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+    let mut records = Vec::new();
+    let mut rest = &answer.body[..];
+    while !rest.is_empty() {
+        let size = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        let record = &rest[..size];
+        let located = i64::from_be_bytes(record[28..36].try_into().unwrap());
+        // The record's own CRC does not cover the located offset; read its fields unchecked.
+        let view = shardmq_codec::RecordView::parse_unchecked(record).expect("a record");
+        records.push((
+            view.queue_offset(),
+            located,
+            view.tags().map(str::to_owned),
+            view.body().to_vec(),
+        ));
+        rest = &rest[size..];
+    }
+    records
+}
+
+#[test]
+fn a_rocketmq_consumer_s_send_back_reaches_the_retry_topic_from_any_storage_shard() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_broker_args(
+        dir.path(),
+        &["--storage-cores", "0,1", "--network-cores", "1"],
+    );
+    cluster.create_topic(TOPIC, 2);
+    let broker = cluster.broker_addr();
+    let mut client = RemotingClient::connect(&broker);
+    assert_eq!(client.call(heartbeat()).code, response::SUCCESS);
+    // One message in each queue: the two queues live on different storage shards.
+    let mut sent = Vec::new();
+    for queue_id in 0..2 {
+        let answer = client.call(
+            RemotingCommand::request(request::SEND_MESSAGE, 0)
+                .with_ext("producerGroup", "P")
+                .with_ext("topic", TOPIC)
+                .with_ext("queueId", queue_id.to_string())
+                .with_ext("properties", properties(&[("TAGS", "a")]))
+                .with_body(Bytes::from(format!("body of queue {queue_id}"))),
+        );
+        assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+        sent.push(answer.ext("msgId").unwrap().to_owned());
+    }
+    for queue_id in 0..2 {
+        let records = pull_all(&mut client, TOPIC, GROUP, queue_id);
+        assert_eq!(records.len(), 1);
+        let (_, located, _, _) = &records[0];
+        // The offset a RocketMQ client reads names the record exactly: its offset message id
+        // (which the client computes from it) is the one the send answered with.
+        let id = OffsetMessageId::new(broker.parse().unwrap(), *located).encode();
+        assert_eq!(id, sent[queue_id as usize]);
+        let back = client.call(
+            RemotingCommand::request(request::CONSUMER_SEND_MSG_BACK, 0)
+                .with_ext("offset", located.to_string())
+                .with_ext("group", GROUP)
+                .with_ext("delayLevel", "-1")
+                .with_ext("originMsgId", id)
+                .with_ext("originTopic", TOPIC)
+                .with_ext("maxReconsumeTimes", "16"),
+        );
+        assert_eq!(back.code, response::SUCCESS, "{:?}", back.remark);
+    }
+    // Both went straight to the dead letters (delay level below 0), each once.
+    let dead_letters = format!("%DLQ%{GROUP}");
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    while bodies.len() < 2 {
+        assert!(Instant::now() < deadline, "the dead letters never arrived");
+        bodies = (0..1)
+            .flat_map(|queue_id| {
+                let max = client.call(
+                    RemotingCommand::request(request::GET_MAX_OFFSET, 0)
+                        .with_ext("topic", &dead_letters)
+                        .with_ext("queueId", queue_id.to_string()),
+                );
+                if max.code == response::SUCCESS && ext_i64(&max, "offset") > 0 {
+                    pull_all(&mut client, &dead_letters, "dlq-reader", queue_id)
+                } else {
+                    Vec::new()
+                }
+            })
+            .map(|record| record.3)
+            .collect();
+    }
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        vec![b"body of queue 0".to_vec(), b"body of queue 1".to_vec()]
+    );
+
+    // A send-back naming a storage shard the broker does not have is refused.
+    let bad = client.call(
+        RemotingCommand::request(request::CONSUMER_SEND_MSG_BACK, 0)
+            .with_ext("offset", ((9u64 << 56) | 1).to_string())
+            .with_ext("group", GROUP)
+            .with_ext("delayLevel", "0")
+            .with_ext("originMsgId", "00"),
+    );
+    assert_eq!(bad.code, response::MESSAGE_ILLEGAL, "{:?}", bad.remark);
+}
+
+#[test]
+fn an_orderly_rocketmq_consumer_locks_queues_one_client_at_a_time() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start(dir.path());
+    cluster.create_topic(TOPIC, 2);
+    let broker = cluster.broker_addr();
+    let lock = |client_id: &str, queues: &[i32]| {
+        let set: Vec<String> = queues
+            .iter()
+            .map(|q| format!(r#"{{"topic":"{TOPIC}","brokerName":"broker-a","queueId":{q}}}"#))
+            .collect();
+        RemotingCommand::request(request::LOCK_BATCH_MQ, 0).with_body(Bytes::from(format!(
+            r#"{{"consumerGroup":"{GROUP}","clientId":"{client_id}","onlyThisBroker":false,"mqSet":[{}]}}"#,
+            set.join(",")
+        )))
+    };
+    let locked = |answer: &RemotingCommand| -> Vec<i64> {
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("json");
+        let mut ids: Vec<i64> = body["lockOKMQSet"]
+            .as_array()
+            .expect("a lock set")
+            .iter()
+            .map(|queue| {
+                assert_eq!(queue["brokerName"], "broker-a");
+                queue["queueId"].as_i64().unwrap()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    let mut first = RemotingClient::connect(&broker);
+    let mut second = RemotingClient::connect(&broker);
+    let answer = first.call(lock("client-1", &[0]));
+    assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+    assert_eq!(locked(&answer), vec![0]);
+    assert_eq!(locked(&second.call(lock("client-2", &[0, 1]))), vec![1]);
+    let mut unlock = lock("client-1", &[0]);
+    unlock.code = request::UNLOCK_BATCH_MQ;
+    assert_eq!(first.call(unlock).code, response::SUCCESS);
+    assert_eq!(locked(&second.call(lock("client-2", &[0, 1]))), vec![0, 1]);
+}

@@ -76,6 +76,7 @@ pub(super) async fn pull(
         suspend_timeout_ms: u32::try_from(suspend_timeout_ms.max(0)).unwrap_or(u32::MAX),
         commit_offset,
     };
+    let storage = shard.shard_of(topic, u32::try_from(ask.queue_id).unwrap_or(0));
     let (result, requested) = native::pull_records(shard, ask).await?;
     let status = native::pull_status(&result, requested);
     let mut reply = Reply::to(command, response_code(status))
@@ -84,9 +85,53 @@ pub(super) async fn pull(
         .with_ext("minOffset", result.min_offset)
         .with_ext("maxOffset", result.max_offset);
     if status == wire::Status::OK {
-        reply.body = result.records;
+        reply.body = located_records(storage, result.records);
     }
     Ok(reply)
+}
+
+/// Where the CommitLog offset field lies in a stored record (docs/storage-format.md §4.2).
+const PHYSICAL_OFFSET_AT: usize = 28;
+/// The bits of a located offset below its storage shard.
+const SHARD_SHIFT: u32 = 56;
+
+/// The records of a pull from storage shard `storage`, as a RocketMQ client is to see them: a
+/// RocketMQ client names a message by the CommitLog offset its record carries (its offset
+/// message id, CONSUMER_SEND_MSG_BACK), so a record of a shard other than 0 carries the shard
+/// in that offset's top byte, as ShardMQ's offset message ids do. The record is not copied: its
+/// first bytes up to and with the offset are, patched, and the rest is sent as a slice of the
+/// log. (The record's CRC no longer covers the patched offset; RocketMQ's clients check none.)
+fn located_records(storage: usize, records: Vec<bytes::Bytes>) -> Vec<bytes::Bytes> {
+    if storage == 0 {
+        return records;
+    }
+    let head_bytes = PHYSICAL_OFFSET_AT + 8;
+    let mut located = Vec::with_capacity(records.len() * 2);
+    for record in records {
+        if record.len() < head_bytes {
+            located.push(record);
+            continue;
+        }
+        let mut head = bytes::BytesMut::from(&record[..head_bytes]);
+        let offset = u64::from_be_bytes(
+            record[PHYSICAL_OFFSET_AT..head_bytes]
+                .try_into()
+                .expect("eight bytes"),
+        );
+        let offset = ((storage as u64) << SHARD_SHIFT) | offset;
+        head[PHYSICAL_OFFSET_AT..].copy_from_slice(&offset.to_be_bytes());
+        located.push(head.freeze());
+        located.push(record.slice(head_bytes..));
+    }
+    located
+}
+
+/// A located offset's storage shard and its offset in that shard's CommitLog.
+pub(super) fn split_located_offset(located: u64) -> (usize, u64) {
+    (
+        (located >> SHARD_SHIFT) as usize,
+        located & ((1 << SHARD_SHIFT) - 1),
+    )
 }
 
 pub(super) async fn query_consumer_offset(

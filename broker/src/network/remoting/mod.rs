@@ -17,6 +17,8 @@
 mod clients;
 mod consume;
 mod dispatch;
+mod locks;
+mod retry;
 mod send;
 
 use std::cell::RefCell;
