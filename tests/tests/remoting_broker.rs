@@ -588,3 +588,52 @@ fn an_orderly_rocketmq_consumer_locks_queues_one_client_at_a_time() {
     assert_eq!(first.call(unlock).code, response::SUCCESS);
     assert_eq!(locked(&second.call(lock("client-2", &[0, 1]))), vec![0, 1]);
 }
+
+#[test]
+fn a_rocketmq_producer_s_new_topic_is_created_through_the_default_topic_route() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_broker_args(dir.path(), &["--auto-create-topics"]);
+    let namesrv = cluster.namesrv_addr();
+    let broker = cluster.broker_addr();
+    let mut names = RemotingClient::connect(&namesrv);
+    let route_of = |topic: &str| {
+        RemotingCommand::request(request::GET_ROUTEINFO_BY_TOPIC, 0).with_ext("topic", topic)
+    };
+    // A broker that creates topics on first send registers RocketMQ's default topic.
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let default_route = loop {
+        let answer = names.call(route_of("TBW102"));
+        if answer.code == response::SUCCESS {
+            break shardmq_remoting::decode_route_body(&answer.body).expect("route");
+        }
+        assert!(Instant::now() < deadline, "TBW102 never routed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        default_route.broker_datas[0].broker_addrs.get(&0),
+        Some(&broker)
+    );
+    assert_eq!(default_route.queue_datas[0].perm, 7);
+    assert_eq!(
+        names.call(route_of("Fresh")).code,
+        response::TOPIC_NOT_EXIST
+    );
+
+    // The producer sends there, naming its own topic: the broker creates it.
+    let mut client = RemotingClient::connect(&broker);
+    let sent = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", "Fresh")
+            .with_ext("defaultTopic", "TBW102")
+            .with_ext("defaultTopicQueueNums", "4")
+            .with_ext("queueId", "0")
+            .with_body(Bytes::from_static(b"first of a new topic")),
+    );
+    assert_eq!(sent.code, response::SUCCESS, "{:?}", sent.remark);
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while names.call(route_of("Fresh")).code != response::SUCCESS {
+        assert!(Instant::now() < deadline, "the new topic was never routed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

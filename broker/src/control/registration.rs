@@ -164,6 +164,18 @@ async fn unregister(shard: &NetworkShard, address: &str, link: Option<Link>) {
     }
 }
 
+/// RocketMQ's default topic (`TBW102`): a broker that creates topics on first send registers
+/// it, so a RocketMQ producer whose topic has no route yet takes this route instead and sends
+/// there, naming its own topic, which the broker then creates (`docs/protocol.md`, "RocketMQ
+/// remoting"). The broker hosts no such topic itself.
+pub const AUTO_CREATE_TOPIC: &str = "TBW102";
+
+fn auto_create_topic(queues: u32) -> crate::topics::TopicConfig {
+    let mut config = crate::topics::TopicConfig::new(AUTO_CREATE_TOPIC, queues);
+    config.perm |= crate::topics::PERM_INHERIT;
+    config
+}
+
 fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameError> {
     let config = &shard.config;
     let table = shard.topics();
@@ -171,7 +183,10 @@ fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameE
     let ha_address = shard.ha_host.get().map(|a| a.to_string());
     FrameEncoder::with_max_frame_bytes(config.max_frame_bytes).encode(|b| {
         let ha_address = ha_address.as_deref().map(|a| b.create_string(a));
-        let topics: Vec<_> = table.topics.values().map(|t| t.to_wire(b)).collect();
+        let mut topics: Vec<_> = table.topics.values().map(|t| t.to_wire(b)).collect();
+        if config.auto_create_topics && !table.topics.contains_key(AUTO_CREATE_TOPIC) {
+            topics.push(auto_create_topic(config.default_topic_queues).to_wire(b));
+        }
         let topics = b.create_vector(&topics);
         let cluster = b.create_string(&config.cluster_name);
         let broker = b.create_string(&config.broker_name);
