@@ -1,0 +1,258 @@
+//! The RocketMQ side of the compatibility tests: `rocketmq-client-rust` 1.0.0, set up the way
+//! an application sets it up, with a deadline on every call.
+//!
+//! Owns: the serialize-type switch ([`select_serialize_type`]), and [`RocketMqAdmin`], the
+//! client's admin facade (`DefaultMQAdminExt`, what RocketMQ's `mqadmin` is built on) together
+//! with the runtime the 1.0.0 client requires its application to own. Never: a raw remoting
+//! frame; what goes on the wire is the client's own doing.
+//!
+//! Data enters as a name server address and topic names; it leaves as the client's results
+//! (`TopicRouteData`, `ClientError`) or [`CallError::TimedOut`] when a call overstays its
+//! deadline.
+//!
+//! Two things about 1.0.0 shape this module:
+//! - The serialize type is chosen once per process: `ClientRuntime::try_new` reads
+//!   `rocketmq.serialize.type`, then `ROCKETMQ_SERIALIZE_TYPE` (`JSON` or `ROCKETMQ`, JSON when
+//!   neither is set) and fixes it in a process-wide cell; a later runtime that asks for another
+//!   type fails. So a test binary uses one type; `tests/route_json.rs` and
+//!   `tests/route_rocketmq.rs` are the two.
+//! - The client wants an application-owned runtime (`rocketmq_runtime::RuntimeOwner`, a tokio
+//!   runtime) and never creates one itself; [`RocketMqAdmin`] owns one per client, so the tests
+//!   stay synchronous like the main workspace's.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rocketmq_client_rust::{
+    ClientError, ClientRuntime, ClientRuntimeConfig, DefaultMQAdminExt, MQBrokerException,
+    MQClientException, TelemetryHandle, TopicAdmin,
+};
+use rocketmq_protocol::protocol::remoting_command::{SERIALIZE_TYPE_ENV, SERIALIZE_TYPE_PROPERTY};
+use rocketmq_protocol::protocol::remoting_command_defaults::application_remoting_command_factory;
+pub use rocketmq_protocol::protocol::route::topic_route_data::TopicRouteData;
+pub use rocketmq_protocol::protocol::SerializeType;
+use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
+
+/// The remoting timeout the client itself applies to each request (the 1.0.0 client's API
+/// default is 3 s).
+pub const REMOTING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The hard deadline of one client call, above [`REMOTING_TIMEOUT`] so that the client's own
+/// timeout error normally comes first; this one catches a call that never ends.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long shutting the client and its runtime down may take.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The serialize type this process selected (see [`select_serialize_type`]).
+static SELECTED_SERIALIZE_TYPE: OnceLock<SerializeType> = OnceLock::new();
+
+/// Sets the client's environment switch so that this process's RocketMQ clients send headers
+/// of `serialize_type`: `JSON` by leaving both variables unset (the client's default), or
+/// `ROCKETMQ_SERIALIZE_TYPE=ROCKETMQ` for the binary header. Called before any client runtime
+/// exists; the first call decides for the whole process, and a call that asks for the other
+/// type panics (the client could not honour it).
+pub fn select_serialize_type(serialize_type: SerializeType) {
+    let selected = *SELECTED_SERIALIZE_TYPE.get_or_init(|| {
+        // Every test calls this first, before it starts a server or a client, so no other
+        // thread reads the environment while it changes (and the client reads it only later,
+        // when its runtime is built).
+        std::env::remove_var(SERIALIZE_TYPE_PROPERTY);
+        match serialize_type {
+            SerializeType::JSON => std::env::remove_var(SERIALIZE_TYPE_ENV),
+            SerializeType::ROCKETMQ => std::env::set_var(SERIALIZE_TYPE_ENV, "ROCKETMQ"),
+        }
+        serialize_type
+    });
+    assert_eq!(
+        selected, serialize_type,
+        "this test binary already selected {selected}: rocketmq-client-rust 1.0.0 fixes the \
+         serialize type once per process, so each type needs its own test binary"
+    );
+}
+
+/// Why a client call failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The call did not finish within [`CALL_TIMEOUT`].
+    TimedOut { call: String },
+    /// The client returned an error.
+    Client { call: String, error: ClientError },
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TimedOut { call } => write!(
+                formatter,
+                "{call} did not finish within {} ms",
+                CALL_TIMEOUT.as_millis()
+            ),
+            Self::Client { call, error } => {
+                write!(formatter, "{call} failed: {error}")?;
+                match response_of(error) {
+                    Some((code, remark)) => {
+                        write!(formatter, " (response code {code}, remark {remark:?})")
+                    }
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+impl CallError {
+    /// The response code and remark of the server's answer, when the call failed on one (see
+    /// [`response_of`]).
+    #[must_use]
+    pub fn response(&self) -> Option<(i32, String)> {
+        match self {
+            Self::TimedOut { .. } => None,
+            Self::Client { error, .. } => response_of(error),
+        }
+    }
+}
+
+/// The response code and remark of the answer `error` reports. 1.0.0 displays a name server's
+/// non-success answer only as `core.argument.invalid: Argument is invalid` (with the remark
+/// redacted) and keeps the code and remark in an `MQClientException` down its source chain;
+/// a broker's answer may be an `MQBrokerException` there, or the error's broker code field.
+#[must_use]
+pub fn response_of(error: &ClientError) -> Option<(i32, String)> {
+    if let Some(exception) = error.source_ref::<MQClientException>() {
+        let remark = exception.error_message().unwrap_or_default().to_owned();
+        return Some((exception.response_code(), remark));
+    }
+    if let Some(exception) = error.source_ref::<MQBrokerException>() {
+        let remark = exception.error_message().unwrap_or_default().to_owned();
+        return Some((exception.response_code(), remark));
+    }
+    error
+        .broker_response_code()
+        .map(|code| (code, String::new()))
+}
+
+/// A started `DefaultMQAdminExt` of rocketmq-client-rust 1.0.0 pointed at one name server,
+/// with its client runtime and the runtime owner (a tokio runtime) under it. Shut down, with
+/// a deadline, when dropped.
+pub struct RocketMqAdmin {
+    // Options so that drop can take them apart in order: the admin, then the client runtime,
+    // then the tokio runtime they run on.
+    admin: Option<DefaultMQAdminExt>,
+    client_runtime: Option<Arc<ClientRuntime>>,
+    owner: Option<RuntimeOwner>,
+}
+
+impl RocketMqAdmin {
+    /// Builds the client's runtime (which reads the serialize-type switch: `serialize_type` must
+    /// be what [`select_serialize_type`] selected), then starts an admin client against the
+    /// name server `namesrv_addr` (`host:port`).
+    pub fn start(namesrv_addr: &str, serialize_type: SerializeType) -> Result<Self, CallError> {
+        select_serialize_type(serialize_type);
+        let owner = RuntimeOwner::plan(RuntimeConfig {
+            thread_name: "compat-client".to_owned(),
+            ..RuntimeConfig::default()
+        })
+        .expect("a valid runtime configuration")
+        .build()
+        .expect("the client's runtime starts");
+        let client_runtime = ClientRuntime::try_new(
+            owner.root_context().component("compat-admin"),
+            ClientRuntimeConfig {
+                shutdown_timeout: SHUTDOWN_TIMEOUT,
+                ..ClientRuntimeConfig::default()
+            },
+            TelemetryHandle::noop(),
+        )
+        .expect("the client runtime accepts the selected serialize type");
+        let in_use = application_remoting_command_factory()
+            .defaults()
+            .serialize_type();
+        assert_eq!(
+            in_use, serialize_type,
+            "the client took serialize type {in_use} from its environment switch, not {serialize_type}"
+        );
+
+        let mut admin =
+            DefaultMQAdminExt::with_timeout(Arc::clone(&client_runtime), REMOTING_TIMEOUT);
+        admin.set_namesrv_addr(namesrv_addr);
+        let mut this = Self {
+            admin: None,
+            client_runtime: Some(client_runtime),
+            owner: Some(owner),
+        };
+        let started = this.call("starting the admin client", admin.start());
+        this.admin = Some(admin);
+        started.map(|()| this)
+    }
+
+    /// The route of `topic` as the name server gives it: `GET_ROUTEINFO_BY_TOPIC` (105) through
+    /// the admin API (`TopicAdmin::examine_topic_route_info_with_timeout`). `Ok(None)` is how
+    /// 1.0.0 reports `TOPIC_NOT_EXIST` (17): every public route call of the client maps that
+    /// code, and only that code, to "no route"; any other non-success code is an error.
+    pub fn topic_route(&self, topic: &str) -> Result<Option<TopicRouteData>, CallError> {
+        let admin = self.admin.as_ref().expect("a started admin client");
+        let timeout_millis =
+            u64::try_from(REMOTING_TIMEOUT.as_millis()).expect("the timeout fits in u64 ms");
+        self.call(
+            &format!("fetching the route of {topic}"),
+            TopicAdmin::examine_topic_route_info_with_timeout(admin, topic.into(), timeout_millis),
+        )
+    }
+
+    /// Runs `future` on the client's runtime with [`CALL_TIMEOUT`] as its deadline.
+    fn call<T>(
+        &self,
+        call: &str,
+        future: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, CallError> {
+        let owner = self
+            .owner
+            .as_ref()
+            .expect("the runtime owner lives as long as the client");
+        match owner.block_on(async { tokio::time::timeout(CALL_TIMEOUT, future).await }) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(CallError::Client {
+                call: call.to_owned(),
+                error,
+            }),
+            Err(_elapsed) => Err(CallError::TimedOut {
+                call: call.to_owned(),
+            }),
+        }
+    }
+}
+
+impl Drop for RocketMqAdmin {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.take() else {
+            return;
+        };
+        let admin = self.admin.take();
+        let client_runtime = self.client_runtime.take();
+        owner.block_on(async move {
+            let shutdown = async move {
+                if let Some(mut admin) = admin {
+                    admin.shutdown().await;
+                }
+                if let Some(client_runtime) = client_runtime {
+                    let _report = client_runtime.shutdown().await;
+                }
+            };
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, shutdown)
+                .await
+                .is_err()
+            {
+                eprintln!(
+                    "the RocketMQ admin client did not shut down within {} ms",
+                    SHUTDOWN_TIMEOUT.as_millis()
+                );
+            }
+        });
+        let _report = owner.shutdown_runtime_blocking_with_timeout(SHUTDOWN_TIMEOUT);
+    }
+}
