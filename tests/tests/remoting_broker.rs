@@ -318,7 +318,9 @@ fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
             .with_ext("properties", properties(&[("TRAN_MSG", "true")]))
             .with_body(Bytes::from_static(b"half")),
     );
-    assert_eq!(half.code, response::REQUEST_CODE_NOT_SUPPORTED);
+    // A half message must carry its unique id (commits are de-duplicated by it).
+    assert_eq!(half.code, response::MESSAGE_ILLEGAL);
+    assert!(half.remark.unwrap_or_default().contains("unique_id"));
     let missing_topic = client.call(
         RemotingCommand::request(request::SEND_MESSAGE, 0)
             .with_ext("producerGroup", "P")
@@ -636,4 +638,136 @@ fn a_rocketmq_producer_s_new_topic_is_created_through_the_default_topic_route() 
         assert!(Instant::now() < deadline, "the new topic was never routed");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_rocketmq_transaction_commits_rolls_back_and_answers_the_broker_s_check_back() {
+    const TX_GROUP: &str = "TxGroup";
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_broker_args(
+        dir.path(),
+        &[
+            "--transaction-timeout-ms",
+            "500",
+            "--transaction-check-interval-ms",
+            "200",
+        ],
+    );
+    cluster.create_topic(TOPIC, 1);
+    let broker = cluster.broker_addr();
+    let mut producer = RemotingClient::connect(&broker);
+    let heartbeat = RemotingCommand::request(request::HEART_BEAT, 0).with_body(Bytes::from(
+        format!(r#"{{"clientID":"127.0.0.1@tx","producerDataSet":[{{"groupName":"{TX_GROUP}"}}],"consumerDataSet":[]}}"#),
+    ));
+    assert_eq!(producer.call(heartbeat).code, response::SUCCESS);
+    let half = |producer: &mut RemotingClient, unique: &str| {
+        let answer = producer.call(
+            RemotingCommand::request(request::SEND_MESSAGE, 0)
+                .with_ext("producerGroup", TX_GROUP)
+                .with_ext("topic", TOPIC)
+                .with_ext("queueId", "0")
+                .with_ext("sysFlag", "4")
+                .with_ext(
+                    "properties",
+                    properties(&[
+                        ("TRAN_MSG", "true"),
+                        ("PGROUP", TX_GROUP),
+                        ("UNIQ_KEY", unique),
+                    ]),
+                )
+                .with_body(Bytes::from(format!("body of {unique}"))),
+        );
+        assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+        assert_eq!(answer.ext("transactionId"), Some(unique));
+        let located = OffsetMessageId::decode(answer.ext("msgId").unwrap())
+            .unwrap()
+            .physical_offset;
+        (ext_i64(&answer, "queueOffset"), located)
+    };
+    let end = |queue_offset: i64, located: i64, unique: &str, resolution: i32, from_check: bool| {
+        RemotingCommand::request(request::END_TRANSACTION, 0)
+            .with_ext("producerGroup", TX_GROUP)
+            .with_ext("tranStateTableOffset", queue_offset.to_string())
+            .with_ext("commitLogOffset", located.to_string())
+            .with_ext("commitOrRollback", resolution.to_string())
+            .with_ext("msgId", unique)
+            .with_ext("fromTransactionCheck", from_check.to_string())
+            .with_oneway()
+    };
+    let max_offset = |client: &mut RemotingClient| {
+        ext_i64(
+            &client.call(
+                RemotingCommand::request(request::GET_MAX_OFFSET, 0)
+                    .with_ext("topic", TOPIC)
+                    .with_ext("queueId", "0"),
+            ),
+            "offset",
+        )
+    };
+    let wait_for_max = |client: &mut RemotingClient, want: i64| {
+        let deadline = Instant::now() + READ_TIMEOUT;
+        while max_offset(client) != want {
+            assert!(
+                Instant::now() < deadline,
+                "the real queue never reached {want}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // Committed by the producer: the message reaches its real queue.
+    let (offset, located) = half(&mut producer, "TX-COMMIT");
+    assert_eq!(
+        max_offset(&mut producer),
+        0,
+        "a half message is not visible"
+    );
+    producer.send(&end(offset, located, "TX-COMMIT", 8, false));
+    wait_for_max(&mut producer, 1);
+
+    // Rolled back by the producer: nothing more arrives.
+    let (offset, located) = half(&mut producer, "TX-ROLLBACK");
+    producer.send(&end(offset, located, "TX-ROLLBACK", 12, false));
+
+    // Left unknown: the broker checks back with CHECK_TRANSACTION_STATE, oneway, carrying the
+    // half message under its real topic; the producer's END_TRANSACTION from the check commits.
+    let (offset, located) = half(&mut producer, "TX-CHECKED");
+    producer.send(&end(offset, located, "TX-CHECKED", 0, false));
+    let check = loop {
+        let pushed = producer
+            .receive()
+            .expect("a check-back before the connection closed");
+        if pushed.code == request::CHECK_TRANSACTION_STATE {
+            break pushed;
+        }
+    };
+    assert!(check.is_oneway() && !check.is_response());
+    assert_eq!(ext_i64(&check, "tranStateTableOffset"), offset);
+    assert_eq!(ext_i64(&check, "commitLogOffset"), located);
+    assert_eq!(check.ext("transactionId"), Some("TX-CHECKED"));
+    assert_eq!(check.ext("topic"), Some(TOPIC));
+    // The record is rewritten for the check (RocketMQ's clients check no CRC): read unchecked.
+    let checked = shardmq_codec::RecordView::parse_unchecked(&check.body)
+        .expect("the half message as a record");
+    assert_eq!(checked.topic(), TOPIC);
+    assert_eq!(checked.body(), b"body of TX-CHECKED");
+    assert_eq!(checked.property("PGROUP"), Some(TX_GROUP));
+    producer.send(&end(offset, located, "TX-CHECKED", 8, true));
+    wait_for_max(&mut producer, 2);
+
+    let pulled = producer.call(pull(0, 0, 0, 0).with_ext("subscription", "*"));
+    let mut bodies = Vec::new();
+    let mut rest = &pulled.body[..];
+    while !rest.is_empty() {
+        let size = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        bodies.push(decode_message(&rest[..size]).unwrap().body().to_vec());
+        rest = &rest[size..];
+    }
+    assert_eq!(
+        bodies,
+        vec![
+            b"body of TX-COMMIT".to_vec(),
+            b"body of TX-CHECKED".to_vec()
+        ]
+    );
 }

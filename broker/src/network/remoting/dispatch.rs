@@ -11,7 +11,7 @@ use shardmq_remoting::{encode_frame, encode_frame_head_with_body_bytes, Remoting
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use super::{clients, consume, locks, retry, send, RemotingSession};
+use super::{clients, consume, locks, retry, send, transaction, RemotingSession};
 use crate::network::request::{frame_error, refuse, Connection, Refusal};
 use crate::network::{NetworkShard, Outbound};
 
@@ -93,6 +93,7 @@ async fn dispatch(
         request::UNREGISTER_CLIENT => clients::unregister(shard, c, command).await,
         request::GET_CONSUMER_LIST_BY_GROUP => clients::consumer_list(shard, c, command).await,
         request::CONSUMER_SEND_MSG_BACK => retry::send_back(shard, c, command).await,
+        request::END_TRANSACTION => transaction::end_transaction(shard, c, command).await,
         request::LOCK_BATCH_MQ | request::UNLOCK_BATCH_MQ => {
             locks::lock_or_unlock(shard, c, command).await
         }

@@ -20,6 +20,7 @@ mod dispatch;
 mod locks;
 mod retry;
 mod send;
+mod transaction;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -99,7 +100,13 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
         let _ = writer.close().await;
     })
     .detach();
-    let push_task = glommio::spawn_local(translate_pushes(push_rx, answers.clone())).detach();
+    let push_task = glommio::spawn_local(translate_pushes(
+        shard.clone(),
+        connection_id,
+        push_rx,
+        answers.clone(),
+    ))
+    .detach();
 
     let decoder = FrameDecoder::new(FrameLimits::default().with_max_frame_bytes(
         // The native limit counts a frame after its 4-byte length; remoting's counts it whole.
@@ -211,11 +218,13 @@ fn announced_frame_bytes(buffer: &[u8]) -> Option<usize> {
     usize::try_from(length).ok().map(|length| length + 4)
 }
 
-/// Forwards what the broker pushes to this client, as RocketMQ's requests: a consumer group's
-/// members changed becomes NOTIFY_CONSUMER_IDS_CHANGED (oneway, as RocketMQ sends it). Other
-/// pushes (a transaction check-back in ShardMQ's form) have no remoting form here yet and are
-/// dropped, logged.
+/// Forwards what the broker pushes to this client, as RocketMQ's requests (both oneway, as
+/// RocketMQ sends them): a consumer group's members changed becomes NOTIFY_CONSUMER_IDS_CHANGED,
+/// a transaction check-back CHECK_TRANSACTION_STATE ([`transaction::check_state_request`]).
+/// Anything else has no remoting form and is dropped, logged.
 async fn translate_pushes(
+    shard: Rc<NetworkShard>,
+    connection_id: u64,
     pushes: local_channel::LocalReceiver<Outbound>,
     answers: Rc<local_channel::LocalSender<Outbound>>,
 ) {
@@ -229,19 +238,31 @@ async fn translate_pushes(
                 continue;
             };
             let notice = verified.frame();
-            let Some(changed) = notice.body_as_consumer_ids_changed_notice() else {
+            let command = if let Some(changed) = notice.body_as_consumer_ids_changed_notice() {
+                RemotingCommand::request(request::NOTIFY_CONSUMER_IDS_CHANGED, 0)
+                    .with_ext(
+                        "consumerGroup",
+                        changed.consumer_group().unwrap_or_default(),
+                    )
+                    .with_oneway()
+            } else if notice.body_type() == wire::Body::CheckTransactionStateRequest {
+                match transaction::check_state_request(&shard, &verified) {
+                    Ok((command, unknown)) => {
+                        shard.client_calls.complete(connection_id, unknown);
+                        command
+                    }
+                    Err(refusal) => {
+                        warn!(message = %refusal.message, "a check-back cannot be sent to a RocketMQ client");
+                        continue;
+                    }
+                }
+            } else {
                 debug!(
                     body = ?notice.body_type(),
                     "a push with no remoting form is not sent to a RocketMQ client"
                 );
                 continue;
             };
-            let command = RemotingCommand::request(request::NOTIFY_CONSUMER_IDS_CHANGED, 0)
-                .with_ext(
-                    "consumerGroup",
-                    changed.consumer_group().unwrap_or_default(),
-                )
-                .with_oneway();
             let mut bytes = BytesMut::new();
             if encode_frame(&command, usize::MAX, &mut bytes).is_ok() {
                 let _ = answers.send(vec![bytes.freeze()]).await;

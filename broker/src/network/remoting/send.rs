@@ -8,9 +8,11 @@
 //! RocketMQ keeps what ShardMQ has fields for in properties; they move to those fields: `TAGS`,
 //! `KEYS` (space-separated), `UNIQ_KEY`, `DELAY` (a level), `TIMER_DELIVER_MS`,
 //! `TIMER_DELAY_SEC`/`TIMER_DELAY_MS`. `WAIT` is dropped (the broker's flush mode decides).
-//! Transactional half messages (`TRAN_MSG`) are refused until check-backs speak remoting. The
-//! other properties are stored as the message's properties; RocketMQ's reserved names that a
-//! client may not set are refused by the native check, naming the property.
+//! A transactional half message (`TRAN_MSG`, sys flag PREPARED) becomes a native
+//! `SendHalfRequest` of its producer group (`PGROUP`); its answer's queue offset is the half
+//! message's, which END_TRANSACTION names it by (`transaction.rs`). The other properties are
+//! stored as the message's properties; RocketMQ's reserved names that a client may not set are
+//! refused by the native check, naming the property.
 
 use shardmq_remoting::codes::{message_sys_flag, request};
 use shardmq_remoting::{parse_properties, BatchMessages, RemotingCommand};
@@ -39,6 +41,10 @@ struct Outgoing<'a> {
     delay_ms: i64,
     compression: wire::Compression,
     properties: Vec<(&'a str, &'a str)>,
+    /// `TRAN_MSG` is true: a half message.
+    is_transactional: bool,
+    /// `PGROUP`: a half message's producer group.
+    producer_group: Option<&'a str>,
 }
 
 pub(super) async fn send(
@@ -55,7 +61,7 @@ pub(super) async fn send(
         .transpose()
         .map_err(|_| refuse(wire::Status::INVALID_ARGUMENT, "queueId is not an integer"))?
         .unwrap_or(-1);
-    let sys_flag = header.number("sysFlag", "f")?;
+    let sys_flag = i32::try_from(header.number("sysFlag", "f")?).unwrap_or(0);
     let compression = compression_of(sys_flag)?;
     let born_timestamp_ms = header.number("bornTimestamp", "g")?;
     let batch_bodies: Vec<shardmq_remoting::BatchMessage>;
@@ -81,6 +87,24 @@ pub(super) async fn send(
         outgoing.compression = compression;
         messages.push(outgoing);
     }
+    let is_half = sys_flag & message_sys_flag::TRANSACTION_TYPE_MASK
+        == message_sys_flag::TRANSACTION_PREPARED_TYPE
+        || messages.iter().any(|message| message.is_transactional);
+    if is_half {
+        if messages.len() != 1 {
+            return Err(refuse(
+                wire::Status::INVALID_ARGUMENT,
+                "a transactional message is sent alone, not in a batch",
+            ));
+        }
+        let group = messages[0].producer_group.unwrap_or(producer_group);
+        let half = Half {
+            topic,
+            queue_id,
+            producer_group: group,
+        };
+        return send_half(shard, connection, command, half, &messages[0]).await;
+    }
     let request = native_request(shard, |b| {
         let topic = b.create_string(topic);
         let producer_group = b.create_string(producer_group);
@@ -105,11 +129,60 @@ pub(super) async fn send(
         .body_as_send_request()
         .expect("built as a send");
     let answer = native_answer(shard, native::send(shard, connection, 0, send).await)?;
+    Ok(send_reply(command, &answer))
+}
+
+/// Where a half message goes.
+struct Half<'a> {
+    topic: &'a str,
+    queue_id: i32,
+    producer_group: &'a str,
+}
+
+/// A transactional half message: stored in the half queue until its producer ends it.
+async fn send_half(
+    shard: &NetworkShard,
+    connection: &Connection,
+    command: &RemotingCommand,
+    half: Half<'_>,
+    message: &Outgoing<'_>,
+) -> Answer {
+    let request = native_request(shard, |b| {
+        let topic = b.create_string(half.topic);
+        let producer_group = b.create_string(half.producer_group);
+        let message = build_message(b, message);
+        let messages = b.create_vector(&[message]);
+        let body = wire::SendHalfRequest::create(
+            b,
+            &wire::SendHalfRequestArgs {
+                topic: Some(topic),
+                queue_id: half.queue_id,
+                producer_group: Some(producer_group),
+                messages: Some(messages),
+            },
+        );
+        (wire::Body::SendHalfRequest, body.as_union_value())
+    })?;
+    let request = request
+        .frame()
+        .body_as_send_half_request()
+        .expect("built as a half message");
+    let answer = native_answer(
+        shard,
+        crate::network::transaction::handle_send_half(shard, connection, 0, request).await,
+    )?;
+    let mut reply = send_reply(command, &answer);
+    if let Some(unique_id) = message.unique_id {
+        reply = reply.with_ext("transactionId", unique_id);
+    }
+    Ok(reply)
+}
+
+/// RocketMQ's send header from the native send answer `answer`.
+fn send_reply(command: &RemotingCommand, answer: &shardmq_schema::VerifiedFrame) -> Reply {
     let frame = answer.frame();
-    let sent = frame
-        .body_as_send_response()
-        .ok_or_else(|| refuse(wire::Status::SYSTEM_ERROR, "the send answer has no results"))?;
-    let results = sent.results().unwrap_or_default();
+    let sent = frame.body_as_send_response();
+    let results = sent.and_then(|sent| sent.results()).unwrap_or_default();
     let offset_ids: Vec<&str> = results
         .iter()
         .map(|result| result.offset_msg_id().unwrap_or_default())
@@ -119,12 +192,12 @@ pub(super) async fn send(
     let queue_offset = results.iter().next().map_or(0, |r| r.queue_offset().max(0));
     let mut reply = Reply::to(command, super::dispatch::response_code(frame.status()))
         .with_ext("msgId", offset_ids.join(","))
-        .with_ext("queueId", sent.queue_id())
+        .with_ext("queueId", sent.map_or(-1, |sent| sent.queue_id()))
         .with_ext("queueOffset", queue_offset);
     if let Some(message) = frame.message().filter(|m| !m.is_empty()) {
         reply.command.remark = Some(message.to_owned());
     }
-    Ok(reply)
+    reply
 }
 
 /// The send header's fields, by their long names (SEND_MESSAGE) or their letters (V2, batch).
@@ -166,11 +239,7 @@ impl<'a> Header<'a> {
     }
 }
 
-fn compression_of(sys_flag: i64) -> Result<wire::Compression, Refusal> {
-    let sys_flag = i32::try_from(sys_flag).unwrap_or(0);
-    if sys_flag & message_sys_flag::TRANSACTION_TYPE_MASK != 0 {
-        return Err(transactions_refused());
-    }
+fn compression_of(sys_flag: i32) -> Result<wire::Compression, Refusal> {
     if sys_flag & message_sys_flag::COMPRESSED == 0 {
         return Ok(wire::Compression::NONE);
     }
@@ -184,13 +253,6 @@ fn compression_of(sys_flag: i64) -> Result<wire::Compression, Refusal> {
             format!("compression type {other} in sysFlag is not one RocketMQ defines"),
         )),
     }
-}
-
-fn transactions_refused() -> Refusal {
-    refuse(
-        wire::Status::UNKNOWN_REQUEST,
-        "transactional messages are not supported over RocketMQ's protocol by ShardMQ yet",
-    )
 }
 
 /// What a message's properties say, moved to the fields ShardMQ keeps them in.
@@ -219,10 +281,10 @@ fn outgoing(properties: &[u8]) -> Result<Outgoing<'_>, Refusal> {
                 message.delay_ms = number(name, value)?.saturating_mul(1000);
             }
             "TIMER_DELAY_MS" => message.delay_ms = number(name, value)?,
-            "TRAN_MSG" if value.eq_ignore_ascii_case("true") => return Err(transactions_refused()),
-            // The broker's flush mode decides when a send is answered; the producer group of a
-            // transaction is the send header's.
-            "WAIT" | "TRAN_MSG" | "PGROUP" => {}
+            "TRAN_MSG" => message.is_transactional = value.eq_ignore_ascii_case("true"),
+            "PGROUP" => message.producer_group = Some(value),
+            // The broker's flush mode decides when a send is answered.
+            "WAIT" => {}
             _ => message.properties.push((name, value)),
         }
     }
