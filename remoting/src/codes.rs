@@ -10,6 +10,9 @@ pub mod request {
     // Client -> broker.
     pub const SEND_MESSAGE: i32 = 10;
     pub const PULL_MESSAGE: i32 = 11;
+    pub const QUERY_MESSAGE: i32 = 12;
+    /// Admin tools: create or update a topic on a broker.
+    pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     /// Sent oneway by both clients.
     pub const UPDATE_CONSUMER_OFFSET: i32 = 15;

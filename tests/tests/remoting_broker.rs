@@ -306,9 +306,78 @@ fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
     );
 
     // What is not supported says so, and the connection goes on.
-    let unsupported = client.call(RemotingCommand::request(request::VIEW_MESSAGE_BY_ID, 0));
+    let unsupported = client.call(RemotingCommand::request(
+        request::GET_EARLIEST_MSG_STORETIME,
+        0,
+    ));
     assert_eq!(unsupported.code, response::REQUEST_CODE_NOT_SUPPORTED);
-    assert!(unsupported.remark.unwrap_or_default().contains("33"));
+    assert!(unsupported.remark.unwrap_or_default().contains("32"));
+
+    // Queries: by key, by unique id, and by the offset of an offset message id.
+    let bodies_of = |answer: &RemotingCommand| -> Vec<Vec<u8>> {
+        assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+        let mut bodies = Vec::new();
+        let mut rest = &answer.body[..];
+        while !rest.is_empty() {
+            let size = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+            bodies.push(decode_message(&rest[..size]).unwrap().body().to_vec());
+            rest = &rest[size..];
+        }
+        bodies
+    };
+    let query = |key: &str| {
+        RemotingCommand::request(request::QUERY_MESSAGE, 0)
+            .with_ext("topic", TOPIC)
+            .with_ext("key", key)
+            .with_ext("maxNum", "32")
+            .with_ext("beginTimestamp", "0")
+            .with_ext("endTimestamp", i64::MAX.to_string())
+    };
+    assert_eq!(
+        bodies_of(&client.call(query("k2"))),
+        vec![b"first body".to_vec()]
+    );
+    assert_eq!(
+        bodies_of(&client.call(query("U2").with_ext("_UNIQUE_KEY_QUERY", "true"))),
+        vec![b"second body".to_vec()]
+    );
+    assert_eq!(
+        client.call(query("no-such-key")).code,
+        response::QUERY_NOT_FOUND
+    );
+    let viewed = client.call(
+        RemotingCommand::request(request::VIEW_MESSAGE_BY_ID, 0)
+            .with_ext("offset", located.physical_offset.to_string()),
+    );
+    assert_eq!(bodies_of(&viewed), vec![b"first body".to_vec()]);
+
+    // Topic creation, as admin tools send it: the name server routes the new topic.
+    let created = client.call(
+        RemotingCommand::request(request::UPDATE_AND_CREATE_TOPIC, 0)
+            .with_ext("topic", "Created")
+            .with_ext("readQueueNums", "3")
+            .with_ext("writeQueueNums", "3")
+            .with_ext("perm", "6"),
+    );
+    assert_eq!(created.code, response::SUCCESS, "{:?}", created.remark);
+    let mut names = RemotingClient::connect(&cluster.namesrv_addr());
+    let deadline = Instant::now() + READ_TIMEOUT;
+    loop {
+        let route = names.call(
+            RemotingCommand::request(request::GET_ROUTEINFO_BY_TOPIC, 0)
+                .with_ext("topic", "Created"),
+        );
+        if route.code == response::SUCCESS {
+            let route = shardmq_remoting::decode_route_body(&route.body).unwrap();
+            assert_eq!(route.queue_datas[0].write_queue_nums, 3);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the created topic was never routed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let half = client.call(
         RemotingCommand::request(request::SEND_MESSAGE, 0)
             .with_ext("producerGroup", "P")
@@ -510,6 +579,15 @@ fn a_rocketmq_consumer_s_send_back_reaches_the_retry_topic_from_any_storage_shar
         );
         assert_eq!(back.code, response::SUCCESS, "{:?}", back.remark);
     }
+    // The located offset also finds the record of a shard other than 0 by VIEW_MESSAGE_BY_ID.
+    let (_, located, _, _) = &pull_all(&mut client, TOPIC, GROUP, 1)[0];
+    let viewed = client.call(
+        RemotingCommand::request(request::VIEW_MESSAGE_BY_ID, 0)
+            .with_ext("offset", located.to_string()),
+    );
+    assert_eq!(viewed.code, response::SUCCESS, "{:?}", viewed.remark);
+    let view = shardmq_codec::RecordView::parse_unchecked(&viewed.body).unwrap();
+    assert_eq!(view.body(), b"body of queue 1");
     // Both went straight to the dead letters (delay level below 0), each once.
     let dead_letters = format!("%DLQ%{GROUP}");
     let deadline = Instant::now() + READ_TIMEOUT;

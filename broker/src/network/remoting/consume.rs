@@ -105,25 +105,31 @@ fn located_records(storage: usize, records: Vec<bytes::Bytes>) -> Vec<bytes::Byt
     if storage == 0 {
         return records;
     }
-    let head_bytes = PHYSICAL_OFFSET_AT + 8;
     let mut located = Vec::with_capacity(records.len() * 2);
     for record in records {
-        if record.len() < head_bytes {
-            located.push(record);
-            continue;
-        }
-        let mut head = bytes::BytesMut::from(&record[..head_bytes]);
-        let offset = u64::from_be_bytes(
-            record[PHYSICAL_OFFSET_AT..head_bytes]
-                .try_into()
-                .expect("eight bytes"),
-        );
-        let offset = ((storage as u64) << SHARD_SHIFT) | offset;
-        head[PHYSICAL_OFFSET_AT..].copy_from_slice(&offset.to_be_bytes());
-        located.push(head.freeze());
-        located.push(record.slice(head_bytes..));
+        push_located(storage, record, &mut located);
     }
     located
+}
+
+/// Appends `record` of storage shard `storage` to `out` as a RocketMQ client is to see it (see
+/// [`located_records`]): as it is for shard 0, else its patched head and the rest.
+pub(super) fn push_located(storage: usize, record: bytes::Bytes, out: &mut Vec<bytes::Bytes>) {
+    let head_bytes = PHYSICAL_OFFSET_AT + 8;
+    if storage == 0 || record.len() < head_bytes {
+        out.push(record);
+        return;
+    }
+    let mut head = bytes::BytesMut::from(&record[..head_bytes]);
+    let offset = u64::from_be_bytes(
+        record[PHYSICAL_OFFSET_AT..head_bytes]
+            .try_into()
+            .expect("eight bytes"),
+    );
+    let offset = ((storage as u64) << SHARD_SHIFT) | offset;
+    head[PHYSICAL_OFFSET_AT..].copy_from_slice(&offset.to_be_bytes());
+    out.push(head.freeze());
+    out.push(record.slice(head_bytes..));
 }
 
 /// A located offset's storage shard and its offset in that shard's CommitLog.

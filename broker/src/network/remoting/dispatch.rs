@@ -11,7 +11,7 @@ use shardmq_remoting::{encode_frame, encode_frame_head_with_body_bytes, Remoting
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use super::{clients, consume, locks, retry, send, transaction, RemotingSession};
+use super::{clients, consume, locks, query, retry, send, transaction, RemotingSession};
 use crate::network::request::{frame_error, refuse, Connection, Refusal};
 use crate::network::{NetworkShard, Outbound};
 
@@ -94,6 +94,9 @@ async fn dispatch(
         request::GET_CONSUMER_LIST_BY_GROUP => clients::consumer_list(shard, c, command).await,
         request::CONSUMER_SEND_MSG_BACK => retry::send_back(shard, c, command).await,
         request::END_TRANSACTION => transaction::end_transaction(shard, c, command).await,
+        request::QUERY_MESSAGE => query::query_message(shard, c, command).await,
+        request::VIEW_MESSAGE_BY_ID => query::view_message(shard, c, command).await,
+        request::UPDATE_AND_CREATE_TOPIC => query::update_and_create_topic(shard, c, command).await,
         request::LOCK_BATCH_MQ | request::UNLOCK_BATCH_MQ => {
             locks::lock_or_unlock(shard, c, command).await
         }

@@ -18,6 +18,7 @@ mod clients;
 mod consume;
 mod dispatch;
 mod locks;
+mod query;
 mod retry;
 mod send;
 mod transaction;
