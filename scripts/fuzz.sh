@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs each cargo-fuzz target in fuzz/ for a bounded time: the wire frame decoder, the
 # CommitLog record decoder and scanner, the client's record decoding, the record
-# encoder/decoder round trip, and the broker's check of a producer's run (SendRecordsRequest). Not part of scripts/test.sh (it needs nightly and takes minutes).
+# encoder/decoder round trip, the broker's check of a producer's run (SendRecordsRequest), and
+# RocketMQ's remoting codec (frames, headers, request bodies). Not part of scripts/test.sh (it
+# needs nightly and takes minutes).
 #
 # Usage: scripts/fuzz.sh [seconds-per-target] [target ...]
 #   seconds-per-target  default 60
