@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # RocketMQ client compatibility: the tests in compat/ start the real binaries (name server,
 # broker) and talk to them with the real RocketMQ Rust client from crates.io,
-# `rocketmq-client-rust` 1.0.0, over RocketMQ's remoting protocol (topic routes from the name
-# server with JSON and with binary headers, an unknown topic's TOPIC_NOT_EXIST). compat/ is a
-# workspace of its own with its own Cargo.lock, so the main build and scripts/test.sh never
-# build the client's dependency tree; this script does (several minutes the first time).
+# `rocketmq-client-rust` 1.0.0, over RocketMQ's remoting protocol: topic routes from the name
+# server with JSON and with binary headers (route_*.rs), and producers and push consumers
+# through the client's public APIs (messaging.rs: sync, batch, delayed, orderly and
+# transactional sends, tag filters, shared queues, retries, and ShardMQ's CLI side by side).
+# compat/ is a workspace of its own with its own Cargo.lock, so the main build and
+# scripts/test.sh never build the client's dependency tree; this script does (several minutes
+# the first time).
 #
 # Usage: scripts/compat.sh [test-name-filter]
 #   test-name-filter  only the tests whose names contain it (default: every test)
@@ -16,7 +19,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
 case "${1:-}" in
-  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 
 cargo build --workspace --bins --locked

@@ -1,10 +1,12 @@
 //! The RocketMQ side of the compatibility tests: `rocketmq-client-rust` 1.0.0, set up the way
 //! an application sets it up, with a deadline on every call.
 //!
-//! Owns: the serialize-type switch ([`select_serialize_type`]), and [`RocketMqAdmin`], the
-//! client's admin facade (`DefaultMQAdminExt`, what RocketMQ's `mqadmin` is built on) together
-//! with the runtime the 1.0.0 client requires its application to own. Never: a raw remoting
-//! frame; what goes on the wire is the client's own doing.
+//! Owns: the serialize-type switch ([`select_serialize_type`]), [`ClientHost`] (the runtime the
+//! 1.0.0 client requires its application to own, and the one place client futures are run, each
+//! with a deadline), and [`RocketMqAdmin`], the client's admin facade (`DefaultMQAdminExt`, what
+//! RocketMQ's `mqadmin` is built on). Producers and consumers run on a [`ClientHost`] too
+//! (`crate::producer`, `crate::consumer`). Never: a raw remoting frame; what goes on the wire is
+//! the client's own doing.
 //!
 //! Data enters as a name server address and topic names; it leaves as the client's results
 //! (`TopicRouteData`, `ClientError`) or [`CallError::TimedOut`] when a call overstays its
@@ -16,9 +18,10 @@
 //!   neither is set) and fixes it in a process-wide cell; a later runtime that asks for another
 //!   type fails. So a test binary uses one type; `tests/route_json.rs` and
 //!   `tests/route_rocketmq.rs` are the two.
-//! - The client wants an application-owned runtime (`rocketmq_runtime::RuntimeOwner`, a tokio
-//!   runtime) and never creates one itself; [`RocketMqAdmin`] owns one per client, so the tests
-//!   stay synchronous like the main workspace's.
+//! - The client wants an application-owned runtime (`rocketmq_runtime::RuntimeOwner`, a
+//!   multi-threaded tokio runtime) and never creates one itself; a [`ClientHost`] owns one, so
+//!   the tests stay synchronous like the main workspace's: a test thread blocks on one client
+//!   call at a time while the consumers' background work goes on on the runtime's threads.
 
 use std::fmt;
 use std::future::Future;
@@ -44,7 +47,7 @@ pub const REMOTING_TIMEOUT: Duration = Duration::from_secs(3);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long shutting the client and its runtime down may take.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The serialize type this process selected (see [`select_serialize_type`]).
 static SELECTED_SERIALIZE_TYPE: OnceLock<SerializeType> = OnceLock::new();
@@ -76,8 +79,9 @@ pub fn select_serialize_type(serialize_type: SerializeType) {
 /// Why a client call failed.
 #[derive(Debug)]
 pub enum CallError {
-    /// The call did not finish within [`CALL_TIMEOUT`].
-    TimedOut { call: String },
+    /// The call did not finish within its deadline ([`CALL_TIMEOUT`] unless the caller chose
+    /// another).
+    TimedOut { call: String, timeout: Duration },
     /// The client returned an error.
     Client { call: String, error: ClientError },
 }
@@ -85,10 +89,10 @@ pub enum CallError {
 impl fmt::Display for CallError {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::TimedOut { call } => write!(
+            Self::TimedOut { call, timeout } => write!(
                 formatter,
                 "{call} did not finish within {} ms",
-                CALL_TIMEOUT.as_millis()
+                timeout.as_millis()
             ),
             Self::Client { call, error } => {
                 write!(formatter, "{call} failed: {error}")?;
@@ -136,32 +140,34 @@ pub fn response_of(error: &ClientError) -> Option<(i32, String)> {
         .map(|code| (code, String::new()))
 }
 
-/// A started `DefaultMQAdminExt` of rocketmq-client-rust 1.0.0 pointed at one name server,
-/// with its client runtime and the runtime owner (a tokio runtime) under it. Shut down, with
-/// a deadline, when dropped.
-pub struct RocketMqAdmin {
-    // Options so that drop can take them apart in order: the admin, then the client runtime,
-    // then the tokio runtime they run on.
-    admin: Option<DefaultMQAdminExt>,
+/// The runtime a 1.0.0 client runs on: a `RuntimeOwner` (a multi-threaded tokio runtime that
+/// the application owns) and the `ClientRuntime` built on it, which every producer, consumer and
+/// admin client of a test is made from. Shared by those clients (`Arc`): the last one dropped
+/// shuts the client runtime down, then the tokio runtime, each with a deadline. Must be dropped
+/// outside the runtime (a test thread, never a listener).
+pub struct ClientHost {
+    // Options so that drop can take them apart in order: the client runtime, then the tokio
+    // runtime it runs on.
     client_runtime: Option<Arc<ClientRuntime>>,
     owner: Option<RuntimeOwner>,
 }
 
-impl RocketMqAdmin {
-    /// Builds the client's runtime (which reads the serialize-type switch: `serialize_type` must
-    /// be what [`select_serialize_type`] selected), then starts an admin client against the
-    /// name server `namesrv_addr` (`host:port`).
-    pub fn start(namesrv_addr: &str, serialize_type: SerializeType) -> Result<Self, CallError> {
+impl ClientHost {
+    /// Builds the tokio runtime and the client's runtime on it (which reads the serialize-type
+    /// switch: `serialize_type` is selected first, see [`select_serialize_type`], and checked to
+    /// be the one the client took). `component` names the runtime's threads and scope.
+    #[must_use]
+    pub fn start(component: &'static str, serialize_type: SerializeType) -> Arc<Self> {
         select_serialize_type(serialize_type);
         let owner = RuntimeOwner::plan(RuntimeConfig {
-            thread_name: "compat-client".to_owned(),
+            thread_name: format!("compat-{component}"),
             ..RuntimeConfig::default()
         })
         .expect("a valid runtime configuration")
         .build()
         .expect("the client's runtime starts");
         let client_runtime = ClientRuntime::try_new(
-            owner.root_context().component("compat-admin"),
+            owner.root_context().component(component),
             ClientRuntimeConfig {
                 shutdown_timeout: SHUTDOWN_TIMEOUT,
                 ..ClientRuntimeConfig::default()
@@ -176,17 +182,118 @@ impl RocketMqAdmin {
             in_use, serialize_type,
             "the client took serialize type {in_use} from its environment switch, not {serialize_type}"
         );
-
-        let mut admin =
-            DefaultMQAdminExt::with_timeout(Arc::clone(&client_runtime), REMOTING_TIMEOUT);
-        admin.set_namesrv_addr(namesrv_addr);
-        let mut this = Self {
-            admin: None,
+        Arc::new(Self {
             client_runtime: Some(client_runtime),
             owner: Some(owner),
+        })
+    }
+
+    /// The client runtime, to build producers, consumers and admin clients from.
+    #[must_use]
+    pub fn client_runtime(&self) -> Arc<ClientRuntime> {
+        Arc::clone(
+            self.client_runtime
+                .as_ref()
+                .expect("the client runtime lives as long as its host"),
+        )
+    }
+
+    /// Runs `future`, a client call, on the runtime with [`CALL_TIMEOUT`] as its deadline.
+    pub fn call<T>(
+        &self,
+        call: &str,
+        future: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, CallError> {
+        self.call_within(call, CALL_TIMEOUT, future)
+    }
+
+    /// Runs `future`, a client call, on the runtime with `timeout` as its deadline.
+    pub fn call_within<T>(
+        &self,
+        call: &str,
+        timeout: Duration,
+        future: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, CallError> {
+        match self.run_within(timeout, future) {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(CallError::Client {
+                call: call.to_owned(),
+                error,
+            }),
+            None => Err(CallError::TimedOut {
+                call: call.to_owned(),
+                timeout,
+            }),
+        }
+    }
+
+    /// Runs `future` on the runtime; `None` when `timeout` passes first (the future is then
+    /// dropped). For calls that cannot fail, such as a client's shutdown.
+    pub fn run_within<T>(&self, timeout: Duration, future: impl Future<Output = T>) -> Option<T> {
+        let owner = self
+            .owner
+            .as_ref()
+            .expect("the runtime owner lives as long as its host");
+        owner
+            .block_on(async { tokio::time::timeout(timeout, future).await })
+            .ok()
+    }
+
+    /// Shuts a client down (`shutdown`, the client's own future) within [`SHUTDOWN_TIMEOUT`],
+    /// saying so on stderr when it overstays: for the clients' `Drop`s, which cannot fail.
+    pub fn shut_down(&self, client: &str, shutdown: impl Future<Output = ()>) {
+        if self.run_within(SHUTDOWN_TIMEOUT, shutdown).is_none() {
+            eprintln!(
+                "the RocketMQ {client} did not shut down within {} ms",
+                SHUTDOWN_TIMEOUT.as_millis()
+            );
+        }
+    }
+}
+
+impl Drop for ClientHost {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.take() else {
+            return;
         };
-        let started = this.call("starting the admin client", admin.start());
-        this.admin = Some(admin);
+        if let Some(client_runtime) = self.client_runtime.take() {
+            let shutdown = async move {
+                let _report = client_runtime.shutdown().await;
+            };
+            if owner
+                .block_on(async { tokio::time::timeout(SHUTDOWN_TIMEOUT, shutdown).await })
+                .is_err()
+            {
+                eprintln!(
+                    "the RocketMQ client runtime did not shut down within {} ms",
+                    SHUTDOWN_TIMEOUT.as_millis()
+                );
+            }
+        }
+        let _report = owner.shutdown_runtime_blocking_with_timeout(SHUTDOWN_TIMEOUT);
+    }
+}
+
+/// A started `DefaultMQAdminExt` of rocketmq-client-rust 1.0.0 pointed at one name server, on
+/// a [`ClientHost`] of its own. Shut down, with a deadline, when dropped.
+pub struct RocketMqAdmin {
+    admin: Option<DefaultMQAdminExt>,
+    host: Arc<ClientHost>,
+}
+
+impl RocketMqAdmin {
+    /// Builds a [`ClientHost`] (which reads the serialize-type switch: `serialize_type` must be
+    /// what [`select_serialize_type`] selected), then starts an admin client against the name
+    /// server `namesrv_addr` (`host:port`).
+    pub fn start(namesrv_addr: &str, serialize_type: SerializeType) -> Result<Self, CallError> {
+        let host = ClientHost::start("admin", serialize_type);
+        let mut admin = DefaultMQAdminExt::with_timeout(host.client_runtime(), REMOTING_TIMEOUT);
+        admin.set_namesrv_addr(namesrv_addr);
+        let started = host.call("starting the admin client", admin.start());
+        let this = Self {
+            admin: Some(admin),
+            host,
+        };
         started.map(|()| this)
     }
 
@@ -198,61 +305,18 @@ impl RocketMqAdmin {
         let admin = self.admin.as_ref().expect("a started admin client");
         let timeout_millis =
             u64::try_from(REMOTING_TIMEOUT.as_millis()).expect("the timeout fits in u64 ms");
-        self.call(
+        self.host.call(
             &format!("fetching the route of {topic}"),
             TopicAdmin::examine_topic_route_info_with_timeout(admin, topic.into(), timeout_millis),
         )
-    }
-
-    /// Runs `future` on the client's runtime with [`CALL_TIMEOUT`] as its deadline.
-    fn call<T>(
-        &self,
-        call: &str,
-        future: impl Future<Output = Result<T, ClientError>>,
-    ) -> Result<T, CallError> {
-        let owner = self
-            .owner
-            .as_ref()
-            .expect("the runtime owner lives as long as the client");
-        match owner.block_on(async { tokio::time::timeout(CALL_TIMEOUT, future).await }) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(CallError::Client {
-                call: call.to_owned(),
-                error,
-            }),
-            Err(_elapsed) => Err(CallError::TimedOut {
-                call: call.to_owned(),
-            }),
-        }
     }
 }
 
 impl Drop for RocketMqAdmin {
     fn drop(&mut self) {
-        let Some(owner) = self.owner.take() else {
-            return;
-        };
-        let admin = self.admin.take();
-        let client_runtime = self.client_runtime.take();
-        owner.block_on(async move {
-            let shutdown = async move {
-                if let Some(mut admin) = admin {
-                    admin.shutdown().await;
-                }
-                if let Some(client_runtime) = client_runtime {
-                    let _report = client_runtime.shutdown().await;
-                }
-            };
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, shutdown)
-                .await
-                .is_err()
-            {
-                eprintln!(
-                    "the RocketMQ admin client did not shut down within {} ms",
-                    SHUTDOWN_TIMEOUT.as_millis()
-                );
-            }
-        });
-        let _report = owner.shutdown_runtime_blocking_with_timeout(SHUTDOWN_TIMEOUT);
+        if let Some(mut admin) = self.admin.take() {
+            self.host
+                .shut_down("admin client", async move { admin.shutdown().await });
+        }
     }
 }

@@ -1,14 +1,16 @@
 //! The real ShardMQ binaries as test fixtures: a name server and a broker, each on a free
 //! loopback port (and the broker over a temp data dir), killed when dropped, plus the `shardmq`
-//! CLI to create topics.
+//! CLI to create topics, inspect consumer groups, and send and consume as ShardMQ's own client.
 //!
 //! Owns: finding the binaries ([`binary_path`]), the process guards ([`ServerProcess`],
-//! [`LocalCluster`]) and condition polling with a deadline ([`wait_until`]). It mirrors the
-//! main test crate's harness (`tests/lib.rs`), which this workspace cannot depend on. Never:
-//! fixed sleeps, or any address but loopback.
+//! [`LocalCluster`]), CLI runs with a deadline ([`LocalCluster::cli`]) and condition polling
+//! with a deadline ([`wait_until`], [`poll_until`]). It mirrors the main test crate's harness
+//! (`tests/lib.rs`), which this workspace cannot depend on. Never: fixed sleeps, or any address
+//! but loopback.
 //!
-//! Data enters as each server's stdout line `<binary> listening on <addr>` and its stderr log;
-//! it leaves as parsed addresses and, when a test panics, the captured logs.
+//! Data enters as each server's stdout line `<binary> listening on <addr>` and its stderr log,
+//! and as the CLI's output; it leaves as parsed addresses, the CLI's JSON, and, when a test
+//! panics, the captured logs.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -30,6 +32,10 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a new topic may take to appear in the name server's routes (the broker registers
 /// right after a topic change).
 pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long one run of the `shardmq` CLI may take before it is killed (its own
+/// `--timeout-ms`, where a command has one, must be shorter).
+pub const CLI_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How often [`wait_until`] re-checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -75,17 +81,26 @@ pub fn binary_path(name: &str) -> PathBuf {
 
 /// Polls `check` until it returns `Some`, and returns that. Panics, naming `what`, when
 /// `timeout` passes first.
-pub fn wait_until<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_until<T>(timeout: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    poll_until(timeout, check).unwrap_or_else(|| {
+        panic!(
+            "timed out after {} ms waiting for {what}",
+            timeout.as_millis()
+        )
+    })
+}
+
+/// Polls `check` until it returns `Some`, and returns that; `None` when `timeout` passes first
+/// (for callers that say more than [`wait_until`] does about what did not happen).
+pub fn poll_until<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
-            return value;
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {} ms waiting for {what}",
-            timeout.as_millis()
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         thread::sleep(POLL_INTERVAL);
     }
 }
@@ -211,29 +226,35 @@ impl LocalCluster {
     /// Starts a name server, then a broker registered with it.
     #[must_use]
     pub fn start() -> Self {
+        Self::start_with_broker_args(&[])
+    }
+
+    /// Starts a name server, then a broker registered with it and given `broker_args` besides
+    /// the fixture's own (for instance a short transaction timeout).
+    #[must_use]
+    pub fn start_with_broker_args(broker_args: &[&str]) -> Self {
         let namesrv = ServerProcess::start("shardmq-namesrv", &["--listen", "127.0.0.1:0"]);
         let data_dir = TempDir::new().expect("a temp dir for the broker's data");
         let namesrv_addr = namesrv.addr().to_string();
         let data_dir_path = data_dir.path().to_str().expect("a UTF-8 temp dir path");
-        let broker = ServerProcess::start(
-            "shardmq-broker",
-            &[
-                "--namesrv",
-                &namesrv_addr,
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data_dir_path,
-                "--broker-name",
-                BROKER_NAME,
-                "--cluster-name",
-                CLUSTER_NAME,
-                // The disk is shared with builds and other tests: the broker must not delete
-                // segments early because the disk is fuller than the default allows (75 %).
-                "--disk-max-used-ratio",
-                "0.99",
-            ],
-        );
+        let mut args = vec![
+            "--namesrv",
+            &namesrv_addr,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir_path,
+            "--broker-name",
+            BROKER_NAME,
+            "--cluster-name",
+            CLUSTER_NAME,
+            // The disk is shared with builds and other tests: the broker must not delete
+            // segments early because the disk is fuller than the default allows (75 %).
+            "--disk-max-used-ratio",
+            "0.99",
+        ];
+        args.extend_from_slice(broker_args);
+        let broker = ServerProcess::start("shardmq-broker", &args);
         Self {
             broker,
             namesrv,
@@ -296,17 +317,93 @@ impl LocalCluster {
         });
     }
 
-    /// Runs the built `shardmq` CLI against this cluster's name server with `args`.
+    /// Runs the built `shardmq` CLI against this cluster's name server with `args`, and
+    /// returns its exit status and output. Panics when it runs past [`CLI_TIMEOUT`] (it is
+    /// killed then).
     #[must_use]
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(binary_path("shardmq"))
+        let mut child = Command::new(binary_path("shardmq"))
             .arg("--namesrv")
             .arg(self.namesrv_addr())
             .args(args)
             .stdin(Stdio::null())
-            .output()
-            .expect("shardmq runs")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("shardmq runs");
+        // Read both pipes on threads so that a chatty command never blocks on a full pipe.
+        let stdout = read_to_end(child.stdout.take().expect("stdout is piped"));
+        let stderr = read_to_end(child.stderr.take().expect("stderr is piped"));
+        let status = poll_until(CLI_TIMEOUT, || child.try_wait().expect("shardmq's status"));
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "shardmq {args:?} did not finish within {} ms",
+                CLI_TIMEOUT.as_millis()
+            );
+        };
+        Output {
+            status,
+            stdout: stdout.join().expect("the stdout reader"),
+            stderr: stderr.join().expect("the stderr reader"),
+        }
     }
+
+    /// Runs the CLI with `args` (which include `--json`), asserts that it succeeded, and
+    /// returns the JSON objects it printed, one a line.
+    #[must_use]
+    pub fn cli_json_lines(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let output = self.cli(args);
+        assert!(
+            output.status.success(),
+            "shardmq {args:?} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|parse_error| {
+                    panic!("shardmq {args:?} printed {line:?}, not JSON: {parse_error}")
+                })
+            })
+            .collect()
+    }
+
+    /// Waits (up to `timeout`) until `group` has committed, in every queue of `topic` that holds
+    /// messages, the queue's end (`shardmq group progress`): from then on nothing the group has
+    /// consumed can be delivered to it again.
+    pub fn wait_until_group_caught_up(&self, group: &str, topic: &str, timeout: Duration) {
+        wait_until(
+            timeout,
+            &format!("group {group} to commit the end of every queue of {topic}"),
+            || {
+                let output = self.cli(&["--json", "group", "progress", group, "--topic", topic]);
+                if !output.status.success() {
+                    return None;
+                }
+                let progress: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+                let queues = progress["queues"].as_array()?;
+                let is_caught_up = queues.iter().all(|queue| {
+                    let end = queue["max_offset"].as_u64().unwrap_or(0);
+                    let committed = queue["committed_offset"].as_u64().unwrap_or(0);
+                    committed >= end
+                });
+                (!queues.is_empty() && is_caught_up).then_some(())
+            },
+        );
+    }
+}
+
+/// Reads `source` to its end on a thread.
+fn read_to_end(mut source: impl Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = source.read_to_end(&mut bytes);
+        bytes
+    })
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

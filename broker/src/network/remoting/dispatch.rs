@@ -82,7 +82,10 @@ async fn dispatch(
         request::SEND_MESSAGE | request::SEND_MESSAGE_V2 | request::SEND_BATCH_MESSAGE => {
             send::send(shard, c, command).await
         }
-        request::PULL_MESSAGE => consume::pull(shard, s, command).await,
+        // A lite pull consumer's pulls are pulls with the LITE_PULL sys flag.
+        request::PULL_MESSAGE | request::LITE_PULL_MESSAGE => {
+            consume::pull(shard, s, command).await
+        }
         request::QUERY_CONSUMER_OFFSET => consume::query_consumer_offset(shard, c, command).await,
         request::UPDATE_CONSUMER_OFFSET => consume::update_consumer_offset(shard, c, command).await,
         request::GET_MAX_OFFSET | request::GET_MIN_OFFSET => {
