@@ -56,6 +56,15 @@ pub(super) async fn handle(
         return None;
     }
     let answer = dispatch(shard, connection, session, &command).await;
+    tracing::trace!(
+        code = command.code,
+        opaque = command.opaque,
+        answer = answer
+            .as_ref()
+            .map_or_else(|r| response_code(r.status), |r| r.command.code),
+        records = answer.as_ref().map_or(0, |r| r.body.len()),
+        "remoting request"
+    );
     if command.is_oneway() {
         if let Err(refusal) = &answer {
             tracing::debug!(code = command.code, message = %refusal.message, "a oneway remoting request was refused");
