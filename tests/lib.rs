@@ -1364,3 +1364,91 @@ pub fn broker_status(client: &mut TestClient) -> Result<VerifiedFrame, ClientErr
         (wire::Body::BrokerStatusRequest, body.as_union_value())
     })
 }
+
+/// A blocking RocketMQ remoting client over a plain socket, speaking the `shardmq-remoting`
+/// codec to the real name server or broker (tests/tests/remoting_*.rs).
+pub struct RemotingClient {
+    pub stream: std::net::TcpStream,
+    buffer: BytesMut,
+    decoder: shardmq_remoting::FrameDecoder,
+    next_opaque: i32,
+}
+
+impl RemotingClient {
+    /// How long a read waits for the server.
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+    /// Connects to `addr` (`host:port`).
+    #[must_use]
+    pub fn connect(addr: &str) -> Self {
+        let stream = std::net::TcpStream::connect(addr).expect("connects");
+        stream.set_read_timeout(Some(Self::READ_TIMEOUT)).unwrap();
+        Self {
+            stream,
+            buffer: BytesMut::new(),
+            decoder: shardmq_remoting::FrameDecoder::default(),
+            next_opaque: 1,
+        }
+    }
+
+    /// Writes `command` as one frame.
+    pub fn send(&mut self, command: &shardmq_remoting::RemotingCommand) {
+        let mut frame = BytesMut::new();
+        shardmq_remoting::encode_frame(
+            command,
+            shardmq_remoting::DEFAULT_MAX_FRAME_BYTES,
+            &mut frame,
+        )
+        .expect("encodes");
+        self.send_bytes(&frame);
+    }
+
+    /// Writes raw bytes (malformed frames).
+    pub fn send_bytes(&mut self, bytes: &[u8]) {
+        std::io::Write::write_all(&mut self.stream, bytes).expect("writes");
+    }
+
+    /// The next frame, or `None` once the server closed the connection.
+    pub fn receive(&mut self) -> Option<shardmq_remoting::RemotingCommand> {
+        loop {
+            if let Some(command) = self
+                .decoder
+                .decode(&mut self.buffer)
+                .expect("a valid frame")
+            {
+                return Some(command);
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            match std::io::Read::read(&mut self.stream, &mut chunk) {
+                Ok(0) => return None,
+                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
+                Err(error) if error.kind() == io::ErrorKind::ConnectionReset => return None,
+                Err(error) => panic!("no answer within {:?}: {error}", Self::READ_TIMEOUT),
+            }
+        }
+    }
+
+    /// Sends `command` with a fresh opaque and returns its answer, skipping the requests the
+    /// server pushes meanwhile; checks that the answer echoes the opaque.
+    pub fn call(
+        &mut self,
+        mut command: shardmq_remoting::RemotingCommand,
+    ) -> shardmq_remoting::RemotingCommand {
+        command.opaque = self.next_opaque;
+        self.next_opaque += 1;
+        self.send(&command);
+        loop {
+            let answer = self
+                .receive()
+                .expect("an answer before the connection closed");
+            if !answer.is_response() {
+                continue;
+            }
+            assert_eq!(
+                answer.opaque, command.opaque,
+                "the answer echoes the opaque"
+            );
+            return answer;
+        }
+    }
+}

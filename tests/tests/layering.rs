@@ -79,6 +79,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-codec",
                 "shardmq-store",
                 "shardmq-client",
+                "shardmq-remoting",
             ]),
         ),
     ])

@@ -4,89 +4,20 @@
 //! supported, and a native consumer reading what a remoting producer sent. (The compatibility
 //! suite in `compat/` drives the same through RocketMQ's own client.)
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use shardmq_codec::decode_message;
 use shardmq_remoting::codes::{pull_sys_flag, request, response};
 use shardmq_remoting::{
-    encode_batch_record, encode_frame, encode_properties, FrameDecoder, OffsetMessageId,
-    RemotingCommand, SerializeType, DEFAULT_MAX_FRAME_BYTES,
+    encode_batch_record, encode_properties, OffsetMessageId, RemotingCommand, SerializeType,
 };
-use shardmq_tests::LocalCluster;
+use shardmq_tests::{LocalCluster, RemotingClient};
 use tempfile::TempDir;
 
-const READ_TIMEOUT: Duration = Duration::from_secs(20);
+const READ_TIMEOUT: Duration = RemotingClient::READ_TIMEOUT;
 const TOPIC: &str = "Orders";
 const GROUP: &str = "OrdersGroup";
-
-struct RemotingClient {
-    stream: TcpStream,
-    buffer: BytesMut,
-    decoder: FrameDecoder,
-    next_opaque: i32,
-}
-
-impl RemotingClient {
-    fn connect(addr: &str) -> Self {
-        let stream = TcpStream::connect(addr).expect("connects");
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        Self {
-            stream,
-            buffer: BytesMut::new(),
-            decoder: FrameDecoder::default(),
-            next_opaque: 1,
-        }
-    }
-
-    fn send(&mut self, command: &RemotingCommand) {
-        let mut frame = BytesMut::new();
-        encode_frame(command, DEFAULT_MAX_FRAME_BYTES, &mut frame).expect("encodes");
-        self.stream.write_all(&frame).expect("writes");
-    }
-
-    fn receive(&mut self) -> Option<RemotingCommand> {
-        loop {
-            if let Some(command) = self
-                .decoder
-                .decode(&mut self.buffer)
-                .expect("a valid frame")
-            {
-                return Some(command);
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
-                Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(error) => panic!("no answer within {READ_TIMEOUT:?}: {error}"),
-            }
-        }
-    }
-
-    /// Sends `command` with a fresh opaque and returns its answer (skipping requests the broker
-    /// pushes meanwhile).
-    fn call(&mut self, mut command: RemotingCommand) -> RemotingCommand {
-        command.opaque = self.next_opaque;
-        self.next_opaque += 1;
-        self.send(&command);
-        loop {
-            let answer = self
-                .receive()
-                .expect("an answer before the connection closed");
-            if !answer.is_response() {
-                continue;
-            }
-            assert_eq!(
-                answer.opaque, command.opaque,
-                "the answer echoes the opaque"
-            );
-            return answer;
-        }
-    }
-}
 
 fn properties(pairs: &[(&str, &str)]) -> String {
     let mut bytes = BytesMut::new();
@@ -439,7 +370,7 @@ fn malformed_remoting_frames_close_the_broker_connection_and_store_nothing() {
     frame.extend_from_slice(&(1u32 << 30).to_be_bytes());
     frame.extend_from_slice(&[0, 0, 0, 2]);
     frame.extend_from_slice(b"{}");
-    oversized.stream.write_all(&frame).unwrap();
+    oversized.send_bytes(&frame);
     assert!(oversized.receive().is_none(), "closed after a lying length");
 
     let mut garbled = RemotingClient::connect(&broker);
@@ -449,7 +380,7 @@ fn malformed_remoting_frames_close_the_broker_connection_and_store_nothing() {
     frame.extend_from_slice(&(header.len() as u32).to_be_bytes());
     frame.extend_from_slice(header);
     frame.extend_from_slice(b"body");
-    garbled.stream.write_all(&frame).unwrap();
+    garbled.send_bytes(&frame);
     assert!(
         garbled.receive().is_none(),
         "closed after an unreadable header"

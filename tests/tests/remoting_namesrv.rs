@@ -3,81 +3,10 @@
 //! does not support, oneway requests, malformed frames, and native clients on the same port.
 //! (The compatibility suite in `compat/` does the same through RocketMQ's own client.)
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
-use bytes::BytesMut;
 use shardmq_remoting::codes::{request, response};
-use shardmq_remoting::{
-    decode_route_body, encode_frame, FrameDecoder, RemotingCommand, SerializeType,
-    DEFAULT_MAX_FRAME_BYTES,
-};
-use shardmq_tests::LocalCluster;
+use shardmq_remoting::{decode_route_body, RemotingCommand, SerializeType};
+use shardmq_tests::{LocalCluster, RemotingClient};
 use tempfile::TempDir;
-
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-struct RemotingClient {
-    stream: TcpStream,
-    buffer: BytesMut,
-    decoder: FrameDecoder,
-}
-
-impl RemotingClient {
-    fn connect(addr: &str) -> Self {
-        let stream = TcpStream::connect(addr).expect("connects");
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        Self {
-            stream,
-            buffer: BytesMut::new(),
-            decoder: FrameDecoder::default(),
-        }
-    }
-
-    fn send(&mut self, command: &RemotingCommand) {
-        let mut frame = BytesMut::new();
-        encode_frame(command, DEFAULT_MAX_FRAME_BYTES, &mut frame).expect("encodes");
-        self.stream.write_all(&frame).expect("writes");
-    }
-
-    /// The next frame, or `None` once the server closed the connection.
-    fn receive(&mut self) -> Option<RemotingCommand> {
-        loop {
-            if let Some(command) = self
-                .decoder
-                .decode(&mut self.buffer)
-                .expect("a valid frame")
-            {
-                return Some(command);
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
-                Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(error) => panic!("no answer within {READ_TIMEOUT:?}: {error}"),
-            }
-        }
-    }
-
-    fn call(&mut self, command: &RemotingCommand) -> RemotingCommand {
-        self.send(command);
-        let answer = self
-            .receive()
-            .expect("an answer before the connection closed");
-        assert_eq!(
-            answer.opaque, command.opaque,
-            "the answer echoes the opaque"
-        );
-        assert!(answer.is_response());
-        answer
-    }
-
-    fn send_bytes(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("writes");
-    }
-}
 
 fn route_request(topic: &str, opaque: i32) -> RemotingCommand {
     RemotingCommand::request(request::GET_ROUTEINFO_BY_TOPIC, opaque).with_ext("topic", topic)
@@ -92,7 +21,7 @@ fn a_rocketmq_client_reads_routes_from_the_name_server_s_own_port() {
 
     for serialize_type in [SerializeType::Json, SerializeType::RocketMq] {
         let mut client = RemotingClient::connect(&namesrv);
-        let answer = client.call(&route_request("Orders", 1).with_serialize_type(serialize_type));
+        let answer = client.call(route_request("Orders", 1).with_serialize_type(serialize_type));
         assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
         assert_eq!(answer.serialize_type, serialize_type);
         let route = decode_route_body(&answer.body).expect("a route body");
@@ -110,16 +39,16 @@ fn a_rocketmq_client_reads_routes_from_the_name_server_s_own_port() {
 
         // Unknown topic, unsupported code, then a oneway request: the connection goes on, and
         // the oneway request is not answered (the next answer is the next request's).
-        let missing = client.call(&route_request("Nowhere", 2).with_serialize_type(serialize_type));
+        let missing = client.call(route_request("Nowhere", 2).with_serialize_type(serialize_type));
         assert_eq!(missing.code, response::TOPIC_NOT_EXIST);
         let unsupported = client.call(
-            &RemotingCommand::request(request::REGISTER_BROKER, 3)
+            RemotingCommand::request(request::REGISTER_BROKER, 3)
                 .with_serialize_type(serialize_type),
         );
         assert_eq!(unsupported.code, response::REQUEST_CODE_NOT_SUPPORTED);
         assert!(unsupported.remark.unwrap_or_default().contains("103"));
         client.send(&route_request("Orders", 4).with_oneway());
-        let after_oneway = client.call(&route_request("Orders", 5));
+        let after_oneway = client.call(route_request("Orders", 5));
         assert_eq!(after_oneway.code, response::SUCCESS);
     }
 
@@ -171,7 +100,7 @@ fn malformed_remoting_frames_close_the_connection_and_leave_the_name_server_serv
     );
 
     let mut healthy = RemotingClient::connect(&namesrv);
-    let answer = healthy.call(&RemotingCommand::request(
+    let answer = healthy.call(RemotingCommand::request(
         request::GET_BROKER_CLUSTER_INFO,
         1,
     ));

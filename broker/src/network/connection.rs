@@ -55,7 +55,7 @@ pub const PRE_HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
 pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
 
 /// Most slices one `sendmsg` carries (Linux's `IOV_MAX`).
-pub(super) const MAX_WRITE_SLICES: usize = 1024;
+const MAX_WRITE_SLICES: usize = 1024;
 
 pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
     let peer = match stream.peer_addr() {
@@ -73,7 +73,7 @@ pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
         return super::remoting::serve(shard, stream, peer, first_bytes).await;
     }
     let socket = stream.as_raw_fd();
-    let (mut reader, mut writer) = futures_lite::io::split(stream);
+    let (mut reader, writer) = futures_lite::io::split(stream);
     let inflight_limit = shard.config.max_inflight_per_connection;
     let (out, out_rx) = local_channel::new_bounded::<Outbound>(inflight_limit * 2 + 16);
     let out = Rc::new(out);
@@ -88,27 +88,7 @@ pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
     });
     debug!(%peer, connection_id, "connection opened");
 
-    let writer_task = glommio::spawn_local(async move {
-        let mut pending: VecDeque<Bytes> = VecDeque::new();
-        while let Some(frames) = out_rx.recv().await {
-            pending.extend(frames);
-            // Whatever else is queued already leaves in the same system call.
-            while pending.len() < MAX_WRITE_SLICES {
-                match futures_lite::future::poll_once(out_rx.recv()).await {
-                    Some(Some(more)) => pending.extend(more),
-                    _ => break,
-                }
-            }
-            if write_all_vectored(socket, &mut writer, &mut pending)
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        let _ = writer.close().await;
-    })
-    .detach();
+    let writer_task = glommio::spawn_local(write_queued(socket, writer, out_rx)).detach();
 
     let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
     let handshake_deadline = Instant::now() + handshake_timeout;
@@ -412,6 +392,32 @@ impl ReadRoom {
     }
 }
 
+/// A connection's writer: sends what is queued on `queued` until every sender is gone, then
+/// closes the write half. Whatever is queued when a write starts leaves in the same system call.
+pub(super) async fn write_queued<W: AsyncWrite + Unpin>(
+    socket: RawFd,
+    mut writer: W,
+    queued: local_channel::LocalReceiver<Outbound>,
+) {
+    let mut pending: VecDeque<Bytes> = VecDeque::new();
+    while let Some(frames) = queued.recv().await {
+        pending.extend(frames);
+        while pending.len() < MAX_WRITE_SLICES {
+            match futures_lite::future::poll_once(queued.recv()).await {
+                Some(Some(more)) => pending.extend(more),
+                _ => break,
+            }
+        }
+        if write_all_vectored(socket, &mut writer, &mut pending)
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    let _ = writer.close().await;
+}
+
 /// Reads a new connection's first bytes until they tell its protocol (at most
 /// [`shardmq_remoting::SNIFF_BYTES`] are needed): `Some((true, bytes))` for RocketMQ's remoting
 /// protocol, `Some((false, bytes))` for ShardMQ's own (and for bytes of neither, which the
@@ -454,7 +460,7 @@ async fn tell_protocol(stream: &mut TcpStream, timeout: Duration) -> Option<(boo
 /// through `writer` (glommio's write of the first slice, which returns once some of it went).
 ///
 /// `writer` must be the write half of the stream `socket` belongs to; it is the only writer.
-pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
     socket: RawFd,
     writer: &mut W,
     pending: &mut VecDeque<Bytes>,

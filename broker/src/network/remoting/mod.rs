@@ -24,14 +24,14 @@ mod send;
 mod transaction;
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::io::AsRawFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use bytes::BytesMut;
+use futures_lite::AsyncReadExt;
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -41,7 +41,7 @@ use shardmq_schema::wire;
 use tracing::{debug, warn};
 
 use super::budget::Claim;
-use super::connection::{write_all_vectored, MAX_WRITE_SLICES};
+use super::connection::write_queued;
 use super::request::Connection;
 use super::{NetworkShard, Outbound};
 
@@ -62,7 +62,7 @@ pub(super) struct RemotingSession {
 /// Serves one remoting connection until it closes or the broker stops.
 pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr, first: BytesMut) {
     let socket = stream.as_raw_fd();
-    let (mut reader, mut writer) = futures_lite::io::split(stream);
+    let (mut reader, writer) = futures_lite::io::split(stream);
     let inflight_limit = shard.config.max_inflight_per_connection;
     let (answers, answers_rx) = local_channel::new_bounded::<Outbound>(inflight_limit * 2 + 16);
     let answers = Rc::new(answers);
@@ -81,26 +81,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
     let session = Rc::new(RemotingSession::default());
     debug!(%peer, connection_id, "remoting connection opened");
 
-    let writer_task = glommio::spawn_local(async move {
-        let mut pending: VecDeque<Bytes> = VecDeque::new();
-        while let Some(frames) = answers_rx.recv().await {
-            pending.extend(frames);
-            while pending.len() < MAX_WRITE_SLICES {
-                match futures_lite::future::poll_once(answers_rx.recv()).await {
-                    Some(Some(more)) => pending.extend(more),
-                    _ => break,
-                }
-            }
-            if write_all_vectored(socket, &mut writer, &mut pending)
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        let _ = writer.close().await;
-    })
-    .detach();
+    let writer_task = glommio::spawn_local(write_queued(socket, writer, answers_rx)).detach();
     let push_task = glommio::spawn_local(translate_pushes(
         shard.clone(),
         connection_id,
