@@ -45,21 +45,125 @@ const RESERVED_PROPERTIES: [&str; 13] = [
 /// in its records (`TAGS`, `KEYS`, `UNIQ_KEY`, and `__CRC32#` last, which the run check places).
 const BROKER_ONLY_PROPERTIES: &[&str] = RESERVED_PROPERTIES.split_at(4).1;
 
+/// One message of a send as either protocol carries it: a native `Message` table, or a
+/// RocketMQ send's message (`remoting::send`). What the broker stores of it.
+pub(super) trait SendMessage {
+    fn body(&self) -> &[u8];
+    fn tags(&self) -> Option<&str>;
+    fn keys(&self) -> impl Iterator<Item = &str>;
+    fn unique_id(&self) -> Option<&str>;
+    /// The user's properties (never the reserved names, which the encoding refuses).
+    fn user_properties(&self) -> impl Iterator<Item = (&str, &str)>;
+    fn flag(&self) -> i32;
+    fn born_timestamp_ms(&self) -> i64;
+    fn is_compressed(&self) -> bool;
+    fn delay_level(&self) -> i32;
+    fn deliver_at_ms(&self) -> i64;
+    fn delay_ms(&self) -> i64;
+}
+
+impl SendMessage for wire::Message<'_> {
+    fn body(&self) -> &[u8] {
+        wire::Message::body(self)
+            .map(|b| b.bytes())
+            .unwrap_or_default()
+    }
+    fn tags(&self) -> Option<&str> {
+        wire::Message::tags(self)
+    }
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        wire::Message::keys(self)
+            .into_iter()
+            .flat_map(|keys| keys.iter())
+    }
+    fn unique_id(&self) -> Option<&str> {
+        wire::Message::unique_id(self)
+    }
+    fn user_properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        wire::Message::properties(self)
+            .into_iter()
+            .flat_map(|pairs| pairs.iter())
+            .map(|pair| {
+                (
+                    pair.key().unwrap_or_default(),
+                    pair.value().unwrap_or_default(),
+                )
+            })
+    }
+    fn flag(&self) -> i32 {
+        wire::Message::flag(self)
+    }
+    fn born_timestamp_ms(&self) -> i64 {
+        wire::Message::born_timestamp_ms(self)
+    }
+    fn is_compressed(&self) -> bool {
+        self.compression() != wire::Compression::NONE
+    }
+    fn delay_level(&self) -> i32 {
+        wire::Message::delay_level(self)
+    }
+    fn deliver_at_ms(&self) -> i64 {
+        wire::Message::deliver_at_ms(self)
+    }
+    fn delay_ms(&self) -> i64 {
+        wire::Message::delay_ms(self)
+    }
+}
+
+/// A send stored: its outcome, the unique ids of its messages and where it went.
+pub(super) struct StoredSend {
+    pub outcome: crate::store::AppendOutcome,
+    pub unique_ids: Vec<String>,
+    pub placement: Placement,
+}
+
 pub(super) async fn send(
     shard: &NetworkShard,
     connection: &Connection,
     id: u64,
     r: wire::SendRequest<'_>,
 ) -> Answer {
+    let messages: Vec<wire::Message<'_>> = r
+        .messages()
+        .map(|messages| messages.iter().collect())
+        .unwrap_or_default();
     let topic = r.topic().unwrap_or_default();
+    let stored = store_send(
+        shard,
+        connection,
+        topic,
+        r.queue_id(),
+        r.producer_group(),
+        &messages,
+    )
+    .await?;
+    encode_send_response(
+        shard,
+        id,
+        &stored.outcome,
+        &stored.unique_ids,
+        stored.placement,
+    )
+}
+
+/// Checks and stores a send of `messages` (topic, group, batch limits, reserved properties),
+/// placing delayed and timer messages in their schedule queue and turning the messages into
+/// stored records (the per-byte work, so storage cores only assign offsets and write).
+pub(super) async fn store_send<M: SendMessage>(
+    shard: &NetworkShard,
+    connection: &Connection,
+    topic: &str,
+    queue_id: i32,
+    producer_group: Option<&str>,
+    messages: &[M],
+) -> Result<StoredSend, Refusal> {
     let config = topic_for_send(shard, topic).await?;
-    if let Some(group) = r.producer_group().filter(|g| !g.is_empty()) {
+    if let Some(group) = producer_group.filter(|g| !g.is_empty()) {
         check_group_name(group).map_err(invalid)?;
     }
-    let messages = r
-        .messages()
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| invalid("messages is empty"))?;
+    if messages.is_empty() {
+        return Err(invalid("messages is empty"));
+    }
     if messages.len() > shard.config.max_batch_messages {
         return Err(invalid(format!(
             "batch has {} messages, over max_batch_messages ({})",
@@ -67,7 +171,7 @@ pub(super) async fn send(
             shard.config.max_batch_messages
         )));
     }
-    let queue_id = write_queue(shard, &config, r.queue_id())?;
+    let queue_id = write_queue(shard, &config, queue_id)?;
     let store_host = shard.store_host.get();
     // A delayed or timer message waits in a schedule queue on its real queue's storage shard.
     let scheduled = crate::schedule::ScheduledSend::for_send(
@@ -101,10 +205,7 @@ pub(super) async fn send(
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
         .await??;
-    let body_bytes = messages
-        .iter()
-        .map(|m| m.body().map_or(0, |b| b.len()))
-        .sum();
+    let body_bytes = messages.iter().map(|m| m.body().len()).sum();
     crate::metrics::broker().stored(topic, messages.len(), body_bytes);
     // A scheduled message has no position in its real queue until it is delivered there: its
     // answer says so (queue offset -1) rather than give the schedule queue's offset under the
@@ -114,7 +215,11 @@ pub(super) async fn send(
         storage,
         is_scheduled: scheduled.is_some(),
     };
-    encode_send_response(shard, id, &outcome, &unique_ids, placement)
+    Ok(StoredSend {
+        outcome,
+        unique_ids,
+        placement,
+    })
 }
 
 /// A producer's run of stored records (`SendRecordsRequest`): checked in one pass without
@@ -476,7 +581,7 @@ pub(super) fn encode_send_response(
 }
 
 /// The flush outcome of an append as a status and its message.
-fn append_status(outcome: &crate::store::AppendOutcome) -> (wire::Status, &'static str) {
+pub(super) fn append_status(outcome: &crate::store::AppendOutcome) -> (wire::Status, &'static str) {
     match outcome.status {
         AppendStatus::Ok => (wire::Status::OK, ""),
         AppendStatus::FlushDiskTimeout => {
@@ -551,18 +656,18 @@ fn encode_records_response(
 }
 
 /// Turns wire messages into stored records (the per-byte work of the send path).
-pub(super) fn encode_batch(
+pub(super) fn encode_batch<'m, M: SendMessage + 'm>(
     shard: &NetworkShard,
     born_host: SocketAddr,
     store_host: SocketAddr,
     topic: &str,
     queue_id: u32,
-    messages: flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<wire::Message<'_>>>,
+    messages: impl IntoIterator<Item = &'m M>,
     scheduling: &[(&str, &str)],
 ) -> Result<EncodedBatch, Refusal> {
     let mut batch = EncodedBatch::new();
-    for (index, message) in messages.iter().enumerate() {
-        let body = message.body().map(|b| b.bytes()).unwrap_or_default();
+    for (index, message) in messages.into_iter().enumerate() {
+        let body = message.body();
         if body.len() > shard.config.max_message_bytes {
             return Err(refuse(
                 wire::Status::MESSAGE_TOO_LARGE,
@@ -574,18 +679,16 @@ pub(super) fn encode_batch(
             ));
         }
         let mut keys_joined = String::new();
-        if let Some(keys) = message.keys() {
-            for key in keys.iter() {
-                if key.is_empty() || key.contains(' ') {
-                    return Err(invalid(format!(
-                        "message {index}: key `{key}` is empty or contains a space"
-                    )));
-                }
-                if !keys_joined.is_empty() {
-                    keys_joined.push(' ');
-                }
-                keys_joined.push_str(key);
+        for key in message.keys() {
+            if key.is_empty() || key.contains(' ') {
+                return Err(invalid(format!(
+                    "message {index}: key `{key}` is empty or contains a space"
+                )));
             }
+            if !keys_joined.is_empty() {
+                keys_joined.push(' ');
+            }
+            keys_joined.push_str(key);
         }
         let mut properties: Vec<(&str, &str)> = Vec::with_capacity(4);
         if let Some(tags) = message.tags().filter(|t| !t.is_empty()) {
@@ -597,22 +700,19 @@ pub(super) fn encode_batch(
         if let Some(unique_id) = message.unique_id().filter(|u| !u.is_empty()) {
             properties.push(("UNIQ_KEY", unique_id));
         }
-        if let Some(user) = message.properties() {
-            for pair in user.iter() {
-                let key = pair.key().unwrap_or_default();
-                if key.is_empty() || RESERVED_PROPERTIES.contains(&key) {
-                    return Err(invalid(format!(
-                        "message {index}: property name `{key}` is empty or reserved"
-                    )));
-                }
-                properties.push((key, pair.value().unwrap_or_default()));
+        for (key, value) in message.user_properties() {
+            if key.is_empty() || RESERVED_PROPERTIES.contains(&key) {
+                return Err(invalid(format!(
+                    "message {index}: property name `{key}` is empty or reserved"
+                )));
             }
+            properties.push((key, value));
         }
         properties.extend_from_slice(scheduling);
-        let sys_flag = if message.compression() == wire::Compression::NONE {
-            0
-        } else {
+        let sys_flag = if message.is_compressed() {
             SYS_FLAG_COMPRESSED
+        } else {
+            0
         };
         let input = RecordInput {
             topic,

@@ -81,7 +81,7 @@ pub(super) async fn handle_send_half(
         store_host,
         topic,
         queue_id,
-        messages,
+        [&message],
         &[],
     )?;
     let half = transaction::half_record(&encoded.bytes, group, shard.storage_shards())

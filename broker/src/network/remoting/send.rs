@@ -1,9 +1,9 @@
 //! A RocketMQ producer's sends: SEND_MESSAGE (10, long header names), SEND_MESSAGE_V2 (310,
-//! one-letter names) and SEND_BATCH_MESSAGE (320, a body of concatenated messages) become one
-//! native `SendRequest`, served by the native send (`produce::send`: topic checks, auto-create,
-//! delay levels and timers, the stored record, replication), and are answered with RocketMQ's
-//! send header: the offset message id (comma-joined for a batch), the queue and the first
-//! queue offset.
+//! one-letter names) and SEND_BATCH_MESSAGE (320, a body of concatenated messages) are stored
+//! by the native send's own path (`produce::store_send`: topic checks, auto-create, delay
+//! levels and timers, the stored record, replication), reading each message straight from the
+//! remoting frame (`SendMessage`), and are answered with RocketMQ's send header: the offset
+//! message id (comma-joined for a batch), the queue and the first queue offset.
 //!
 //! RocketMQ keeps what ShardMQ has fields for in properties; they move to those fields: `TAGS`,
 //! `KEYS` (space-separated), `UNIQ_KEY`, `DELAY` (a level), `TIMER_DELIVER_MS`,
@@ -19,7 +19,8 @@ use shardmq_remoting::{parse_properties, BatchMessages, RemotingCommand};
 use shardmq_schema::wire;
 
 use super::dispatch::{native_answer, native_request, required, Answer, Reply};
-use crate::network::produce as native;
+use crate::msgid::offset_message_id;
+use crate::network::produce::{self as native, SendMessage, StoredSend};
 use crate::network::request::{refuse, Connection, Refusal};
 use crate::network::NetworkShard;
 
@@ -105,31 +106,85 @@ pub(super) async fn send(
         };
         return send_half(shard, connection, command, half, &messages[0]).await;
     }
-    let request = native_request(shard, |b| {
-        let topic = b.create_string(topic);
-        let producer_group = b.create_string(producer_group);
-        let messages: Vec<_> = messages
-            .iter()
-            .map(|message| build_message(b, message))
-            .collect();
-        let messages = b.create_vector(&messages);
-        let body = wire::SendRequest::create(
-            b,
-            &wire::SendRequestArgs {
-                topic: Some(topic),
-                queue_id,
-                producer_group: Some(producer_group),
-                messages: Some(messages),
-            },
-        );
-        (wire::Body::SendRequest, body.as_union_value())
-    })?;
-    let send = request
-        .frame()
-        .body_as_send_request()
-        .expect("built as a send");
-    let answer = native_answer(shard, native::send(shard, connection, 0, send).await)?;
-    Ok(send_reply(command, &answer))
+    // Stored as a native send stores its messages, straight from the remoting frame's bytes.
+    let stored = native::store_send(
+        shard,
+        connection,
+        topic,
+        queue_id,
+        Some(producer_group),
+        &messages,
+    )
+    .await?;
+    Ok(stored_reply(shard, command, &stored))
+}
+
+/// RocketMQ's send header for a stored send: the offset message id of every message
+/// (comma-joined), the queue, and the first message's queue offset.
+fn stored_reply(shard: &NetworkShard, command: &RemotingCommand, stored: &StoredSend) -> Reply {
+    let store_host = shard.store_host.get();
+    let mut offset_ids = String::with_capacity(stored.outcome.records.len() * 33);
+    for record in &stored.outcome.records {
+        if !offset_ids.is_empty() {
+            offset_ids.push(',');
+        }
+        offset_ids.push_str(&offset_message_id(
+            store_host,
+            stored.placement.storage,
+            record.physical_offset,
+        ));
+    }
+    // A delayed or timer message has no place in its queue until it is delivered there; the
+    // header needs a number that is not negative (RocketMQ gives the schedule queue's).
+    let queue_offset = match stored.outcome.records.first() {
+        Some(record) if !stored.placement.is_scheduled => record.queue_offset,
+        _ => 0,
+    };
+    let (status, message) = native::append_status(&stored.outcome);
+    let mut reply = Reply::to(command, super::dispatch::response_code(status))
+        .with_ext("msgId", offset_ids)
+        .with_ext("queueId", stored.placement.queue_id)
+        .with_ext("queueOffset", queue_offset);
+    if !message.is_empty() {
+        reply.command.remark = Some(message.to_owned());
+    }
+    reply
+}
+
+impl SendMessage for Outgoing<'_> {
+    fn body(&self) -> &[u8] {
+        self.body
+    }
+    fn tags(&self) -> Option<&str> {
+        self.tags
+    }
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().copied()
+    }
+    fn unique_id(&self) -> Option<&str> {
+        self.unique_id
+    }
+    fn user_properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.properties.iter().copied()
+    }
+    fn flag(&self) -> i32 {
+        self.flag
+    }
+    fn born_timestamp_ms(&self) -> i64 {
+        self.born_timestamp_ms
+    }
+    fn is_compressed(&self) -> bool {
+        self.compression != wire::Compression::NONE
+    }
+    fn delay_level(&self) -> i32 {
+        self.delay_level
+    }
+    fn deliver_at_ms(&self) -> i64 {
+        self.deliver_at_ms
+    }
+    fn delay_ms(&self) -> i64 {
+        self.delay_ms
+    }
 }
 
 /// Where a half message goes.
