@@ -7,11 +7,16 @@ const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
 #[must_use]
 pub fn upper_hex(bytes: &[u8]) -> String {
     let mut text = String::with_capacity(bytes.len() * 2);
+    push_upper_hex(bytes, &mut text);
+    text
+}
+
+/// Appends `bytes` to `text` as upper-case hex, two characters a byte.
+pub fn push_upper_hex(bytes: &[u8], text: &mut String) {
     for &byte in bytes {
         text.push(char::from(DIGITS[usize::from(byte >> 4)]));
         text.push(char::from(DIGITS[usize::from(byte & 0x0F)]));
     }
-    text
 }
 
 #[cfg(test)]

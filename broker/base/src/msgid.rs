@@ -12,14 +12,44 @@ pub fn offset_message_id(
     storage_shard: usize,
     physical_offset: u64,
 ) -> String {
-    let mut bytes = Vec::with_capacity(28);
+    let mut id = String::with_capacity(56);
+    push_offset_message_id(&mut id, store_host, storage_shard, physical_offset);
+    id
+}
+
+/// The bits of a located offset below its storage shard: the shard is the top byte.
+pub const STORAGE_SHARD_SHIFT: u32 = 56;
+
+/// `(storage_shard << STORAGE_SHARD_SHIFT) | physical_offset`: a CommitLog offset that names
+/// its storage shard too, as offset message ids hold it.
+pub fn located_offset(storage_shard: usize, physical_offset: u64) -> u64 {
+    ((storage_shard as u64) << STORAGE_SHARD_SHIFT) | physical_offset
+}
+
+/// A located offset's storage shard and its offset in that shard's CommitLog.
+pub fn split_located_offset(located: u64) -> (usize, u64) {
+    (
+        (located >> STORAGE_SHARD_SHIFT) as usize,
+        located & ((1 << STORAGE_SHARD_SHIFT) - 1),
+    )
+}
+
+/// Appends [`offset_message_id`] to `id`, without allocating (answers of many messages).
+pub fn push_offset_message_id(
+    id: &mut String,
+    store_host: SocketAddr,
+    storage_shard: usize,
+    physical_offset: u64,
+) {
     match store_host.ip() {
-        IpAddr::V4(ip) => bytes.extend_from_slice(&ip.octets()),
-        IpAddr::V6(ip) => bytes.extend_from_slice(&ip.octets()),
+        IpAddr::V4(ip) => shardmq_schema::hex::push_upper_hex(&ip.octets(), id),
+        IpAddr::V6(ip) => shardmq_schema::hex::push_upper_hex(&ip.octets(), id),
     }
-    bytes.extend_from_slice(&u32::from(store_host.port()).to_be_bytes());
-    bytes.extend_from_slice(&(((storage_shard as u64) << 56) | physical_offset).to_be_bytes());
-    shardmq_schema::hex::upper_hex(&bytes)
+    shardmq_schema::hex::push_upper_hex(&u32::from(store_host.port()).to_be_bytes(), id);
+    shardmq_schema::hex::push_upper_hex(
+        &located_offset(storage_shard, physical_offset).to_be_bytes(),
+        id,
+    );
 }
 
 /// Inverse of [`offset_message_id`] for IPv4 ids: (host, storage shard, physical offset).
@@ -33,11 +63,12 @@ pub fn parse_offset_message_id(id: &str) -> Option<(SocketAddr, usize, u64)> {
         .ok()?;
     let ip = std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]);
     let port = u32::from_be_bytes(bytes[4..8].try_into().ok()?) as u16;
-    let raw = u64::from_be_bytes(bytes[8..16].try_into().ok()?);
+    let (storage_shard, physical_offset) =
+        split_located_offset(u64::from_be_bytes(bytes[8..16].try_into().ok()?));
     Some((
         SocketAddr::new(IpAddr::V4(ip), port),
-        (raw >> 56) as usize,
-        raw & ((1 << 56) - 1),
+        storage_shard,
+        physical_offset,
     ))
 }
 

@@ -350,7 +350,7 @@ fn receive_arrived(socket: RawFd, buffer: &mut BytesMut, max: usize) -> io::Resu
 /// bytes (a new allocation, or the bytes shifted to the front of the old one) moves the end,
 /// and the room is then zeroed again.
 #[derive(Debug, Default)]
-struct ReadRoom {
+pub(super) struct ReadRoom {
     /// Address of the end of the received bytes when `initialized` was recorded.
     data_end: usize,
     /// Bytes after `data_end` that were initialized (zeroed or written by a read).
@@ -360,7 +360,7 @@ struct ReadRoom {
 impl ReadRoom {
     /// Extends `buffer` by `room` initialized bytes to read into (zeroing only those not known
     /// to be initialized). The caller has reserved them: `buffer.capacity() >= len + room`.
-    fn offer(&mut self, buffer: &mut BytesMut, room: usize) {
+    pub(super) fn offer(&mut self, buffer: &mut BytesMut, room: usize) {
         let start = buffer.len();
         assert!(
             buffer.capacity() - start >= room,
@@ -383,7 +383,7 @@ impl ReadRoom {
 
     /// After a read into the room offered at `start` (the buffer's length before `offer`)
     /// that received `received` bytes: keeps those and remembers the rest of the room.
-    fn received(&mut self, buffer: &mut BytesMut, start: usize, received: usize) {
+    pub(super) fn received(&mut self, buffer: &mut BytesMut, start: usize, received: usize) {
         let room_end = buffer.len();
         debug_assert!(start + received <= room_end);
         buffer.truncate(start + received);

@@ -13,6 +13,7 @@ use super::dispatch::{
     native_answer, native_request, queue_id, required, required_i64, response_code, Answer, Reply,
 };
 use super::RemotingSession;
+use crate::msgid::located_offset;
 use crate::network::consume::{self as native, PullAsk};
 use crate::network::request::{refuse, Connection, Refusal};
 use crate::network::NetworkShard;
@@ -92,8 +93,6 @@ pub(super) async fn pull(
 
 /// Where the CommitLog offset field lies in a stored record (docs/storage-format.md §4.2).
 const PHYSICAL_OFFSET_AT: usize = 28;
-/// The bits of a located offset below its storage shard.
-const SHARD_SHIFT: u32 = 56;
 
 /// The records of a pull from storage shard `storage`, as a RocketMQ client is to see them: a
 /// RocketMQ client names a message by the CommitLog offset its record carries (its offset
@@ -126,18 +125,10 @@ pub(super) fn push_located(storage: usize, record: bytes::Bytes, out: &mut Vec<b
             .try_into()
             .expect("eight bytes"),
     );
-    let offset = ((storage as u64) << SHARD_SHIFT) | offset;
+    let offset = located_offset(storage, offset);
     head[PHYSICAL_OFFSET_AT..].copy_from_slice(&offset.to_be_bytes());
     out.push(head.freeze());
     out.push(record.slice(head_bytes..));
-}
-
-/// A located offset's storage shard and its offset in that shard's CommitLog.
-pub(super) fn split_located_offset(located: u64) -> (usize, u64) {
-    (
-        (located >> SHARD_SHIFT) as usize,
-        located & ((1 << SHARD_SHIFT) - 1),
-    )
 }
 
 pub(super) async fn query_consumer_offset(

@@ -217,7 +217,7 @@ pub(super) fn native_answer(
     })?;
     let frame = verify(shard, first)?;
     let status = frame.frame().status();
-    if !super::is_stored(status) && status != wire::Status::QUERY_NOT_FOUND {
+    if !is_stored(status) && status != wire::Status::QUERY_NOT_FOUND {
         return Err(refuse(
             status,
             frame.frame().message().unwrap_or_default().to_owned(),
@@ -231,4 +231,16 @@ fn verify(shard: &NetworkShard, frame_with_prefix: Bytes) -> Result<VerifiedFram
     let frame = frame_with_prefix
         .slice(shardmq_schema::FRAME_LENGTH_PREFIX_BYTES.min(frame_with_prefix.len())..);
     decoder.verify(frame).map_err(frame_error)
+}
+
+/// Whether a native status is one a remoting answer shares with a success (a send stored with
+/// a flush or replication shortfall is answered with its header, as RocketMQ does).
+fn is_stored(status: wire::Status) -> bool {
+    matches!(
+        status,
+        wire::Status::OK
+            | wire::Status::FLUSH_DISK_TIMEOUT
+            | wire::Status::FLUSH_SLAVE_TIMEOUT
+            | wire::Status::SLAVE_NOT_AVAILABLE
+    )
 }

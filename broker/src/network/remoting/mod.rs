@@ -41,7 +41,7 @@ use shardmq_schema::wire;
 use tracing::{debug, warn};
 
 use super::budget::Claim;
-use super::connection::write_queued;
+use super::connection::{write_queued, ReadRoom};
 use super::request::Connection;
 use super::{NetworkShard, Outbound};
 
@@ -100,6 +100,8 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
     let frame_read_timeout = Duration::from_millis(shard.config.frame_read_timeout_ms);
     let mut frame_started: Option<Instant> = None;
     let mut buffer = first;
+    // Read room is zeroed once, not before every read (connection.rs, `ReadRoom`).
+    let mut room = ReadRoom::default();
     'read: loop {
         loop {
             match decoder.decode(&mut buffer) {
@@ -149,8 +151,9 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
+        buffer.reserve(READ_CHUNK_BYTES);
         let start = buffer.len();
-        buffer.resize(start + READ_CHUNK_BYTES, 0);
+        room.offer(&mut buffer, READ_CHUNK_BYTES);
         // A frame under way must arrive whole in time; between frames a client may be quiet.
         let read = match frame_started {
             Some(started) => {
@@ -171,7 +174,7 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
             Some(Ok(n)) => *n,
             _ => 0,
         };
-        buffer.truncate(start + received);
+        room.received(&mut buffer, start, received);
         match read {
             None => {
                 warn!(%peer, buffered = buffer.len(), "closing a remoting connection: a frame did not arrive whole within {frame_read_timeout:?}");
@@ -251,16 +254,4 @@ async fn translate_pushes(
             }
         }
     }
-}
-
-/// Whether a native status is one a remoting answer shares with a success (a send stored with
-/// a flush or replication shortfall is answered with its header, as RocketMQ does).
-fn is_stored(status: wire::Status) -> bool {
-    matches!(
-        status,
-        wire::Status::OK
-            | wire::Status::FLUSH_DISK_TIMEOUT
-            | wire::Status::FLUSH_SLAVE_TIMEOUT
-            | wire::Status::SLAVE_NOT_AVAILABLE
-    )
 }

@@ -8,9 +8,9 @@ use shardmq_remoting::codes::response;
 use shardmq_remoting::RemotingCommand;
 use shardmq_schema::wire;
 
-use super::consume::{push_located, split_located_offset};
+use super::consume::push_located;
 use super::dispatch::{native_answer, native_request, required, required_i64, Answer, Reply};
-use crate::msgid::offset_message_id;
+use crate::msgid::{offset_message_id, split_located_offset};
 use crate::network::request::{refuse, Connection};
 use crate::network::NetworkShard;
 use crate::network::{query as native, topics};

@@ -9,9 +9,9 @@ use shardmq_remoting::codes::response;
 use shardmq_remoting::RemotingCommand;
 use shardmq_schema::wire;
 
-use super::consume::split_located_offset;
 use super::dispatch::{native_answer, native_request, required, required_i64, Answer, Reply};
 use crate::mesh::StorageRequest;
+use crate::msgid::split_located_offset;
 use crate::network::request::{refuse, Connection};
 use crate::network::send_back as native;
 use crate::network::NetworkShard;

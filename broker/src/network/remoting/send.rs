@@ -19,7 +19,7 @@ use shardmq_remoting::{parse_properties, BatchMessages, RemotingCommand};
 use shardmq_schema::wire;
 
 use super::dispatch::{native_answer, native_request, required, Answer, Reply};
-use crate::msgid::offset_message_id;
+use crate::msgid::push_offset_message_id;
 use crate::network::produce::{self as native, SendMessage, StoredSend};
 use crate::network::request::{refuse, Connection, Refusal};
 use crate::network::NetworkShard;
@@ -128,11 +128,12 @@ fn stored_reply(shard: &NetworkShard, command: &RemotingCommand, stored: &Stored
         if !offset_ids.is_empty() {
             offset_ids.push(',');
         }
-        offset_ids.push_str(&offset_message_id(
+        push_offset_message_id(
+            &mut offset_ids,
             store_host,
             stored.placement.storage,
             record.physical_offset,
-        ));
+        );
     }
     // A delayed or timer message has no place in its queue until it is delivered there; the
     // header needs a number that is not negative (RocketMQ gives the schedule queue's).

@@ -10,9 +10,8 @@ use shardmq_remoting::codes::{message_sys_flag, request, response};
 use shardmq_remoting::RemotingCommand;
 use shardmq_schema::{build_frame, wire, FrameHeader, VerifiedFrame};
 
-use super::consume::split_located_offset;
 use super::dispatch::{native_answer, native_request, required, required_i64, Answer, Reply};
-use crate::msgid::offset_message_id;
+use crate::msgid::{offset_message_id, split_located_offset};
 use crate::network::request::{refuse, Connection, Refusal};
 use crate::network::transaction as native;
 use crate::network::NetworkShard;
