@@ -57,6 +57,10 @@ fn ext_i64(command: &RemotingCommand, field: &str) -> i64 {
 
 #[test]
 fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let dir = TempDir::new().unwrap();
     let cluster = LocalCluster::start(dir.path());
     cluster.create_topic(TOPIC, 4);
@@ -236,13 +240,32 @@ fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
         serde_json::json!(["127.0.0.1@remoting-test"])
     );
 
+    // The oldest message's store time: queue 1's first message was stored during this test;
+    // an empty queue answers -1.
+    let mut earliest = |queue_id: &str| {
+        let answer = client.call(
+            RemotingCommand::request(request::GET_EARLIEST_MSG_STORETIME, 0)
+                .with_ext("topic", TOPIC)
+                .with_ext("queueId", queue_id),
+        );
+        assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+        ext_i64(&answer, "timestamp")
+    };
+    let stored_at = earliest("1");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(
+        (started_ms..=now_ms).contains(&stored_at),
+        "{stored_at} outside [{started_ms}, {now_ms}]"
+    );
+    assert_eq!(earliest("3"), -1);
+
     // What is not supported says so, and the connection goes on.
-    let unsupported = client.call(RemotingCommand::request(
-        request::GET_EARLIEST_MSG_STORETIME,
-        0,
-    ));
+    let unsupported = client.call(RemotingCommand::request(request::CHECK_CLIENT_CONFIG, 0));
     assert_eq!(unsupported.code, response::REQUEST_CODE_NOT_SUPPORTED);
-    assert!(unsupported.remark.unwrap_or_default().contains("32"));
+    assert!(unsupported.remark.unwrap_or_default().contains("46"));
 
     // Queries: by key, by unique id, and by the offset of an offset message id.
     let bodies_of = |answer: &RemotingCommand| -> Vec<Vec<u8>> {

@@ -3,7 +3,8 @@
 //! RocketMQ's clients read on every answer and the stored records as the body (ShardMQ's
 //! CommitLog record is RocketMQ's MessageExt layout, so the body is slices of the log, not a
 //! copy); QUERY_CONSUMER_OFFSET (14), UPDATE_CONSUMER_OFFSET (15), GET_MAX_OFFSET (30),
-//! GET_MIN_OFFSET (31) and SEARCH_OFFSET_BY_TIMESTAMP (29) become the native offset requests.
+//! GET_MIN_OFFSET (31) and SEARCH_OFFSET_BY_TIMESTAMP (29) become the native offset requests;
+//! GET_EARLIEST_MSG_STORETIME (32) reads the store time of the queue's first message.
 
 use shardmq_remoting::codes::{pull_sys_flag, request, response};
 use shardmq_remoting::RemotingCommand;
@@ -224,6 +225,57 @@ pub(super) async fn queue_offset(
 ) -> Answer {
     let topic = required(command, "topic")?;
     let queue_id = queue_id(command, "queueId")?;
+    let (min_offset, max_offset) = queue_offsets(shard, topic, queue_id).await?;
+    let offset = if command.code == request::GET_MAX_OFFSET {
+        max_offset
+    } else {
+        min_offset
+    };
+    Ok(Reply::to(command, response::SUCCESS).with_ext("offset", offset))
+}
+
+/// GET_EARLIEST_MSG_STORETIME: the store time (ms) of the oldest message a queue still holds,
+/// read from its record; -1 for an empty queue, as RocketMQ answers.
+pub(super) async fn earliest_store_time(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let topic = required(command, "topic")?;
+    let queue_id = queue_id(command, "queueId")?;
+    let (min_offset, _) = queue_offsets(shard, topic, queue_id).await?;
+    let ask = PullAsk {
+        consumer_group: None,
+        topic: Some(topic),
+        queue_id,
+        queue_offset: min_offset,
+        max_messages: 1,
+        max_bytes: 0,
+        tag_expression: None,
+        suspend_timeout_ms: 0,
+        commit_offset: -1,
+    };
+    let (result, _) = native::pull_records(shard, ask).await?;
+    let timestamp = match result.records.first() {
+        Some(record) => crate::store::record::RecordView::parse_unchecked(record)
+            .map_err(|error| {
+                refuse(
+                    wire::Status::SYSTEM_ERROR,
+                    format!("stored record: {error}"),
+                )
+            })?
+            .store_timestamp_ms(),
+        None => -1,
+    };
+    Ok(Reply::to(command, response::SUCCESS).with_ext("timestamp", timestamp))
+}
+
+/// A queue's min and max offsets, through the native request.
+async fn queue_offsets(
+    shard: &NetworkShard,
+    topic: &str,
+    queue_id: i32,
+) -> Result<(i64, i64), Refusal> {
     let request = native_request(shard, |b| {
         let topic = b.create_string(topic);
         let body = wire::QueueOffsetsRequest::create(
@@ -240,13 +292,10 @@ pub(super) async fn queue_offset(
         .body_as_queue_offsets_request()
         .expect("built as a queue offsets request");
     let answer = native_answer(shard, native::queue_offsets(shard, 0, offsets).await)?;
-    let offsets = answer.frame().body_as_queue_offsets_response();
-    let offset = if command.code == request::GET_MAX_OFFSET {
-        offsets.map_or(0, |o| o.max_offset())
-    } else {
-        offsets.map_or(0, |o| o.min_offset())
-    };
-    Ok(Reply::to(command, response::SUCCESS).with_ext("offset", offset))
+    Ok(answer
+        .frame()
+        .body_as_queue_offsets_response()
+        .map_or((0, 0), |o| (o.min_offset(), o.max_offset())))
 }
 
 pub(super) async fn offset_by_time(

@@ -101,6 +101,9 @@ async fn dispatch(
             consume::queue_offset(shard, c, command).await
         }
         request::SEARCH_OFFSET_BY_TIMESTAMP => consume::offset_by_time(shard, c, command).await,
+        request::GET_EARLIEST_MSG_STORETIME => {
+            consume::earliest_store_time(shard, c, command).await
+        }
         request::HEART_BEAT => clients::heartbeat(shard, c, s, command).await,
         request::UNREGISTER_CLIENT => clients::unregister(shard, c, command).await,
         request::GET_CONSUMER_LIST_BY_GROUP => clients::consumer_list(shard, c, command).await,
