@@ -207,6 +207,11 @@ pub enum StorageRequest {
         group: String,
         reply: Reply<Vec<String>>,
     },
+    /// A consumer group's live members with their heartbeats' declarations (shard 0).
+    ConsumerGroupMembers {
+        group: String,
+        reply: Reply<Vec<(String, ConsumerMembership)>>,
+    },
     /// Creates a broker-owned topic (`%RETRY%<group>`, `%DLQ%<group>`) if absent (shard 0).
     EnsureSystemTopic {
         name: String,

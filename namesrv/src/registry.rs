@@ -509,6 +509,27 @@ impl RouteTable {
         })
     }
 
+    /// Drops `topic` from every instance (of `cluster_name`'s brokers when given), so it has no
+    /// route until a broker registers it again (RocketMQ's `deleteTopic`): a broker that still
+    /// hosts it puts it back with its next registration, one that deleted it has already
+    /// registered without it. Returns how many instances held it.
+    pub fn delete_topic(&mut self, topic: &str, cluster_name: Option<&str>) -> usize {
+        let mut removed = 0;
+        for group in self.groups.values_mut() {
+            if cluster_name.is_some_and(|cluster| cluster != group.cluster_name) {
+                continue;
+            }
+            for instance in group.instances.values_mut() {
+                if instance.topics.remove(topic).is_some() {
+                    removed += 1;
+                }
+            }
+        }
+        self.topic_entries -= removed;
+        self.debug_check_counts();
+        removed
+    }
+
     /// Names of the topics that have a route, sorted, each once; only `cluster_name`'s when
     /// given.
     #[must_use]
@@ -817,6 +838,33 @@ mod tests {
             .iter()
             .map(|address| (address.broker_id, address.address.clone()))
             .collect()
+    }
+
+    #[test]
+    fn a_deleted_topic_loses_its_route_until_a_broker_registers_it_again() {
+        let mut table = RouteTable::default();
+        let now = Instant::now();
+        let topics = [("orders", queues(4, 4)), ("audit", queues(1, 1))];
+        let broker_a = registration("broker-a", 0, "10.0.0.1:10911", &topics);
+        let mut broker_b = registration("broker-b", 0, "10.0.0.2:10911", &topics);
+        broker_b.cluster_name = "OtherCluster".to_owned();
+        table.register(broker_a.clone(), now).expect("registers");
+        table.register(broker_b, now).expect("registers");
+
+        assert_eq!(table.delete_topic("orders", Some("DefaultCluster")), 1);
+        let route = table
+            .route("orders")
+            .expect("the other cluster still routes it");
+        assert_eq!(route.brokers.len(), 1);
+        assert_eq!(route.brokers[0].broker_name, "broker-b");
+        assert_eq!(table.delete_topic("orders", None), 1);
+        assert!(table.route("orders").is_none());
+        assert!(table.route("audit").is_some());
+        assert_eq!(table.delete_topic("orders", None), 0, "already gone");
+
+        // A broker that still hosts it brings it back with its next registration.
+        table.register(broker_a, now).expect("registers");
+        assert!(table.route("orders").is_some());
     }
 
     #[test]

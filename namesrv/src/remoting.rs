@@ -4,7 +4,8 @@
 //! Owns: a remoting connection's loop (frames in, answers out, its limits) and the mapping from
 //! the remoting requests a RocketMQ client sends a name server to [`RouteTable`] reads:
 //! GET_ROUTEINFO_BY_TOPIC (105), GET_BROKER_CLUSTER_INFO (106),
-//! GET_ALL_TOPIC_LIST_FROM_NAMESERVER (206) and GET_TOPICS_BY_CLUSTER (224). Every other request
+//! GET_ALL_TOPIC_LIST_FROM_NAMESERVER (206) and GET_TOPICS_BY_CLUSTER (224), and the one write
+//! admin tools make of it, DELETE_TOPIC_IN_NAMESRV (216). Every other request
 //! is answered REQUEST_CODE_NOT_SUPPORTED with a remark naming the code; a oneway request is
 //! never answered. Never: the bytes of the protocol (the `shardmq-remoting` crate) or how routes
 //! are built (the registry). Brokers register only over the native protocol, so the routes a
@@ -59,6 +60,7 @@ impl RemotingHandler {
                 Ok(cluster) => self.topic_list(command, Some(cluster)),
                 Err(missing) => refused(command, response::SYSTEM_ERROR, missing.to_string()),
             },
+            request::DELETE_TOPIC_IN_NAMESRV => self.delete_topic(command),
             code => refused(
                 command,
                 response::REQUEST_CODE_NOT_SUPPORTED,
@@ -91,6 +93,30 @@ impl RemotingHandler {
             Ok(body) => RemotingCommand::response_to(command, response::SUCCESS).with_body(body),
             Err(too_large) => refused(command, response::SYSTEM_ERROR, too_large.to_string()),
         }
+    }
+
+    /// DELETE_TOPIC_IN_NAMESRV (`topic`, optional `clusterName`): the topic's routes go
+    /// ([`RouteTable::delete_topic`]). SUCCESS whether or not a broker still registered it, as
+    /// RocketMQ answers: `mqadmin deleteTopic` sends it after deleting the topic on the brokers.
+    fn delete_topic(&self, command: &RemotingCommand) -> RemotingCommand {
+        let topic = match command.ext_str("topic") {
+            Ok(topic) => topic,
+            Err(missing) => return refused(command, response::SYSTEM_ERROR, missing.to_string()),
+        };
+        if let Err(invalid) = validate_topic_name(topic) {
+            return refused(command, response::SYSTEM_ERROR, invalid.to_string());
+        }
+        let cluster = command
+            .ext("clusterName")
+            .filter(|cluster| !cluster.is_empty());
+        let removed = self.registry().delete_topic(topic, cluster);
+        debug!(
+            topic,
+            ?cluster,
+            removed,
+            "a remoting client deleted a topic's routes"
+        );
+        RemotingCommand::response_to(command, response::SUCCESS)
     }
 
     fn cluster_info(&self, command: &RemotingCommand) -> RemotingCommand {
@@ -438,5 +464,39 @@ mod tests {
             .expect("answered");
         let by_cluster: serde_json::Value = serde_json::from_slice(&by_cluster.body).expect("json");
         assert_eq!(by_cluster["topicList"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn delete_topic_drops_its_routes_and_names_a_missing_field() {
+        let handler = handler_with(&[
+            (
+                "broker-a",
+                0,
+                "127.0.0.1:10911",
+                &[("orders", 4), ("audit", 1)],
+            ),
+            ("broker-b", 0, "127.0.0.1:10912", &[("orders", 2)]),
+        ]);
+        let delete = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 4)
+            .with_ext("topic", "orders")
+            .with_ext("clusterName", "DefaultCluster");
+        let answer = handler.handle(&delete).expect("answered");
+        assert_eq!(answer.code, response::SUCCESS);
+        let route = handler.handle(&route_request("orders")).expect("answered");
+        assert_eq!(route.code, response::TOPIC_NOT_EXIST);
+        let route = handler.handle(&route_request("audit")).expect("answered");
+        assert_eq!(route.code, response::SUCCESS);
+        // Already gone: still SUCCESS, as RocketMQ answers.
+        let again = handler.handle(&delete).expect("answered");
+        assert_eq!(again.code, response::SUCCESS);
+
+        let without_topic = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 5);
+        let answer = handler.handle(&without_topic).expect("answered");
+        assert_eq!(answer.code, response::SYSTEM_ERROR);
+        assert!(answer.remark.as_deref().unwrap_or("").contains("topic"));
+        let bad_name = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 6)
+            .with_ext("topic", "t".repeat(200));
+        let answer = handler.handle(&bad_name).expect("answered");
+        assert_eq!(answer.code, response::SYSTEM_ERROR);
     }
 }

@@ -34,6 +34,16 @@ pub mod request {
     pub const SEND_BATCH_MESSAGE: i32 = 320;
     pub const LITE_PULL_MESSAGE: i32 = 361;
 
+    // Admin tools (mqadmin, DefaultMQAdminExt) -> broker.
+    pub const GET_BROKER_RUNTIME_INFO: i32 = 28;
+    pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
+    pub const GET_TOPIC_STATS_INFO: i32 = 202;
+    pub const GET_CONSUMER_CONNECTION_LIST: i32 = 203;
+    pub const DELETE_SUBSCRIPTIONGROUP: i32 = 207;
+    pub const GET_CONSUME_STATS: i32 = 208;
+    pub const DELETE_TOPIC_IN_BROKER: i32 = 215;
+    pub const QUERY_TOPIC_CONSUME_BY_WHO: i32 = 300;
+
     // Broker -> client (sent oneway).
     pub const CHECK_TRANSACTION_STATE: i32 = 39;
     pub const NOTIFY_CONSUMER_IDS_CHANGED: i32 = 40;
@@ -56,6 +66,8 @@ pub mod request {
     pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
     pub const GET_TOPICS_BY_CLUSTER: i32 = 224;
+    /// Admin tools: drop a topic's routes (after deleting it on its brokers).
+    pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
 }
 
 /// Response codes (RocketMQ's `RemotingSysResponseCode` and `ResponseCode`).

@@ -23,8 +23,11 @@
 //! - [`codes`]: request and response codes, permission and sys-flag bits.
 //! - [`route`], [`heartbeat`], [`lock`]: the JSON bodies of GET_ROUTEINFO_BY_TOPIC,
 //!   HEART_BEAT and LOCK/UNLOCK_BATCH_MQ.
+//! - [`admin`]: the JSON bodies of the admin calls (runtime info, topic and consume stats,
+//!   consumer connections, groups of a topic), with fastjson's object-keyed offset tables.
 //! - [`message`]: message properties, offset message ids and SEND_BATCH_MESSAGE bodies.
 
+pub mod admin;
 pub mod codes;
 pub mod command;
 pub mod frame;

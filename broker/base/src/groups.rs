@@ -170,6 +170,18 @@ impl ClientRegistry {
         ids
     }
 
+    /// A consumer group's live members with what each declared for the group in its last
+    /// heartbeat (model, orderliness, subscriptions), sorted by client id.
+    pub fn members_of(&self, group: &str) -> Vec<(String, ConsumerMembership)> {
+        let mut members: Vec<(String, ConsumerMembership)> = self
+            .clients
+            .iter()
+            .filter_map(|(id, c)| Some((id.clone(), c.consumer_groups.get(group)?.clone())))
+            .collect();
+        members.sort_by(|a, b| a.0.cmp(&b.0));
+        members
+    }
+
     /// (group, live members, subscribed topics sorted) of every consumer group with members,
     /// sorted by group.
     pub fn group_summaries(&self) -> Vec<(String, usize, Vec<String>)> {
@@ -217,6 +229,37 @@ mod tests {
             network_shard: 0,
             connection_id,
         }
+    }
+
+    #[test]
+    fn members_of_a_group_carry_their_declarations() {
+        let mut registry = ClientRegistry::default();
+        let broadcasting = ConsumerMembership {
+            is_broadcasting: true,
+            ..member()
+        };
+        registry.heartbeat(
+            "c2",
+            connection(2),
+            0,
+            vec![],
+            BTreeMap::from([("g".to_string(), broadcasting.clone())]),
+        );
+        registry.heartbeat(
+            "c1",
+            connection(1),
+            0,
+            vec![],
+            BTreeMap::from([("g".to_string(), member()), ("h".to_string(), member())]),
+        );
+        assert_eq!(
+            registry.members_of("g"),
+            vec![
+                ("c1".to_string(), member()),
+                ("c2".to_string(), broadcasting)
+            ]
+        );
+        assert!(registry.members_of("unknown").is_empty());
     }
 
     #[test]

@@ -191,6 +191,9 @@ impl StorageShard {
                 reply,
             } => self.ensure_system_topic(name, queues, reply).await,
             StorageRequest::ConsumerList { group, reply } => self.consumer_list(group, reply),
+            StorageRequest::ConsumerGroupMembers { group, reply } => {
+                self.consumer_group_members(group, reply)
+            }
             StorageRequest::MetricsSnapshot { reply } => self.serve_metrics_snapshot(reply),
             StorageRequest::Transaction(request) => self.transaction(request).await,
             StorageRequest::QueueLock(request) => self.queue_lock(request),

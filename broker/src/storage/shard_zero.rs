@@ -187,6 +187,19 @@ impl StorageShard {
         let _ = reply.send(members);
     }
 
+    pub(super) fn consumer_group_members(
+        &self,
+        group: String,
+        reply: Reply<Vec<(String, ConsumerMembership)>>,
+    ) {
+        let members = self
+            .shard_zero
+            .as_ref()
+            .map(|c| c.clients.borrow().members_of(&group))
+            .unwrap_or_default();
+        let _ = reply.send(members);
+    }
+
     pub(super) async fn transaction(&self, request: crate::transaction::TransactionRequest) {
         let Some(zero) = &self.shard_zero else {
             return;

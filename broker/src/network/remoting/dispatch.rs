@@ -11,7 +11,7 @@ use shardmq_remoting::{encode_frame, encode_frame_head_with_body_bytes, Remoting
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameHeader, VerifiedFrame};
 use tracing::warn;
 
-use super::{clients, consume, locks, query, retry, send, transaction, RemotingSession};
+use super::{admin, clients, consume, locks, query, retry, send, transaction, RemotingSession};
 use crate::network::request::{frame_error, refuse, Connection, Refusal};
 use crate::network::{NetworkShard, Outbound};
 
@@ -115,6 +115,14 @@ async fn dispatch(
         request::LOCK_BATCH_MQ | request::UNLOCK_BATCH_MQ => {
             locks::lock_or_unlock(shard, c, command).await
         }
+        request::GET_BROKER_RUNTIME_INFO => admin::runtime_info(shard, c, command).await,
+        request::GET_TOPIC_STATS_INFO => admin::topic_stats(shard, c, command).await,
+        request::GET_CONSUME_STATS => admin::consume_stats(shard, c, command).await,
+        request::GET_CONSUMER_CONNECTION_LIST => {
+            admin::consumer_connections(shard, c, command).await
+        }
+        request::QUERY_TOPIC_CONSUME_BY_WHO => admin::topic_consumed_by(shard, c, command).await,
+        request::DELETE_TOPIC_IN_BROKER => admin::delete_topic(shard, c, command).await,
         code => Err(refuse(
             wire::Status::UNKNOWN_REQUEST,
             format!("request code {code} is not supported by ShardMQ's broker"),
