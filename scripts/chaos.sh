@@ -5,7 +5,8 @@
 # slave, SIGSTOP of the master or of the controller leader past the heartbeat timeout, a slave
 # or the master restarted after a simulated power loss, a crash-looping master, the master cut
 # off from the controllers, the name servers or its slaves, its messages to the controllers
-# held or slowed, its slaves' acknowledgements held), then the same number of rounds on a
+# held or slowed, its slaves' acknowledgements held, one slave cut off from the master or the
+# controllers, both slaves stopped while the master restarts), then the same number of rounds on a
 # manual sync-master pair (kill -9, SIGSTOP or a power loss of either, the replication link
 # cut or held one way); the checker
 # then reports acknowledged messages lost, unconsumed, skipped and diverged (each must be 0),
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "chaos: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -11,8 +11,10 @@
 //! are held while their connections stay open (a one-way loss), a master whose links to the
 //! controllers turn slow (0.3-1.5 s each way), a master cut off from every name server (it
 //! cannot register; routes lose it), a master cut off from its slaves (the replication links
-//! through the proxy its `--ha-advertise` names), and a master whose slaves' acknowledgements
-//! are held (a one-way loss on the replication links).
+//! through the proxy its `--ha-advertise` names), a master whose slaves' acknowledgements
+//! are held (a one-way loss on the replication links), one slave cut off from the master (the
+//! other still replicating) or from the controllers, and both slaves stopped while the master
+//! is killed and restarted (its unconfirmed tail must stay hidden from consumers).
 //! A second test does the same to a manual sync-master pair (RocketMQ's classic mode: one name
 //! server, a `sync-master` and its `slave`, no controller): kill -9 of either (started again),
 //! SIGSTOP of either past the timeouts, a power loss of either, the replication link cut or
@@ -85,6 +87,18 @@ enum Fault {
     /// requests) is held for longer than the broker timeout while the master's bytes still
     /// reach them; then it is delivered, late.
     StallSlavesToMaster,
+    /// One slave's replication links to the master are cut (dropped, new ones refused) for
+    /// longer than the broker timeout, while the other slave keeps replicating and every
+    /// broker keeps reaching the controllers, the name servers and the clients.
+    PartitionSlaveFromMaster,
+    /// One slave is cut off from every controller for longer than the broker timeout while it
+    /// keeps replicating from the master.
+    PartitionSlaveFromControllers,
+    /// Both slaves are stopped (SIGSTOP), so the master's last sends are stored on it alone
+    /// and confirmed by no replica; 0.2-1 s later the master is killed with kill -9 and started
+    /// again at once, while its SyncStateSet still names the silent slaves (its unconfirmed
+    /// tail must stay hidden from consumers); the slaves resume after the pause.
+    PauseSlavesThenKillMaster,
 }
 
 /// The faults a run draws from: every kind unless `SHARDMQ_CHAOS_FAULTS` names some
@@ -105,6 +119,9 @@ fn faults() -> Vec<Fault> {
         Fault::PartitionMasterFromNameServers,
         Fault::PartitionMasterFromSlaves,
         Fault::StallSlavesToMaster,
+        Fault::PartitionSlaveFromMaster,
+        Fault::PartitionSlaveFromControllers,
+        Fault::PauseSlavesThenKillMaster,
     ];
     chosen(&all, "SHARDMQ_CHAOS_FAULTS")
 }
@@ -355,6 +372,58 @@ fn faults_at_random_moments_lose_skip_and_diverge_nothing() {
                         "heard nothing from"
                     }
                 );
+            }
+            Fault::PartitionSlaveFromMaster => {
+                let master = before.master_id;
+                let slave = pick_slave(&before, &mut rng);
+                let at_cut = load.count();
+                group.cut_slave_from_master(master, slave, true);
+                let cut_at = Instant::now();
+                // The cut must take: the master stops hearing the slave (silent for 3 s) and
+                // the controller drops it from the SyncStateSet while the other slave stays
+                // in; the cut then lasts a little longer, with the set shrunk.
+                wait_until(SETTLE, "the cut slave out of sync", || {
+                    group
+                        .status()
+                        .filter(|s| s.master_id == master && !s.in_sync.contains(&slave))
+                });
+                let dropped_after = cut_at.elapsed();
+                std::thread::sleep(Duration::from_millis(rng.in_range(0..=1500)));
+                let during = load.count() - at_cut;
+                group.cut_slave_from_master(master, slave, false);
+                eprintln!(
+                    "chaos round {round}: slave {slave} out of sync {} ms after its cut from the master; \
+                     {during} sends acknowledged meanwhile",
+                    dropped_after.as_millis()
+                );
+            }
+            Fault::PauseSlavesThenKillMaster => {
+                let master = before.master_id;
+                let slaves: Vec<u32> = (1..=3)
+                    .filter(|&id| id != master)
+                    .map(|id| group.broker(id).pid())
+                    .collect();
+                for &pid in &slaves {
+                    signal(pid, "STOP");
+                }
+                std::thread::sleep(Duration::from_millis(rng.in_range(200..=1000)));
+                group.broker(master).kill9();
+                // The slaves resume on their own clock: the restarted master may wait for them
+                // (the controller can have elected one of them before they went silent).
+                let resume = std::thread::spawn(move || {
+                    std::thread::sleep(PAUSE);
+                    for pid in slaves {
+                        signal(pid, "CONT");
+                    }
+                });
+                group.broker(master).restart();
+                resume.join().expect("the slaves resumed");
+            }
+            Fault::PartitionSlaveFromControllers => {
+                let slave = pick_slave(&before, &mut rng);
+                group.cut_from_controllers(slave, true);
+                std::thread::sleep(PAUSE);
+                group.cut_from_controllers(slave, false);
             }
             Fault::PauseMaster => {
                 let master = before.master_id;

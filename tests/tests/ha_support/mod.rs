@@ -114,6 +114,14 @@ impl HaGroup {
         self.ha_links[(id - 1) as usize].set_stalled(Direction::ToTarget, stalled);
     }
 
+    /// Cuts (`true`) or restores (`false`) the replication links between master `master` and
+    /// one of its slaves, `slave`, alone: its other slaves keep replicating, and every broker
+    /// keeps reaching the controllers, the name servers and the clients.
+    pub fn cut_slave_from_master(&mut self, master: i64, slave: i64, cut: bool) {
+        let pid = self.broker(slave).pid();
+        self.ha_links[(master - 1) as usize].set_cut_for_process(pid, cut);
+    }
+
     /// Starts the group with `extra` options on every broker and `own(id)` on broker `id`.
     pub fn start_each(extra: &[&str], own: impl Fn(i64) -> Vec<String>) -> HaGroup {
         HaGroup::start_inner(extra, own, false)
@@ -480,15 +488,20 @@ fn proxies_to(targets: &[String]) -> (Vec<TcpProxy>, String) {
 /// A TCP forwarder on a free loopback port to one target, which the test can cut
 /// ([`set_cut`](Self::set_cut)): while cut, connections it holds are shut down and new ones
 /// are closed as soon as they are accepted (the peer sees a reset or an end of stream, as
-/// across a network partition that drops the connection). Threads end when the proxy drops.
+/// across a network partition that drops the connection). It can also cut only the
+/// connections one process makes ([`set_cut_for_process`](Self::set_cut_for_process)).
+/// Threads end when the proxy drops.
 pub struct TcpProxy {
     address: String,
     cut: Arc<AtomicBool>,
+    /// Processes whose connections are cut (the rest pass).
+    cut_processes: Arc<Mutex<HashSet<u32>>>,
     /// Per direction ([`Direction`] as index): bytes are held, not forwarded.
     stalled: Arc<[AtomicBool; 2]>,
     /// Milliseconds each chunk waits before it is forwarded, both directions.
     delay_ms: Arc<AtomicU64>,
-    live: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    /// Each connection held: the client's side, then the target's.
+    live: Arc<Mutex<Vec<(std::net::TcpStream, std::net::TcpStream)>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -500,12 +513,14 @@ impl TcpProxy {
         let delay_ms = Arc::new(AtomicU64::new(0));
         let stalled: Arc<[AtomicBool; 2]> =
             Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
-        let live: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let live: Arc<Mutex<Vec<(std::net::TcpStream, std::net::TcpStream)>>> = Arc::default();
+        let cut_processes: Arc<Mutex<HashSet<u32>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         listener.set_nonblocking(true).unwrap();
         let target = target.to_owned();
-        let (cut_, stalled_, delay_ms_, live_, stop_) = (
+        let (cut_, cut_processes_, stalled_, delay_ms_, live_, stop_) = (
             cut.clone(),
+            cut_processes.clone(),
             stalled.clone(),
             delay_ms.clone(),
             live.clone(),
@@ -521,7 +536,7 @@ impl TcpProxy {
                     }
                     Err(_) => continue,
                 };
-                if cut_.load(Ordering::Relaxed) {
+                if cut_.load(Ordering::Relaxed) || is_from_any(&incoming, &cut_processes_) {
                     drop(incoming);
                     continue;
                 }
@@ -533,8 +548,8 @@ impl TcpProxy {
                 let _ = outgoing.set_nodelay(true);
                 {
                     let mut held = live_.lock().unwrap();
-                    held.retain(|s| s.peer_addr().is_ok());
-                    held.extend([incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()]);
+                    held.retain(|(s, _)| s.peer_addr().is_ok());
+                    held.push((incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()));
                 }
                 for (direction, mut from, mut to) in [
                     (
@@ -563,6 +578,7 @@ impl TcpProxy {
         TcpProxy {
             address,
             cut,
+            cut_processes,
             stalled,
             delay_ms,
             live,
@@ -596,11 +612,78 @@ impl TcpProxy {
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::Relaxed);
         if cut {
-            for stream in self.live.lock().unwrap().drain(..) {
-                let _ = stream.shutdown(std::net::Shutdown::Both);
+            for (incoming, outgoing) in self.live.lock().unwrap().drain(..) {
+                let _ = incoming.shutdown(std::net::Shutdown::Both);
+                let _ = outgoing.shutdown(std::net::Shutdown::Both);
             }
         }
     }
+
+    /// Cuts (`true`) or restores (`false`) the link for the connections process `pid` makes
+    /// alone, as [`set_cut`](Self::set_cut) does for all: those it holds are shut down, new
+    /// ones closed once accepted. A connection's process is found through `/proc` (the socket
+    /// of the client's address, and which of the process's descriptors holds it).
+    pub fn set_cut_for_process(&self, pid: u32, cut: bool) {
+        let mut processes = self.cut_processes.lock().unwrap();
+        if !cut {
+            processes.remove(&pid);
+            return;
+        }
+        processes.insert(pid);
+        drop(processes);
+        let only = Mutex::new(HashSet::from([pid]));
+        self.live.lock().unwrap().retain(|(incoming, outgoing)| {
+            if !is_from_any(incoming, &only) {
+                return true;
+            }
+            let _ = incoming.shutdown(std::net::Shutdown::Both);
+            let _ = outgoing.shutdown(std::net::Shutdown::Both);
+            false
+        });
+    }
+}
+
+/// Whether the client end of `incoming` (a loopback connection accepted by a proxy) belongs to
+/// one of `processes`.
+fn is_from_any(incoming: &std::net::TcpStream, processes: &Mutex<HashSet<u32>>) -> bool {
+    let processes = processes.lock().unwrap();
+    if processes.is_empty() {
+        return false;
+    }
+    let Ok(std::net::SocketAddr::V4(client)) = incoming.peer_addr() else {
+        return false;
+    };
+    let Some(inode) = socket_inode(client) else {
+        return false;
+    };
+    let wanted = format!("socket:[{inode}]");
+    processes.iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == wanted.as_str())
+            })
+    })
+}
+
+/// The inode of the IPv4 TCP socket whose local address is `local` (`/proc/net/tcp`: the
+/// address as hex of its bytes in memory order, then the port in hex; the inode is the tenth
+/// column).
+fn socket_inode(local: std::net::SocketAddrV4) -> Option<u64> {
+    let address = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(local.ip().octets()),
+        local.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        (columns.get(1) == Some(&address.as_str()))
+            .then(|| columns.get(9)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// One direction of a [`TcpProxy`]'s connections.
