@@ -24,6 +24,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("shardmq-schema", set(&[])),
         ("shardmq-codec", set(&[])),
         ("shardmq-remoting", set(&[])),
+        ("shardmq-filter", set(&[])),
         ("shardmq-store", set(&["shardmq-codec"])),
         (
             "shardmq-base",
