@@ -56,7 +56,7 @@ pids+=($!)
 wait_listening namesrv "$logs/namesrv.out" "${pids[-1]}"
 
 target/release/shardmq-broker --namesrv "$namesrv_addr" --listen "$broker_addr" \
-  --data-dir "$data_dir/broker" --flush "$flush" --auto-create-topics \
+  --data-dir "$data_dir/broker" --flush "$flush" --auto-create-topics --enable-property-filter \
   >"$logs/broker.out" 2>"$logs/broker.log" &
 pids+=($!)
 wait_listening broker "$logs/broker.out" "${pids[-1]}"
@@ -65,7 +65,7 @@ cat <<TXT
 
 ShardMQ dev cluster is up
   name server  $namesrv_addr
-  broker       $broker_addr   (data: $data_dir/broker, flush: $flush, topics auto-created)
+  broker       $broker_addr   (data: $data_dir/broker, flush: $flush, topics auto-created, SQL92 filters on)
   logs         $logs/
 
 Try, in another terminal:

@@ -1137,6 +1137,7 @@ pub fn pull_request_body(
             tag_expression,
             suspend_timeout_ms: params.suspend_timeout_ms,
             commit_offset: params.commit_offset,
+            expression_type: None,
         },
     );
     (wire::Body::PullRequest, request.as_union_value())

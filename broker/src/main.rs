@@ -95,6 +95,10 @@ struct ServeArgs {
     /// Create unknown topics on first send (development only). [default: off]
     #[arg(long)]
     auto_create_topics: bool,
+    /// Serve pulls filtered by SQL92 expressions over message properties (RocketMQ's
+    /// enablePropertyFilter). [default: off]
+    #[arg(long)]
+    enable_property_filter: bool,
     /// Hours a CommitLog segment is kept. [default: 72]
     #[arg(long)]
     file_reserved_hours: Option<u64>,
@@ -328,6 +332,9 @@ impl ServeArgs {
         }
         if self.auto_create_topics {
             config.auto_create_topics = true;
+        }
+        if self.enable_property_filter {
+            config.enable_property_filter = true;
         }
         Ok(config)
     }

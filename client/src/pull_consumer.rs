@@ -29,7 +29,7 @@ pub struct PullOptions {
     /// Most record bytes to return (default 0: the broker's limit, `max_pull_bytes`). A
     /// record larger than this still comes, alone.
     pub max_bytes: u32,
-    /// Tag expression (default `*`).
+    /// Tag expression (default `*`), or a SQL92 one ([`TagExpression::sql`]).
     pub tags: TagExpression,
     /// How long the broker may hold the pull when nothing is there (default 0: answer at
     /// once; at most [`MAX_PULL_WAIT`]).
@@ -175,6 +175,7 @@ impl PullConsumer {
             max_messages: options.max_messages,
             max_bytes: options.max_bytes,
             tag_expression: options.tags.as_str(),
+            expression_type: options.tags.expression_type(),
             suspend: options.wait.min(MAX_PULL_WAIT),
             commit_offset: None,
         };

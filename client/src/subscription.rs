@@ -1,17 +1,22 @@
-//! Tag expressions: `*` (every message) or `TagA || TagB`.
+//! Subscription expressions: a tag expression, `*` (every message) or `TagA || TagB`, or a
+//! SQL92 expression over message properties (docs/sql-filter.md).
 //!
 //! Owns: parsing an expression and the exact tag match the client applies after the broker's
 //! filter. The broker filters by tag hash only (different tags may share a hash), so a consumer
-//! confirms each message's tag itself (as RocketMQ's client does). Never: sending anything.
+//! confirms each message's tag itself (as RocketMQ's client does). A SQL92 expression is
+//! compiled here only to refuse a malformed one at subscribe time; the broker evaluates it.
+//! Never: sending anything.
 
 use crate::error::{Error, Result};
 
-/// A parsed tag expression.
+/// A parsed subscription expression: tags (the default) or SQL92.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TagExpression {
     text: String,
-    /// `None` for every message; else the tags accepted.
+    /// `None` for every message (or a SQL92 expression); else the tags accepted.
     tags: Option<Vec<String>>,
+    /// `text` is a SQL92 expression.
+    is_sql: bool,
 }
 
 impl TagExpression {
@@ -43,7 +48,41 @@ impl TagExpression {
         Ok(Self {
             text: tags.join(" || "),
             tags: Some(tags),
+            is_sql: false,
         })
+    }
+
+    /// A SQL92 expression over message properties (`TAGS` among them), for example
+    /// `region = 'eu' AND price > 10`; refused with the error's position when it does not
+    /// compile. Served only by brokers run with `enable_property_filter`.
+    pub fn sql(expression: &str) -> Result<Self> {
+        shardmq_filter::Expression::compile(expression).map_err(|error| {
+            Error::InvalidArgument(format!(
+                "SQL92 expression `{}`: {error}",
+                expression.escape_debug()
+            ))
+        })?;
+        Ok(Self {
+            text: expression.to_owned(),
+            tags: None,
+            is_sql: true,
+        })
+    }
+
+    /// Whether this is a SQL92 expression.
+    #[must_use]
+    pub fn is_sql(&self) -> bool {
+        self.is_sql
+    }
+
+    /// The expression type as the wire names it: `TAG` or `SQL92`.
+    #[must_use]
+    pub fn expression_type(&self) -> &'static str {
+        if self.is_sql {
+            "SQL92"
+        } else {
+            "TAG"
+        }
     }
 
     /// The expression that accepts every message.
@@ -52,6 +91,7 @@ impl TagExpression {
         Self {
             text: "*".to_owned(),
             tags: None,
+            is_sql: false,
         }
     }
 
@@ -61,13 +101,13 @@ impl TagExpression {
         &self.text
     }
 
-    /// Whether every message is wanted (no tag needs looking at).
+    /// Whether every message is wanted (no tag needs looking at, no SQL92 filter).
     #[must_use]
     pub fn is_all(&self) -> bool {
-        self.tags.is_none()
+        self.tags.is_none() && !self.is_sql
     }
 
-    /// Whether a message with `tag` is wanted.
+    /// Whether a message with `tag` is wanted (a SQL92 expression: the broker decided).
     #[must_use]
     pub fn matches(&self, tag: Option<&str>) -> bool {
         match &self.tags {
@@ -99,5 +139,17 @@ mod tests {
         assert_eq!(TagExpression::parse("").unwrap(), TagExpression::all());
         assert!(TagExpression::parse("||").is_err(), "separators only");
         assert!(TagExpression::parse(" || || ").is_err(), "separators only");
+    }
+
+    #[test]
+    fn sql_expressions_compile_at_subscribe_time() {
+        let sql = TagExpression::sql("a BETWEEN 0 AND 3").unwrap();
+        assert!(sql.is_sql() && !sql.is_all());
+        assert_eq!(sql.expression_type(), "SQL92");
+        assert_eq!(sql.as_str(), "a BETWEEN 0 AND 3");
+        assert!(sql.matches(None), "the broker filtered already");
+        assert_eq!(TagExpression::all().expression_type(), "TAG");
+        let error = TagExpression::sql("a > ").unwrap_err().to_string();
+        assert!(error.contains("position"), "{error}");
     }
 }

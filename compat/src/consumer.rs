@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
-    ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,
+    ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer, MessageSelector,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -204,6 +204,8 @@ pub struct PushConsumerOptions {
     group: String,
     topic: String,
     expression: String,
+    /// `expression` is a SQL92 one (`MessageSelector::by_sql`), not tags.
+    is_sql: bool,
     is_orderly: bool,
     answer_later: Option<LaterRule>,
 }
@@ -217,9 +219,18 @@ impl PushConsumerOptions {
             group: group.to_owned(),
             topic: topic.to_owned(),
             expression: expression.to_owned(),
+            is_sql: false,
             is_orderly: false,
             answer_later: None,
         }
+    }
+
+    /// Subscribed with the SQL92 expression `expression` over message properties
+    /// (`MessageSelector::by_sql`) instead of a tag expression.
+    #[must_use]
+    pub fn sql(mut self) -> Self {
+        self.is_sql = true;
+        self
     }
 
     /// With an orderly listener (`MessageListenerOrderly`) instead: the client locks its
@@ -262,6 +273,7 @@ impl PushConsumer {
             group,
             topic,
             expression,
+            is_sql,
             is_orderly,
             answer_later,
         } = options;
@@ -273,10 +285,21 @@ impl PushConsumer {
             .consume_message_batch_max_size(1)
             .build();
         let inbox = Inbox::default();
-        host.call(
-            &format!("consumer {group} subscribing to {topic} ({expression})"),
-            consumer.subscribe(topic.as_str(), expression.as_str()),
-        )?;
+        let what = format!("consumer {group} subscribing to {topic} ({expression})");
+        if is_sql {
+            host.call(
+                &what,
+                consumer.subscribe_with_selector(
+                    topic.as_str(),
+                    Some(MessageSelector::by_sql(expression.as_str())),
+                ),
+            )?;
+        } else {
+            host.call(
+                &what,
+                consumer.subscribe(topic.as_str(), expression.as_str()),
+            )?;
+        }
         let recorder = inbox.clone();
         if is_orderly {
             consumer.register_message_listener_orderly(

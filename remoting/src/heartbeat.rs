@@ -108,6 +108,23 @@ pub fn decode_heartbeat_body(body: &[u8]) -> Result<HeartbeatData, BodyError> {
     json_body::decode(BODY, body)
 }
 
+/// CHECK_CLIENT_CONFIG's body: a client asks, before it subscribes with a SQL92 expression,
+/// whether the broker accepts that subscription.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckClientRequestBody {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub client_id: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub group: String,
+    pub subscription_data: SubscriptionData,
+}
+
+/// Reads a CHECK_CLIENT_CONFIG request body.
+pub fn decode_check_client_body(body: &[u8]) -> Result<CheckClientRequestBody, BodyError> {
+    json_body::decode("CHECK_CLIENT_CONFIG body", body)
+}
+
 /// Writes a HEART_BEAT request body (for tests and ShardMQ's own tools).
 pub fn encode_heartbeat_body(heartbeat: &HeartbeatData) -> Result<Bytes, BodyError> {
     json_body::encode(BODY, heartbeat)
@@ -181,6 +198,23 @@ mod tests {
         assert_eq!(retry.topic, "%RETRY%CG");
         assert_eq!(retry.expression_type, "TAG");
         assert!(retry.tags_set.is_empty());
+    }
+
+    #[test]
+    fn decodes_a_check_client_body() {
+        let check = decode_check_client_body(
+            br#"{"clientId":"c@1","group":"CG","namespace":null,
+                "subscriptionData":{"topic":"T","subString":"a > 1","expressionType":"SQL92",
+                  "tagsSet":[],"codeSet":[],"subVersion":1}}"#,
+        )
+        .expect("decodes");
+        assert_eq!(check.group, "CG");
+        assert_eq!(check.subscription_data.sub_string, "a > 1");
+        assert_eq!(check.subscription_data.expression_type, "SQL92");
+        assert!(
+            decode_check_client_body(br#"{"group":"CG"}"#).is_err(),
+            "no subscription"
+        );
     }
 
     #[test]

@@ -268,6 +268,7 @@ proptest! {
                 tag_expression,
                 suspend_timeout_ms: request.suspend_timeout_ms,
                 commit_offset: request.commit_offset,
+                expression_type: None,
             });
             build_frame(builder, &FrameHeader::request(request_id), wire::Body::PullRequest,
                 Some(body.as_union_value()))

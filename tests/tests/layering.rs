@@ -25,7 +25,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("shardmq-codec", set(&[])),
         ("shardmq-remoting", set(&[])),
         ("shardmq-filter", set(&[])),
-        ("shardmq-store", set(&["shardmq-codec"])),
+        ("shardmq-store", set(&["shardmq-codec", "shardmq-filter"])),
         (
             "shardmq-base",
             set(&["shardmq-store", "shardmq-codec", "shardmq-schema"]),
@@ -48,13 +48,17 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-codec",
                 "shardmq-schema",
                 "shardmq-remoting",
+                "shardmq-filter",
             ]),
         ),
         (
             "shardmq-namesrv",
             set(&["shardmq-schema", "shardmq-codec", "shardmq-remoting"]),
         ),
-        ("shardmq-client", set(&["shardmq-schema", "shardmq-codec"])),
+        (
+            "shardmq-client",
+            set(&["shardmq-schema", "shardmq-codec", "shardmq-filter"]),
+        ),
         (
             "shardmq-perf",
             set(&[

@@ -263,9 +263,12 @@ fn a_rocketmq_producer_and_consumer_are_served_by_the_broker_s_own_port() {
     assert_eq!(earliest("3"), -1);
 
     // What is not supported says so, and the connection goes on.
-    let unsupported = client.call(RemotingCommand::request(request::CHECK_CLIENT_CONFIG, 0));
+    let unsupported = client.call(RemotingCommand::request(
+        request::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        0,
+    ));
     assert_eq!(unsupported.code, response::REQUEST_CODE_NOT_SUPPORTED);
-    assert!(unsupported.remark.unwrap_or_default().contains("46"));
+    assert!(unsupported.remark.unwrap_or_default().contains("200"));
 
     // Queries: by key, by unique id, and by the offset of an offset message id.
     let bodies_of = |answer: &RemotingCommand| -> Vec<Vec<u8>> {

@@ -51,6 +51,9 @@ pub struct BrokerConfig {
     pub network_cores: Vec<usize>,
     /// Create unknown topics on first send (development only).
     pub auto_create_topics: bool,
+    /// Serve pulls that filter by a SQL92 expression over message properties (RocketMQ's
+    /// `enablePropertyFilter`; docs/sql-filter.md). Off: such pulls are refused.
+    pub enable_property_filter: bool,
     /// Read and write queues of an auto-created topic.
     pub default_topic_queues: u32,
     pub max_frame_bytes: usize,
@@ -219,6 +222,7 @@ impl Default for BrokerConfig {
             storage_cores,
             network_cores,
             auto_create_topics: false,
+            enable_property_filter: false,
             default_topic_queues: 8,
             max_frame_bytes: 16 << 20,
             max_message_bytes: 4 << 20,

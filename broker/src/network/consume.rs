@@ -28,9 +28,28 @@ pub(super) struct PullAsk<'a> {
     pub max_bytes: u32,
     /// `None`: every message.
     pub tag_expression: Option<&'a str>,
+    /// `true`: `tag_expression` is a SQL92 expression over the message's properties.
+    pub is_sql: bool,
     pub suspend_timeout_ms: u32,
     /// Below 0: nothing to commit.
     pub commit_offset: i64,
+}
+
+/// Whether a pull's expression type names SQL92 (absent, empty and `TAG`: tags; either
+/// protocol spells them so, in any case).
+pub(super) fn is_sql(expression_type: Option<&str>) -> Result<bool, Refusal> {
+    match expression_type.map(str::trim) {
+        None | Some("") => Ok(false),
+        Some(kind) if kind.eq_ignore_ascii_case("TAG") => Ok(false),
+        Some(kind) if kind.eq_ignore_ascii_case("SQL92") => Ok(true),
+        Some(kind) => Err(refuse(
+            wire::Status::INVALID_TAG_EXPRESSION,
+            format!(
+                "expression type `{}` is neither TAG nor SQL92",
+                kind.escape_debug()
+            ),
+        )),
+    }
 }
 
 pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>) -> Answer {
@@ -42,6 +61,7 @@ pub(super) async fn pull(shard: &NetworkShard, id: u64, r: wire::PullRequest<'_>
         max_messages: r.max_messages(),
         max_bytes: r.max_bytes(),
         tag_expression: r.tag_expression(),
+        is_sql: is_sql(r.expression_type())?,
         suspend_timeout_ms: r.suspend_timeout_ms(),
         commit_offset: r.commit_offset(),
     };
@@ -91,7 +111,11 @@ pub(super) async fn pull_records(
             0 => shard.config.max_pull_bytes,
             n => n.min(shard.config.max_pull_bytes),
         },
-        filter: TagFilter::parse(expression),
+        filter: if r.is_sql {
+            TagFilter::Sql(shard.sql_filter(expression)?)
+        } else {
+            TagFilter::parse(expression)
+        },
     };
     let metrics_topic = query.topic.clone();
     let suspend_ms = u64::from(r.suspend_timeout_ms).min(shard.config.max_suspend_timeout_ms);

@@ -120,6 +120,7 @@ pub async fn start(
         )),
         heartbeats: RefCell::new(HashMap::new()),
         alive: RefCell::new(HashMap::new()),
+        sql_filters: RefCell::new(HashMap::new()),
     });
     shard.parking.network_shard.set(id);
     // Every gauge of this shard is exported from the start, at zero.

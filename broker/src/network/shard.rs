@@ -14,10 +14,10 @@ use std::time::Duration;
 use futures_channel::oneshot;
 use glommio::channels::local_channel::LocalSender;
 use glommio::channels::shared_channel::ConnectedSender;
-use shardmq_schema::FrameEncoder;
+use shardmq_schema::{wire, FrameEncoder};
 
 use super::parking::Parking;
-use super::{budget, client_calls};
+use super::{budget, client_calls, request};
 use crate::config::BrokerConfig;
 use crate::groups::ConnectionKey;
 use crate::mesh::{Reply, StorageRequest};
@@ -70,7 +70,13 @@ pub struct NetworkShard {
     /// Connections whose heartbeats repeated their last applied one since the last
     /// `ClientsAlive` (connection id → client id).
     pub(super) alive: RefCell<HashMap<u64, String>>,
+    /// SQL92 filter expressions compiled for pulls, by source: a subscription's expression is
+    /// compiled once, not per pull (bounded: emptied when full).
+    pub(super) sql_filters: RefCell<HashMap<String, Arc<shardmq_filter::Expression>>>,
 }
+
+/// Most compiled SQL92 expressions a network shard keeps.
+const MAX_SQL_FILTERS: usize = 4096;
 
 /// A heartbeat identical to the last one applied for its connection (same client, groups and
 /// subscriptions) only refreshes the client's liveness, in one `ClientsAlive` a second per
@@ -88,6 +94,37 @@ pub struct ConnectionEntry {
 }
 
 impl NetworkShard {
+    /// The compiled form of SQL92 `expression` for a pull: refused unless the broker serves
+    /// property filters (`enable_property_filter`), and when it does not compile (the error
+    /// names the position).
+    pub(super) fn sql_filter(
+        &self,
+        expression: &str,
+    ) -> Result<Arc<shardmq_filter::Expression>, request::Refusal> {
+        if !self.config.enable_property_filter {
+            return Err(request::refuse(
+                wire::Status::INVALID_TAG_EXPRESSION,
+                "this broker does not filter by SQL92 expressions (enable_property_filter is off)",
+            ));
+        }
+        if let Some(compiled) = self.sql_filters.borrow().get(expression) {
+            return Ok(compiled.clone());
+        }
+        let compiled = shardmq_filter::Expression::compile(expression).map_err(|error| {
+            request::refuse(
+                wire::Status::INVALID_TAG_EXPRESSION,
+                format!("SQL92 expression `{expression}`: {error}"),
+            )
+        })?;
+        let compiled = Arc::new(compiled);
+        let mut cache = self.sql_filters.borrow_mut();
+        if cache.len() >= MAX_SQL_FILTERS {
+            cache.clear();
+        }
+        cache.insert(expression.to_owned(), compiled.clone());
+        Ok(compiled)
+    }
+
     pub fn topics(&self) -> Arc<TopicTable> {
         self.topics.borrow().clone()
     }

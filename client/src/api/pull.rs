@@ -87,6 +87,8 @@ pub(crate) struct PullArgs<'a> {
     /// Most record bytes (0: the broker's own limit).
     pub max_bytes: u32,
     pub tag_expression: &'a str,
+    /// `TAG` or `SQL92`.
+    pub expression_type: &'a str,
     pub suspend: Duration,
     /// The group's offset to commit with the pull, if any.
     pub commit_offset: Option<i64>,
@@ -190,6 +192,7 @@ impl ConnectionPool {
                 let group = builder.create_string(args.group);
                 let topic = builder.create_string(args.topic);
                 let expression = builder.create_string(args.tag_expression);
+                let expression_type = builder.create_string(args.expression_type);
                 let request = wire::PullRequest::create(
                     builder,
                     &wire::PullRequestArgs {
@@ -203,6 +206,7 @@ impl ConnectionPool {
                         suspend_timeout_ms: u32::try_from(args.suspend.as_millis())
                             .unwrap_or(u32::MAX),
                         commit_offset: args.commit_offset.unwrap_or(-1),
+                        expression_type: Some(expression_type),
                     },
                 );
                 (wire::Body::PullRequest, request.as_union_value())

@@ -36,7 +36,8 @@ where
 pub struct PushConsumerBuilder {
     pub(super) options: ClientOptions,
     pub(super) group: Option<String>,
-    pub(super) subscriptions: Vec<(String, String)>,
+    /// (topic, expression, whether the expression is SQL92).
+    pub(super) subscriptions: Vec<(String, String, bool)>,
     pub(super) offset_store_dir: Option<PathBuf>,
     pub(super) listener: Option<Listener>,
     pub(super) config: ConsumerConfig,
@@ -68,7 +69,24 @@ impl PushConsumerBuilder {
     /// `TagA || TagB`. At least one subscription is required.
     #[must_use]
     pub fn subscribe(mut self, topic: impl Into<String>, expression: impl Into<String>) -> Self {
-        self.subscriptions.push((topic.into(), expression.into()));
+        self.subscriptions
+            .push((topic.into(), expression.into(), false));
+        self
+    }
+
+    /// Subscribes to `topic` with a SQL92 expression over message properties (`TAGS` among
+    /// them), for example `region = 'eu' AND price > 10` (docs/sql-filter.md): the broker
+    /// evaluates it and sends only the messages that match; it must run with
+    /// `enable_property_filter`. A malformed expression fails [`start`](Self::start) with
+    /// the error's position.
+    #[must_use]
+    pub fn subscribe_sql(
+        mut self,
+        topic: impl Into<String>,
+        expression: impl Into<String>,
+    ) -> Self {
+        self.subscriptions
+            .push((topic.into(), expression.into(), true));
         self
     }
 
@@ -241,9 +259,14 @@ impl PushConsumerBuilder {
             ));
         }
         let mut subscriptions = BTreeMap::new();
-        for (topic, expression) in &self.subscriptions {
+        for (topic, expression, is_sql) in &self.subscriptions {
             check_topic_name(topic)?;
-            subscriptions.insert(topic.clone(), TagExpression::parse(expression)?);
+            let expression = if *is_sql {
+                TagExpression::sql(expression)?
+            } else {
+                TagExpression::parse(expression)?
+            };
+            subscriptions.insert(topic.clone(), expression);
         }
         let listener = self.listener.clone().ok_or_else(|| {
             Error::Config(

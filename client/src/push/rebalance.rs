@@ -259,6 +259,7 @@ async fn pull_loop(core: Arc<ConsumerCore>, queue: MessageQueue, process_queue: 
                 max_messages: core.config.pull_batch,
                 max_bytes: core.config.pull_max_bytes,
                 tag_expression: tags.as_str(),
+                expression_type: tags.expression_type(),
                 suspend: core.config.pull_wait,
                 commit_offset,
             };

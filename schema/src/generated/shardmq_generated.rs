@@ -5360,6 +5360,7 @@ impl<'a> PullRequest<'a> {
   pub const VT_TAG_EXPRESSION: ::flatbuffers::VOffsetT = 16;
   pub const VT_SUSPEND_TIMEOUT_MS: ::flatbuffers::VOffsetT = 18;
   pub const VT_COMMIT_OFFSET: ::flatbuffers::VOffsetT = 20;
+  pub const VT_EXPRESSION_TYPE: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5373,6 +5374,7 @@ impl<'a> PullRequest<'a> {
     let mut builder = PullRequestBuilder::new(_fbb);
     builder.add_commit_offset(args.commit_offset);
     builder.add_queue_offset(args.queue_offset);
+    if let Some(x) = args.expression_type { builder.add_expression_type(x); }
     builder.add_suspend_timeout_ms(args.suspend_timeout_ms);
     if let Some(x) = args.tag_expression { builder.add_tag_expression(x); }
     builder.add_max_bytes(args.max_bytes);
@@ -5399,6 +5401,9 @@ impl<'a> PullRequest<'a> {
     });
     let suspend_timeout_ms = self.suspend_timeout_ms();
     let commit_offset = self.commit_offset();
+    let expression_type = self.expression_type().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
     PullRequestT {
       consumer_group,
       topic,
@@ -5409,6 +5414,7 @@ impl<'a> PullRequest<'a> {
       tag_expression,
       suspend_timeout_ms,
       commit_offset,
+      expression_type,
     }
   }
 
@@ -5482,6 +5488,16 @@ impl<'a> PullRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<i64>(PullRequest::VT_COMMIT_OFFSET, Some(-1)).unwrap()}
   }
+  /// How `tag_expression` filters: absent, empty or `TAG` for tags; `SQL92` for a SQL92
+  /// expression over the message's properties (docs/sql-filter.md), served only by a broker
+  /// with `enable_property_filter`.
+  #[inline]
+  pub fn expression_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(PullRequest::VT_EXPRESSION_TYPE, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PullRequest<'_> {
@@ -5499,6 +5515,7 @@ impl ::flatbuffers::Verifiable for PullRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("tag_expression", Self::VT_TAG_EXPRESSION, false)?
      .visit_field::<u32>("suspend_timeout_ms", Self::VT_SUSPEND_TIMEOUT_MS, false)?
      .visit_field::<i64>("commit_offset", Self::VT_COMMIT_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("expression_type", Self::VT_EXPRESSION_TYPE, false)?
      .finish();
     Ok(())
   }
@@ -5513,6 +5530,7 @@ pub struct PullRequestArgs<'a> {
     pub tag_expression: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub suspend_timeout_ms: u32,
     pub commit_offset: i64,
+    pub expression_type: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for PullRequestArgs<'a> {
   #[inline]
@@ -5527,6 +5545,7 @@ impl<'a> Default for PullRequestArgs<'a> {
       tag_expression: None,
       suspend_timeout_ms: 15000,
       commit_offset: -1,
+      expression_type: None,
     }
   }
 }
@@ -5573,6 +5592,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PullRequestBuilder<'a, 'b, A>
     self.fbb_.push_slot::<i64>(PullRequest::VT_COMMIT_OFFSET, commit_offset, -1);
   }
   #[inline]
+  pub fn add_expression_type(&mut self, expression_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PullRequest::VT_EXPRESSION_TYPE, expression_type);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PullRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PullRequestBuilder {
@@ -5599,6 +5622,7 @@ impl ::core::fmt::Debug for PullRequest<'_> {
       ds.field("tag_expression", &self.tag_expression());
       ds.field("suspend_timeout_ms", &self.suspend_timeout_ms());
       ds.field("commit_offset", &self.commit_offset());
+      ds.field("expression_type", &self.expression_type());
       ds.finish()
   }
 }
@@ -5614,6 +5638,7 @@ pub struct PullRequestT {
   pub tag_expression: Option<alloc::string::String>,
   pub suspend_timeout_ms: u32,
   pub commit_offset: i64,
+  pub expression_type: Option<alloc::string::String>,
 }
 impl Default for PullRequestT {
   fn default() -> Self {
@@ -5627,6 +5652,7 @@ impl Default for PullRequestT {
       tag_expression: None,
       suspend_timeout_ms: 15000,
       commit_offset: -1,
+      expression_type: None,
     }
   }
 }
@@ -5650,6 +5676,9 @@ impl PullRequestT {
     });
     let suspend_timeout_ms = self.suspend_timeout_ms;
     let commit_offset = self.commit_offset;
+    let expression_type = self.expression_type.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
     PullRequest::create(_fbb, &PullRequestArgs{
       consumer_group,
       topic,
@@ -5660,6 +5689,7 @@ impl PullRequestT {
       tag_expression,
       suspend_timeout_ms,
       commit_offset,
+      expression_type,
     })
   }
 }

@@ -15,10 +15,6 @@ use crate::network::clients as native;
 use crate::network::request::{refuse, Connection};
 use crate::network::NetworkShard;
 
-/// RocketMQ's expression type of a tag subscription; SQL92 ones are refused until ShardMQ
-/// filters by SQL.
-const TAG_EXPRESSION: &str = "TAG";
-
 pub(super) async fn heartbeat(
     shard: &NetworkShard,
     connection: &Connection,
@@ -30,20 +26,25 @@ pub(super) async fn heartbeat(
     let mut subscriptions = HashMap::new();
     for consumer in &data.consumer_data_set {
         for subscription in &consumer.subscription_data_set {
-            if !subscription.expression_type.is_empty()
-                && subscription.expression_type != TAG_EXPRESSION
-            {
-                return Err(refuse(
-                    wire::Status::INVALID_TAG_EXPRESSION,
-                    format!(
-                        "group {} subscribes to {} with a {} expression; ShardMQ filters by tag only",
-                        consumer.group_name, subscription.topic, subscription.expression_type
-                    ),
-                ));
+            let is_sql = crate::network::consume::is_sql(Some(&subscription.expression_type))?;
+            if is_sql {
+                // Refused here, at subscribe time, when the broker serves no SQL92 filter or
+                // the expression does not compile (the remark names the position).
+                shard
+                    .sql_filter(&subscription.sub_string)
+                    .map_err(|refusal| {
+                        refuse(
+                            refusal.status,
+                            format!(
+                                "group {} subscribes to {}: {}",
+                                consumer.group_name, subscription.topic, refusal.message
+                            ),
+                        )
+                    })?;
             }
             subscriptions.insert(
                 (consumer.group_name.clone(), subscription.topic.clone()),
-                subscription.sub_string.clone(),
+                (subscription.sub_string.clone(), is_sql),
             );
         }
     }
@@ -112,6 +113,24 @@ pub(super) async fn heartbeat(
         native::heartbeat(shard, connection, 0, heartbeat).await,
     )?;
     *session.subscriptions.borrow_mut() = subscriptions;
+    Ok(Reply::to(command, response::SUCCESS))
+}
+
+/// CHECK_CLIENT_CONFIG (46): a RocketMQ consumer asks before it subscribes with a SQL92
+/// expression whether the broker accepts it. A tag subscription is accepted; a SQL92 one when
+/// the broker filters by SQL92 (`enable_property_filter`) and the expression compiles, else
+/// refused with the reason (SUBSCRIPTION_PARSE_FAILED, the position of the error named).
+pub(super) async fn check_client_config(
+    shard: &NetworkShard,
+    _connection: &Connection,
+    command: &RemotingCommand,
+) -> Answer {
+    let check = shardmq_remoting::heartbeat::decode_check_client_body(&command.body)
+        .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))?;
+    let subscription = &check.subscription_data;
+    if crate::network::consume::is_sql(Some(&subscription.expression_type))? {
+        shard.sql_filter(&subscription.sub_string)?;
+    }
     Ok(Reply::to(command, response::SUCCESS))
 }
 

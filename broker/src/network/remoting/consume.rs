@@ -42,27 +42,23 @@ pub(super) async fn pull(
     } else {
         0
     };
-    if command
-        .ext("expressionType")
-        .is_some_and(|kind| !kind.is_empty() && kind != "TAG")
-    {
-        return Err(refuse(
-            wire::Status::INVALID_TAG_EXPRESSION,
-            "ShardMQ filters by tag only (expressionType TAG)",
-        ));
-    }
     // The pull's own expression when it carries one, else the heartbeat's.
-    let expression = if sys_flag & pull_sys_flag::SUBSCRIPTION != 0 {
-        command
-            .ext("subscription")
-            .filter(|expression| !expression.is_empty())
-            .map(str::to_owned)
+    let (expression, is_sql) = if sys_flag & pull_sys_flag::SUBSCRIPTION != 0 {
+        (
+            command
+                .ext("subscription")
+                .filter(|expression| !expression.is_empty())
+                .map(str::to_owned),
+            native::is_sql(command.ext("expressionType"))?,
+        )
     } else {
         session
             .subscriptions
             .borrow()
             .get(&(group.to_owned(), topic.to_owned()))
-            .cloned()
+            .map_or((None, false), |(expression, is_sql)| {
+                (Some(expression.clone()), *is_sql)
+            })
     };
     let ask = PullAsk {
         consumer_group: Some(group),
@@ -75,6 +71,7 @@ pub(super) async fn pull(
         .unwrap_or(1),
         max_bytes: u32::try_from(optional_i32(command, "maxMsgBytes")?.unwrap_or(0)).unwrap_or(0),
         tag_expression: expression.as_deref(),
+        is_sql,
         suspend_timeout_ms: u32::try_from(suspend_timeout_ms.max(0)).unwrap_or(u32::MAX),
         commit_offset,
     };
@@ -252,6 +249,7 @@ pub(super) async fn earliest_store_time(
         max_messages: 1,
         max_bytes: 0,
         tag_expression: None,
+        is_sql: false,
         suspend_timeout_ms: 0,
         commit_offset: -1,
     };

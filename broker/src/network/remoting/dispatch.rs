@@ -105,6 +105,7 @@ async fn dispatch(
             consume::earliest_store_time(shard, c, command).await
         }
         request::HEART_BEAT => clients::heartbeat(shard, c, s, command).await,
+        request::CHECK_CLIENT_CONFIG => clients::check_client_config(shard, c, command).await,
         request::UNREGISTER_CLIENT => clients::unregister(shard, c, command).await,
         request::GET_CONSUMER_LIST_BY_GROUP => clients::consumer_list(shard, c, command).await,
         request::CONSUMER_SEND_MSG_BACK => retry::send_back(shard, c, command).await,

@@ -57,7 +57,8 @@ const REQUEST_KIND: &str = "remoting";
 pub(super) struct RemotingSession {
     /// The subscriptions of this client's last heartbeat, by (group, topic): a push consumer's
     /// pulls name none of their own (RocketMQ's `postSubscriptionWhenPull` is off by default).
-    subscriptions: RefCell<HashMap<(String, String), String>>,
+    /// Each value: the expression and whether it is SQL92.
+    subscriptions: RefCell<HashMap<(String, String), (String, bool)>>,
 }
 
 /// Serves one remoting connection until it closes or the broker stops.

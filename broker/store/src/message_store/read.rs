@@ -281,6 +281,9 @@ impl MessageStore {
                     .inner
                     .read_queue_record_from(topic, queue_id, queue_offset, &entry, first_read, crcs)
                     .await?;
+                if !filter.matches_record(&record) {
+                    continue;
+                }
                 bytes_total += record.len() as u64;
                 result.records.push(record);
             }
@@ -863,7 +866,7 @@ mod tests {
         let filtered = PullShape::new(1, 1 << 20, &TagFilter::parse("a"));
         let wanted = match &filtered.filter {
             TagFilter::Tags { hashes, .. } => hashes[0],
-            TagFilter::All => unreachable!("a tag was given"),
+            TagFilter::All | TagFilter::Sql(_) => unreachable!("a tag was given"),
         };
         tagged[3].tags_hash = wanted;
         tagged[5].tags_hash = wanted;

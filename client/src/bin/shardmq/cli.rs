@@ -226,8 +226,13 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub timeout_ms: u64,
     /// Tag expression: `*` or `TagA || TagB`.
-    #[arg(long, default_value = "*")]
+    #[arg(long, default_value = "*", conflicts_with = "sql")]
     pub tags: String,
+    /// A SQL92 expression over message properties instead of tags, e.g.
+    /// "region = 'eu' AND price > 10" (the broker must run with enable_property_filter;
+    /// docs/sql-filter.md).
+    #[arg(long)]
+    pub sql: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -319,7 +319,10 @@ async fn send_all(
 }
 
 async fn consume(context: &Settings, args: ConsumeArgs) -> Result<()> {
-    let tags = TagExpression::parse(&args.tags)?;
+    let tags = match &args.sql {
+        Some(sql) => TagExpression::sql(sql)?,
+        None => TagExpression::parse(&args.tags)?,
+    };
     let consumer = PullConsumer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
