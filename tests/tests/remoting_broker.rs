@@ -453,14 +453,37 @@ fn malformed_remoting_frames_close_the_broker_connection_and_store_nothing() {
     assert_eq!(answer.code, response::SUCCESS);
 }
 
-/// Pulls every record of `queue_id` from `offset`, returning (queue offset, CommitLog offset
-/// the record carries, tags, body).
+/// Pulls every record of `queue_id` from offset 0 (waiting up to 5 s for one), returning
+/// (queue offset, CommitLog offset the record carries, tags, body).
 fn pull_all(
     client: &mut RemotingClient,
     topic: &str,
     group: &str,
     queue_id: i32,
 ) -> Vec<(u64, i64, Option<String>, Vec<u8>)> {
+    pull_all_records(client, topic, group, queue_id)
+        .iter()
+        .map(|record| {
+            let located = i64::from_be_bytes(record[28..36].try_into().unwrap());
+            // The record's own CRC does not cover the located offset; read it unchecked.
+            let view = shardmq_codec::RecordView::parse_unchecked(record).expect("a record");
+            (
+                view.queue_offset(),
+                located,
+                view.tags().map(str::to_owned),
+                view.body().to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// The stored records of `queue_id` from offset 0 (waiting up to 5 s for one), as served.
+fn pull_all_records(
+    client: &mut RemotingClient,
+    topic: &str,
+    group: &str,
+    queue_id: i32,
+) -> Vec<Vec<u8>> {
     let answer = client.call(
         RemotingCommand::request(request::PULL_MESSAGE, 0)
             .with_ext("consumerGroup", group)
@@ -472,21 +495,15 @@ fn pull_all(
             .with_ext("commitOffset", "0")
             .with_ext("suspendTimeoutMillis", "5000"),
     );
-    assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+    if answer.code != response::SUCCESS {
+        assert_eq!(answer.code, response::PULL_NOT_FOUND, "{:?}", answer.remark);
+        return Vec::new();
+    }
     let mut records = Vec::new();
     let mut rest = &answer.body[..];
     while !rest.is_empty() {
         let size = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
-        let record = &rest[..size];
-        let located = i64::from_be_bytes(record[28..36].try_into().unwrap());
-        // The record's own CRC does not cover the located offset; read its fields unchecked.
-        let view = shardmq_codec::RecordView::parse_unchecked(record).expect("a record");
-        records.push((
-            view.queue_offset(),
-            located,
-            view.tags().map(str::to_owned),
-            view.body().to_vec(),
-        ));
+        records.push(rest[..size].to_vec());
         rest = &rest[size..];
     }
     records
@@ -582,6 +599,92 @@ fn a_rocketmq_consumer_s_send_back_reaches_the_retry_topic_from_any_storage_shar
             .with_ext("originMsgId", "00"),
     );
     assert_eq!(bad.code, response::MESSAGE_ILLEGAL, "{:?}", bad.remark);
+}
+
+/// When its CONSUMER_SEND_MSG_BACK fails, a RocketMQ consumer sends the message to
+/// `%RETRY%<group>` itself, with RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME (one above its
+/// deliveries), MAX_RECONSUME_TIMES and DELAY set: the broker stores it as its own send-back
+/// would, through the delay level to the retry topic, or to the dead letters once the
+/// redeliveries are used up. Without RETRY_TOPIC a send to a retry topic is refused.
+#[test]
+fn a_rocketmq_consumer_s_own_retry_send_is_stored_as_a_send_back() {
+    let dir = TempDir::new().unwrap();
+    let cluster = LocalCluster::start_with_broker_args(
+        dir.path(),
+        &["--delay-levels", "100ms 100ms 100ms 100ms 100ms"],
+    );
+    cluster.create_topic(TOPIC, 1);
+    let mut client = RemotingClient::connect(&cluster.broker_addr());
+    let retry_topic = format!("%RETRY%{GROUP}");
+    let retry_send = |reconsume_time: &str, body: &'static str| {
+        RemotingCommand::request(request::SEND_MESSAGE_V2, 0)
+            .with_ext("a", "CID_RMQ_SYS")
+            .with_ext("b", &retry_topic)
+            .with_ext("e", "0")
+            .with_ext("f", "0")
+            .with_ext("g", "1700000000000")
+            .with_ext("h", "0")
+            .with_ext(
+                "i",
+                properties(&[
+                    ("TAGS", "t"),
+                    ("UNIQ_KEY", body),
+                    ("RETRY_TOPIC", TOPIC),
+                    ("ORIGIN_MESSAGE_ID", "ORIGIN"),
+                    ("RECONSUME_TIME", reconsume_time),
+                    ("MAX_RECONSUME_TIMES", "2"),
+                    ("DELAY", "3"),
+                    ("color", "blue"),
+                ]),
+            )
+            .with_body(Bytes::from_static(body.as_bytes()))
+            .with_serialize_type(SerializeType::RocketMq)
+    };
+    // First failed delivery (RECONSUME_TIME 1): to the retry topic after delay level 3.
+    let answer = client.call(retry_send("1", "retried"));
+    assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+    assert_eq!(answer.ext("msgId").map(str::len), Some(32));
+    // Past MAX_RECONSUME_TIMES (two deliveries already retried): to the dead letters.
+    let answer = client.call(retry_send("3", "dead"));
+    assert_eq!(answer.code, response::SUCCESS, "{:?}", answer.remark);
+
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let read = |client: &mut RemotingClient, topic: &str| loop {
+        let records = pull_all_records(client, topic, "retry-reader", 0);
+        if !records.is_empty() {
+            return records;
+        }
+        assert!(Instant::now() < deadline, "nothing arrived in {topic}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let retried = read(&mut client, &retry_topic);
+    let view = shardmq_codec::RecordView::parse_unchecked(&retried[0]).unwrap();
+    assert_eq!(view.body(), b"retried");
+    assert_eq!(view.reconsume_times(), 1);
+    assert_eq!(view.property("RETRY_TOPIC"), Some(TOPIC));
+    assert_eq!(view.property("ORIGIN_MESSAGE_ID"), Some("ORIGIN"));
+    assert_eq!(view.property("RECONSUME_TIME"), Some("1"));
+    assert_eq!(view.property("color"), Some("blue"));
+    assert_eq!(view.tags(), Some("t"));
+    let dead = read(&mut client, &format!("%DLQ%{GROUP}"));
+    let view = shardmq_codec::RecordView::parse_unchecked(&dead[0]).unwrap();
+    assert_eq!(view.body(), b"dead");
+    assert_eq!(view.reconsume_times(), 3);
+
+    // A send to a retry topic that is not a retry is refused, and nothing is stored.
+    let plain = client.call(
+        RemotingCommand::request(request::SEND_MESSAGE, 0)
+            .with_ext("producerGroup", "P")
+            .with_ext("topic", &retry_topic)
+            .with_ext("properties", properties(&[("TAGS", "x")]))
+            .with_body(Bytes::from_static(b"not a retry")),
+    );
+    assert_eq!(plain.code, response::NO_PERMISSION, "{:?}", plain.remark);
+    assert!(plain.remark.unwrap_or_default().contains("RETRY_TOPIC"));
+    assert_eq!(
+        pull_all_records(&mut client, &retry_topic, "retry-reader-2", 0).len(),
+        1
+    );
 }
 
 #[test]

@@ -199,28 +199,91 @@ pub async fn send_back(
         }
     }
     let offset_id = offset_message_id(shard.store_host.get(), source_shard, physical_offset);
-    let copy = plan_copy(shard, &request, &view, &offset_id)?;
+    let message = CopyOf {
+        delivered_times: view.reconsume_times().max(0),
+        original_topic: view
+            .property(PROPERTY_RETRY_TOPIC)
+            .unwrap_or_else(|| view.topic()),
+        origin_id: view
+            .property(PROPERTY_ORIGIN_MESSAGE_ID)
+            .or_else(|| view.unique_key())
+            .unwrap_or(&offset_id),
+        unique_id: view.unique_key(),
+        properties: view.properties().collect(),
+        flag: view.flag(),
+        body: view.body(),
+        sys_flag: view.sys_flag(),
+        born_timestamp_ms: view.born_timestamp_ms(),
+        born_host: view.born_host(),
+    };
+    let redelivery = Redelivery {
+        group: request.group,
+        delay_level: request.delay_level,
+        max_reconsume_times: request.max_reconsume_times,
+    };
+    store_copy(shard, &redelivery, &message)
+        .await
+        .map(|(outcome, _)| outcome)
+}
+
+/// How a message is to be delivered again: to which group, after which delay level (-1: to
+/// the dead letters at once, 0: the broker's choice) and within how many redeliveries.
+pub(super) struct Redelivery<'a> {
+    pub group: &'a str,
+    pub delay_level: i32,
+    pub max_reconsume_times: i32,
+}
+
+/// The message a retry or dead-letter copy is made of: a stored record a consumer sent back,
+/// or the message a RocketMQ client sends to `%RETRY%<group>` itself when its send-back failed.
+pub(super) struct CopyOf<'a> {
+    /// How many times the message was redelivered before this delivery failed.
+    pub delivered_times: i32,
+    /// The topic the message was first sent to.
+    pub original_topic: &'a str,
+    /// The first id of the message.
+    pub origin_id: &'a str,
+    pub unique_id: Option<&'a str>,
+    /// Its properties (those a copy rewrites are dropped here).
+    pub properties: Vec<(&'a str, &'a str)>,
+    pub flag: i32,
+    pub body: &'a [u8],
+    pub sys_flag: u32,
+    pub born_timestamp_ms: i64,
+    pub born_host: std::net::SocketAddr,
+}
+
+/// Stores the retry copy of `message` (or its dead letter): returns where it went and the
+/// CommitLog offset and storage shard of the stored copy (`None` when a dead letter already
+/// held it).
+pub(super) async fn store_copy(
+    shard: &NetworkShard,
+    redelivery: &Redelivery<'_>,
+    message: &CopyOf<'_>,
+) -> Result<(SendBackOutcome, Option<(usize, u64)>), SendBackError> {
+    let copy = plan_copy(shard, redelivery, message)?;
     ensure_topic(shard, &copy.target_topic).await?;
-    if copy.is_dead_letter && is_already_dead(shard, &copy.target_topic, &view).await? {
+    if copy.is_dead_letter && is_already_dead(shard, &copy.target_topic, message.unique_id).await? {
         // A send-back repeated after a crash (the consumer had not committed past the message
         // when the broker or it died): the dead letter is kept once.
-        return Ok(SendBackOutcome {
+        let outcome = SendBackOutcome {
             topic: copy.target_topic,
             reconsume_times: copy.reconsume_times,
             is_dead_letter: true,
-        });
+        };
+        return Ok((outcome, None));
     }
     let mut batch = EncodedBatch::new();
     let properties = copy.property_pairs();
     let input = RecordInput {
         topic: &copy.store_topic,
         queue_id: copy.store_queue,
-        flag: view.flag(),
-        body: view.body(),
+        flag: message.flag,
+        body: message.body,
         properties: &properties,
-        sys_flag: view.sys_flag(),
-        born_timestamp_ms: view.born_timestamp_ms(),
-        born_host: view.born_host(),
+        sys_flag: message.sys_flag,
+        born_timestamp_ms: message.born_timestamp_ms,
+        born_host: message.born_host,
         store_host: shard.store_host.get(),
         reconsume_times: copy.reconsume_times,
         prepared_transaction_offset: 0,
@@ -248,11 +311,16 @@ pub async fn send_back(
             "the retry copy is stored on the master but not on its replicas; consume the message again later",
         ));
     }
-    Ok(SendBackOutcome {
+    let stored = outcome
+        .records
+        .first()
+        .map(|record| (storage, record.physical_offset));
+    let outcome = SendBackOutcome {
         topic: copy.target_topic,
         reconsume_times: copy.reconsume_times,
         is_dead_letter: copy.is_dead_letter,
-    })
+    };
+    Ok((outcome, stored))
 }
 
 /// The copy to store: where, with which properties and count.
@@ -278,27 +346,26 @@ impl Copy {
 
 fn plan_copy(
     shard: &NetworkShard,
-    request: &Request<'_>,
-    view: &RecordView<'_>,
-    offset_id: &str,
+    request: &Redelivery<'_>,
+    message: &CopyOf<'_>,
 ) -> Result<Copy, SendBackError> {
-    let delivered_times = view.reconsume_times().max(0);
+    let delivered_times = message.delivered_times.max(0);
     let is_dead_letter = request.delay_level < 0 || delivered_times >= request.max_reconsume_times;
     let reconsume_times = delivered_times.saturating_add(1);
-    let original_topic = view
-        .property(PROPERTY_RETRY_TOPIC)
-        .unwrap_or_else(|| view.topic());
-    let origin_id = view
-        .property(PROPERTY_ORIGIN_MESSAGE_ID)
-        .or_else(|| view.unique_key())
-        .unwrap_or(offset_id);
-    let mut properties: Vec<(String, String)> = view
-        .properties()
+    let mut properties: Vec<(String, String)> = message
+        .properties
+        .iter()
         .filter(|(key, _)| !REWRITTEN_PROPERTIES.contains(key))
-        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
         .collect();
-    properties.push((PROPERTY_RETRY_TOPIC.into(), original_topic.to_owned()));
-    properties.push((PROPERTY_ORIGIN_MESSAGE_ID.into(), origin_id.to_owned()));
+    properties.push((
+        PROPERTY_RETRY_TOPIC.into(),
+        message.original_topic.to_owned(),
+    ));
+    properties.push((
+        PROPERTY_ORIGIN_MESSAGE_ID.into(),
+        message.origin_id.to_owned(),
+    ));
     properties.push((PROPERTY_RECONSUME_TIME.into(), reconsume_times.to_string()));
     properties.push((
         PROPERTY_MAX_RECONSUME_TIMES.into(),
@@ -344,15 +411,15 @@ fn plan_copy(
     })
 }
 
-/// Whether `dead_letter_topic` already holds a copy of the message `view` (same unique id).
+/// Whether `dead_letter_topic` already holds a copy of the message with `unique_id`.
 /// The index lists the newest records first, so an existing dead letter, the newest copy of
 /// its message, is among the first looked at.
 async fn is_already_dead(
     shard: &NetworkShard,
     dead_letter_topic: &str,
-    view: &RecordView<'_>,
+    unique_id: Option<&str>,
 ) -> Result<bool, SendBackError> {
-    let Some(unique_id) = view.unique_key().map(str::to_owned) else {
+    let Some(unique_id) = unique_id.map(str::to_owned) else {
         return Ok(false);
     };
     let storage = shard.shard_of(dead_letter_topic, 0);

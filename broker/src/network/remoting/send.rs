@@ -14,15 +14,18 @@
 //! stored as the message's properties; RocketMQ's reserved names that a client may not set are
 //! refused by the native check, naming the property.
 
-use shardmq_remoting::codes::{message_sys_flag, request};
+use shardmq_remoting::codes::{message_sys_flag, request, response};
 use shardmq_remoting::{parse_properties, BatchMessages, RemotingCommand};
 use shardmq_schema::wire;
 
 use super::dispatch::{native_answer, native_request, required, Answer, Reply};
 use crate::msgid::push_offset_message_id;
+use crate::naming::{check_group_name, check_topic_name, RETRY_TOPIC_PREFIX};
 use crate::network::produce::{self as native, SendMessage, StoredSend};
 use crate::network::request::{refuse, Connection, Refusal};
+use crate::network::send_back::{store_copy, CopyOf, Redelivery, DEFAULT_MAX_RECONSUME_TIMES};
 use crate::network::NetworkShard;
+use crate::store::record::SYS_FLAG_COMPRESSED;
 
 /// Bits 8..10 of a message's sys flag: the compression of a compressed body.
 const COMPRESSION_TYPE_SHIFT: i32 = 8;
@@ -46,6 +49,12 @@ struct Outgoing<'a> {
     is_transactional: bool,
     /// `PGROUP`: a half message's producer group.
     producer_group: Option<&'a str>,
+    /// `RETRY_TOPIC`: the topic a message sent to a retry topic was first sent to.
+    retry_topic: Option<&'a str>,
+    /// `ORIGIN_MESSAGE_ID`, `RECONSUME_TIME`, `MAX_RECONSUME_TIMES` of such a message.
+    origin_message_id: Option<&'a str>,
+    reconsume_time: Option<i64>,
+    max_reconsume_times: Option<i64>,
 }
 
 pub(super) async fn send(
@@ -105,6 +114,19 @@ pub(super) async fn send(
             producer_group: group,
         };
         return send_half(shard, connection, command, half, &messages[0]).await;
+    }
+    if let Some(group) = topic.strip_prefix(RETRY_TOPIC_PREFIX) {
+        let properties = if command.code == request::SEND_BATCH_MESSAGE {
+            None
+        } else {
+            Some(header_properties.as_bytes())
+        };
+        let retry = RetrySend {
+            group,
+            header: &header,
+            properties,
+        };
+        return send_retry(shard, connection, command, retry, &messages).await;
     }
     // Stored as a native send stores its messages, straight from the remoting frame's bytes.
     let stored = native::store_send(
@@ -186,6 +208,108 @@ impl SendMessage for Outgoing<'_> {
     fn delay_ms(&self) -> i64 {
         self.delay_ms
     }
+}
+
+/// A send to `%RETRY%<group>`: what a RocketMQ consumer does itself when its
+/// CONSUMER_SEND_MSG_BACK fails (the message with `RETRY_TOPIC`, `ORIGIN_MESSAGE_ID`,
+/// `RECONSUME_TIME` one above its deliveries, `MAX_RECONSUME_TIMES` and `DELAY` set).
+struct RetrySend<'a> {
+    group: &'a str,
+    header: &'a Header<'a>,
+    /// The raw properties of a single send (`None` for a batch, which is refused).
+    properties: Option<&'a [u8]>,
+}
+
+/// Stores a retry send as the native send-back stores its copy (`send_back::store_copy`):
+/// through the delay level it names to the group's retry topic, or to its dead letters past
+/// its redeliveries, with the retry bookkeeping rewritten by the broker.
+async fn send_retry(
+    shard: &NetworkShard,
+    connection: &Connection,
+    command: &RemotingCommand,
+    retry: RetrySend<'_>,
+    messages: &[Outgoing<'_>],
+) -> Answer {
+    let (Some(raw_properties), [message]) = (retry.properties, messages) else {
+        return Err(refuse(
+            wire::Status::INVALID_ARGUMENT,
+            "a message for a retry topic is sent alone, not in a batch",
+        ));
+    };
+    let original_topic = message.retry_topic.ok_or_else(|| {
+        refuse(
+            wire::Status::NO_PERMISSION,
+            format!(
+                "{RETRY_TOPIC_PREFIX}{} is the group's retry topic: a message sent to it must carry RETRY_TOPIC (the topic it was first sent to)",
+                retry.group
+            ),
+        )
+    })?;
+    check_group_name(retry.group).map_err(|why| refuse(wire::Status::INVALID_ARGUMENT, why))?;
+    check_topic_name(original_topic).map_err(|why| {
+        refuse(
+            wire::Status::INVALID_ARGUMENT,
+            format!("RETRY_TOPIC: {why}"),
+        )
+    })?;
+    // RECONSUME_TIME (or the header's reconsumeTimes) is one above the deliveries so far.
+    let reconsume_time = match message.reconsume_time {
+        Some(times) => times,
+        None => retry.header.number("reconsumeTimes", "j")?,
+    };
+    let max_reconsume_times = match message.max_reconsume_times {
+        Some(times) => times,
+        None => retry.header.number("maxReconsumeTimes", "l")?,
+    };
+    let properties = parse_properties(raw_properties)
+        .map_err(|bad| refuse(wire::Status::INVALID_ARGUMENT, bad.to_string()))?;
+    let kept: Vec<(&str, &str)> = properties
+        .iter()
+        .filter(|(name, _)| !matches!(*name, "WAIT" | "TRAN_MSG" | "PGROUP"))
+        .collect();
+    let copy_of = CopyOf {
+        delivered_times: i32::try_from(reconsume_time.saturating_sub(1).max(0)).unwrap_or(i32::MAX),
+        original_topic,
+        origin_id: message
+            .origin_message_id
+            .or(message.unique_id)
+            .unwrap_or_default(),
+        unique_id: message.unique_id,
+        properties: kept,
+        flag: message.flag,
+        body: message.body,
+        sys_flag: if message.compression == wire::Compression::NONE {
+            0
+        } else {
+            SYS_FLAG_COMPRESSED
+        },
+        born_timestamp_ms: message.born_timestamp_ms,
+        born_host: connection.peer,
+    };
+    let redelivery = Redelivery {
+        group: retry.group,
+        delay_level: message.delay_level.max(0),
+        max_reconsume_times: match i32::try_from(max_reconsume_times).unwrap_or(i32::MAX) {
+            times if times > 0 => times,
+            _ => DEFAULT_MAX_RECONSUME_TIMES,
+        },
+    };
+    let (_, stored) = store_copy(shard, &redelivery, &copy_of)
+        .await
+        .map_err(|error| refuse(error.status, error.message))?;
+    let mut offset_id = String::new();
+    if let Some((storage, physical_offset)) = stored {
+        push_offset_message_id(
+            &mut offset_id,
+            shard.store_host.get(),
+            storage,
+            physical_offset,
+        );
+    }
+    Ok(Reply::to(command, response::SUCCESS)
+        .with_ext("msgId", offset_id)
+        .with_ext("queueId", 0)
+        .with_ext("queueOffset", 0))
 }
 
 /// Where a half message goes.
@@ -339,6 +463,10 @@ fn outgoing(properties: &[u8]) -> Result<Outgoing<'_>, Refusal> {
             "TIMER_DELAY_MS" => message.delay_ms = number(name, value)?,
             "TRAN_MSG" => message.is_transactional = value.eq_ignore_ascii_case("true"),
             "PGROUP" => message.producer_group = Some(value),
+            "RETRY_TOPIC" => message.retry_topic = Some(value),
+            "ORIGIN_MESSAGE_ID" => message.origin_message_id = Some(value),
+            "RECONSUME_TIME" => message.reconsume_time = Some(number(name, value)?),
+            "MAX_RECONSUME_TIMES" => message.max_reconsume_times = Some(number(name, value)?),
             // The broker's flush mode decides when a send is answered.
             "WAIT" => {}
             _ => message.properties.push((name, value)),
