@@ -25,6 +25,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("shardmq-codec", set(&[])),
         ("shardmq-remoting", set(&[])),
         ("shardmq-filter", set(&[])),
+        ("shardmq-acl", set(&[])),
         ("shardmq-store", set(&["shardmq-codec", "shardmq-filter"])),
         (
             "shardmq-base",
