@@ -1791,3 +1791,65 @@ fn wait_until_holds(broker: &BrokerProcess, expected: &[(u64, u64, Vec<u8>)], wh
         (held == expected).then_some(())
     });
 }
+
+/// A request that arrives while the broker stops (a shutdown or a role change) is refused at
+/// once with SERVICE_NOT_AVAILABLE instead of being served: a long poll admitted after the
+/// stop woke the parked pulls would otherwise park for its whole suspend time and hold the
+/// stop to the drain's 5 s bound (what made a role change, and so a failover, take 7 s in
+/// rare chaos rounds). Here a send waiting for a paused slave keeps the drain open for about
+/// 1.5 s (the sync-flush timeout); a long poll sent meanwhile is answered at once and the stop
+/// ends with that send, well inside the bound.
+#[test]
+fn a_request_that_arrives_while_the_broker_stops_is_refused_and_does_not_hold_the_stop() {
+    use shardmq_tests::{pull_request_body, ClientError, PullParams};
+    use std::time::Instant;
+
+    let group = Group::new();
+    let mut master = group.master("sync-master", &["--sync-flush-timeout-ms", "1500"]);
+    let slave = group.slave(&[]);
+    let mut client = master.client();
+    create_topic(&mut client, TOPIC, 1);
+    wait_for_sync_replication(&mut client);
+    let (visible, _) = pull_queue(&mut client, TOPIC, 0);
+    let mut late = master.client();
+
+    shardmq_tests::signal(slave.pid(), "STOP");
+    client
+        .send_request(|b| send_request_body(b, TOPIC, 0, &[TestMessage::new("waits")]))
+        .expect("send the waiting send");
+    std::thread::sleep(Duration::from_millis(100));
+    let stopping = std::thread::spawn(move || {
+        let started = Instant::now();
+        master.stop();
+        started.elapsed()
+    });
+    // The stop has begun (SIGTERM is handled at once) and its drain waits for the send.
+    std::thread::sleep(Duration::from_millis(400));
+    let mut long_poll = PullParams::new(TOPIC, 0, visible.len() as i64);
+    long_poll.suspend_timeout_ms = 30_000;
+    let sent = Instant::now();
+    late.send_request(|b| pull_request_body(b, &long_poll))
+        .expect("send the long poll");
+    match late.read_frame() {
+        Ok(frame) => assert_eq!(
+            status_of(&frame).0,
+            wire::Status::SERVICE_NOT_AVAILABLE,
+            "{:?}",
+            status_of(&frame)
+        ),
+        Err(ClientError::Closed) => {}
+        Err(error) => panic!("the long poll neither answered nor closed: {error}"),
+    }
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "the long poll was held {} ms",
+        sent.elapsed().as_millis()
+    );
+    let stop_took = stopping.join().expect("the stop");
+    shardmq_tests::signal(slave.pid(), "CONT");
+    assert!(
+        stop_took < Duration::from_millis(4500),
+        "the stop took {} ms: held to the drain's bound",
+        stop_took.as_millis()
+    );
+}

@@ -163,6 +163,27 @@ pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
                         }
                         continue;
                     }
+                    if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                        // Stopping (a shutdown or a role change): a request that arrives now
+                        // is refused at once, so that the drain waits only for what was
+                        // admitted before (a pull would otherwise park for its whole suspend
+                        // time, a send wait out its replication), and the client turns to
+                        // another broker or tries again once this one is back.
+                        drop(claim);
+                        if frame.frame().kind() == wire::FrameKind::REQUEST {
+                            let refusal = shard.with_encoder(|e| {
+                                e.encode_error_response(
+                                    frame.frame().request_id(),
+                                    wire::Status::SERVICE_NOT_AVAILABLE,
+                                    "the broker is stopping; try another broker or again shortly",
+                                )
+                            });
+                            if let Ok(refusal) = refusal {
+                                connection.send(vec![refusal]).await;
+                            }
+                        }
+                        continue;
+                    }
                     let Ok(permit) = permits.acquire_static_permit(1).await else {
                         break 'read;
                     };

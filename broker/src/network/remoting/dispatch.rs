@@ -131,6 +131,19 @@ async fn dispatch(
     }
 }
 
+/// The answer to a request that arrives while the broker stops (a shutdown or a role change):
+/// SERVICE_NOT_AVAILABLE, so the client turns to another broker or tries again shortly; none
+/// for a oneway request or a response.
+pub(super) fn refuse_while_stopping(command: &RemotingCommand) -> Option<Outbound> {
+    if command.is_response() || command.is_oneway() {
+        return None;
+    }
+    let mut reply = Reply::to(command, response::SERVICE_NOT_AVAILABLE);
+    reply.command.remark =
+        Some("the broker is stopping; try another broker or again shortly".to_owned());
+    encode(&reply)
+}
+
 fn encode(reply: &Reply) -> Option<Outbound> {
     let body_bytes = reply.body.iter().map(Bytes::len).sum();
     let mut head = BytesMut::new();

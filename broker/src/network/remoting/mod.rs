@@ -110,6 +110,15 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
                 Ok(Some(command)) => {
                     frame_started = None;
                     let claim = Claim::new(budget.clone(), std::mem::take(&mut charged));
+                    if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                        // Stopping: refused at once, as on a native connection
+                        // (`connection::serve`), so the drain waits only for what came before.
+                        drop(claim);
+                        if let Some(frames) = dispatch::refuse_while_stopping(&command) {
+                            let _ = answers.send(frames).await;
+                        }
+                        continue;
+                    }
                     let Ok(permit) = permits.acquire_static_permit(1).await else {
                         break 'read;
                     };
