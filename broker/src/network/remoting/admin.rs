@@ -28,7 +28,7 @@ use crate::mesh::StorageRequest;
 use crate::naming::{check_group_name, check_topic_name};
 use crate::network::request::{invalid, refuse, Connection, Refusal};
 use crate::network::NetworkShard;
-use crate::network::{admin as native_admin, consume as native_consume, topics};
+use crate::network::{admin as native_admin, topics};
 
 /// Most topics one GET_CONSUME_STATS reads (its `topicList`, or the group's topics).
 const MAX_CONSUME_STATS_TOPICS: usize = 1024;
@@ -220,7 +220,8 @@ pub(super) async fn consume_stats(
             )));
         }
         for queue in queues {
-            let committed = committed_offset(shard, group, topic, queue.queue_id).await?;
+            let committed =
+                super::consume::committed_offset(shard, group, topic, queue.queue_id).await?;
             let consumer_offset = committed.unwrap_or(0);
             // The store time of the last consumed message is known when the group has consumed
             // the whole queue (it is the newest message's); otherwise 0, RocketMQ's "unknown".
@@ -261,47 +262,6 @@ async fn topics_of_group(shard: &NetworkShard, group: &str) -> Result<Vec<String
         .and_then(|summary| summary.topics())
         .map(|topics| topics.iter().map(str::to_owned).collect())
         .unwrap_or_default())
-}
-
-/// A group's committed offset of one queue through the native query; `None` when it has none.
-async fn committed_offset(
-    shard: &NetworkShard,
-    group: &str,
-    topic: &str,
-    queue_id: i32,
-) -> Result<Option<i64>, Refusal> {
-    let request = native_request(shard, |b| {
-        let consumer_group = b.create_string(group);
-        let topic = b.create_string(topic);
-        let body = wire::QueryConsumerOffsetRequest::create(
-            b,
-            &wire::QueryConsumerOffsetRequestArgs {
-                consumer_group: Some(consumer_group),
-                topic: Some(topic),
-                queue_id,
-            },
-        );
-        (
-            wire::Body::QueryConsumerOffsetRequest,
-            body.as_union_value(),
-        )
-    })?;
-    let query = request
-        .frame()
-        .body_as_query_consumer_offset_request()
-        .expect("built as a consumer offset query");
-    match native_answer(
-        shard,
-        native_consume::query_consumer_offset(shard, 0, query).await,
-    ) {
-        Ok(answer) => Ok(answer
-            .frame()
-            .body_as_offset_response()
-            .map(|offset| offset.offset())
-            .filter(|offset| *offset >= 0)),
-        Err(refusal) if refusal.status == wire::Status::CONSUMER_GROUP_NOT_FOUND => Ok(None),
-        Err(refusal) => Err(refusal),
-    }
 }
 
 pub(super) async fn consumer_connections(

@@ -139,6 +139,27 @@ pub(super) async fn query_consumer_offset(
         required(command, "topic")?,
     );
     let queue_id = queue_id(command, "queueId")?;
+    match committed_offset(shard, group, topic, queue_id).await? {
+        Some(offset) => Ok(Reply::to(command, response::SUCCESS).with_ext("offset", offset)),
+        // RocketMQ's clients then start where the group's consume-from setting says.
+        None => {
+            let mut reply = Reply::to(command, response::QUERY_NOT_FOUND);
+            reply.command.remark = Some(format!(
+                "consumer group {group} has no committed offset for {topic} queue {queue_id}"
+            ));
+            Ok(reply)
+        }
+    }
+}
+
+/// A group's committed offset of one queue through the native query; `None` when the group
+/// has none there.
+pub(super) async fn committed_offset(
+    shard: &NetworkShard,
+    group: &str,
+    topic: &str,
+    queue_id: i32,
+) -> Result<Option<i64>, Refusal> {
     let request = native_request(shard, |b| {
         let (group, topic) = (b.create_string(group), b.create_string(topic));
         let body = wire::QueryConsumerOffsetRequest::create(
@@ -159,19 +180,12 @@ pub(super) async fn query_consumer_offset(
         .body_as_query_consumer_offset_request()
         .expect("built as an offset query");
     match native_answer(shard, native::query_consumer_offset(shard, 0, query).await) {
-        Ok(answer) => Ok(Reply::to(command, response::SUCCESS).with_ext(
-            "offset",
-            answer
-                .frame()
-                .body_as_offset_response()
-                .map_or(0, |offset| offset.offset()),
-        )),
-        // RocketMQ's clients then start where the group's consume-from setting says.
-        Err(refusal) if refusal.status == wire::Status::CONSUMER_GROUP_NOT_FOUND => {
-            let mut reply = Reply::to(command, response::QUERY_NOT_FOUND);
-            reply.command.remark = Some(refusal.message);
-            Ok(reply)
-        }
+        Ok(answer) => Ok(answer
+            .frame()
+            .body_as_offset_response()
+            .map(|offset| offset.offset())
+            .filter(|offset| *offset >= 0)),
+        Err(refusal) if refusal.status == wire::Status::CONSUMER_GROUP_NOT_FOUND => Ok(None),
         Err(refusal) => Err(refusal),
     }
 }
