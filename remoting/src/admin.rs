@@ -166,6 +166,19 @@ pub fn tag_subscription(topic: &str, expression: &str) -> SubscriptionData {
     }
 }
 
+/// A SQL92 subscription as RocketMQ describes it: the expression, no tags.
+pub fn sql_subscription(topic: &str, expression: &str) -> SubscriptionData {
+    SubscriptionData {
+        class_filter_mode: false,
+        topic: topic.to_owned(),
+        sub_string: expression.to_owned(),
+        code_set: Vec::new(),
+        tags_set: Vec::new(),
+        sub_version: 0,
+        expression_type: "SQL92".to_owned(),
+    }
+}
+
 /// Java's `String.hashCode` over UTF-16 code units.
 fn java_string_hash(text: &str) -> i32 {
     text.encode_utf16().fold(0i32, |hash, unit| {

@@ -398,6 +398,7 @@ fn heartbeat_body(
         &wire::SubscriptionArgs {
             topic: Some(subscription_topic),
             expression: Some(expression),
+            expression_type: None,
         },
     );
     let subscriptions = builder.create_vector(&[subscription]);

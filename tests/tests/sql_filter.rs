@@ -15,6 +15,8 @@ use shardmq_client::{
     ConsumeResult, Error, Message, Producer, PullConsumer, PullOptions, PullStatus, PushConsumer,
     TagExpression,
 };
+use shardmq_remoting::codes::{request, response};
+use shardmq_remoting::RemotingCommand;
 use shardmq_schema::wire;
 use shardmq_tests::{run_cli, LocalCluster, TestClient};
 use tempfile::TempDir;
@@ -181,6 +183,17 @@ async fn a_push_consumer_and_the_cli_subscribe_with_sql() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Admin tools see the subscription as SQL92 (RocketMQ's GET_CONSUMER_CONNECTION_LIST).
+    let mut remoting = shardmq_tests::RemotingClient::connect(&cluster.broker_addr());
+    let connections = remoting.call(
+        RemotingCommand::request(request::GET_CONSUMER_CONNECTION_LIST, 0)
+            .with_ext("consumerGroup", "sql-push"),
+    );
+    assert_eq!(connections.code, response::SUCCESS, "{:?}", connections.remark);
+    let connections: serde_json::Value = serde_json::from_slice(&connections.body).unwrap();
+    let subscription = &connections["subscriptionTable"][TOPIC];
+    assert_eq!(subscription["expressionType"], "SQL92");
+    assert_eq!(subscription["subString"], "region = 'eu' AND TAGS <> 'odd'");
     consumer.shutdown().await;
 
     let output = run_cli(

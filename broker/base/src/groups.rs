@@ -20,8 +20,8 @@ pub struct ConnectionKey {
 pub struct ConsumerMembership {
     pub is_broadcasting: bool,
     pub is_orderly: bool,
-    /// (topic, tag expression).
-    pub subscriptions: Vec<(String, String)>,
+    /// (topic, expression, whether the expression is SQL92 rather than tags).
+    pub subscriptions: Vec<(String, String, bool)>,
 }
 
 #[derive(Debug, Clone)]
@@ -192,7 +192,7 @@ impl ClientRegistry {
                 entry.0 += 1;
                 entry
                     .1
-                    .extend(membership.subscriptions.iter().map(|(t, _)| t.clone()));
+                    .extend(membership.subscriptions.iter().map(|(t, _, _)| t.clone()));
             }
         }
         groups
@@ -220,7 +220,7 @@ mod tests {
         ConsumerMembership {
             is_broadcasting: false,
             is_orderly: false,
-            subscriptions: vec![("t".into(), "*".into())],
+            subscriptions: vec![("t".into(), "*".into(), false)],
         }
     }
 

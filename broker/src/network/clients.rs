@@ -38,7 +38,12 @@ pub(super) async fn heartbeat(
         for sub in info.subscriptions().iter().flat_map(|v| v.iter()) {
             let topic = sub.topic().unwrap_or_default();
             check_topic_name(topic).map_err(invalid)?;
-            subscriptions.push((topic.to_owned(), sub.expression().unwrap_or("*").to_owned()));
+            let is_sql = super::consume::is_sql(sub.expression_type())?;
+            subscriptions.push((
+                topic.to_owned(),
+                sub.expression().unwrap_or("*").to_owned(),
+                is_sql,
+            ));
         }
         consumer_groups.insert(
             group.to_owned(),

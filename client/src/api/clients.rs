@@ -18,8 +18,8 @@ pub(crate) struct HeartbeatGroup {
     pub group: String,
     pub is_broadcasting: bool,
     pub is_orderly: bool,
-    /// (topic, tag expression).
-    pub subscriptions: Vec<(String, String)>,
+    /// (topic, expression, `TAG` or `SQL92`).
+    pub subscriptions: Vec<(String, String, &'static str)>,
 }
 
 impl ConnectionPool {
@@ -40,14 +40,16 @@ impl ConnectionPool {
                         let subscriptions: Vec<_> = info
                             .subscriptions
                             .iter()
-                            .map(|(topic, expression)| {
+                            .map(|(topic, expression, expression_type)| {
                                 let topic = builder.create_string(topic);
                                 let expression = builder.create_string(expression);
+                                let expression_type = builder.create_string(expression_type);
                                 wire::Subscription::create(
                                     builder,
                                     &wire::SubscriptionArgs {
                                         topic: Some(topic),
                                         expression: Some(expression),
+                                        expression_type: Some(expression_type),
                                     },
                                 )
                             })

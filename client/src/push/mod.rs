@@ -259,7 +259,13 @@ impl ConsumerCore {
             subscriptions: self
                 .subscriptions
                 .iter()
-                .map(|(topic, expression)| (topic.clone(), expression.as_str().to_owned()))
+                .map(|(topic, expression)| {
+                    (
+                        topic.clone(),
+                        expression.as_str().to_owned(),
+                        expression.expression_type(),
+                    )
+                })
                 .collect(),
         }
     }

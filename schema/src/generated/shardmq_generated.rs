@@ -9351,6 +9351,7 @@ impl<'a> ::flatbuffers::Follow<'a> for Subscription<'a> {
 impl<'a> Subscription<'a> {
   pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
   pub const VT_EXPRESSION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_EXPRESSION_TYPE: ::flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -9362,6 +9363,7 @@ impl<'a> Subscription<'a> {
     args: &'args SubscriptionArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Subscription<'bldr>> {
     let mut builder = SubscriptionBuilder::new(_fbb);
+    if let Some(x) = args.expression_type { builder.add_expression_type(x); }
     if let Some(x) = args.expression { builder.add_expression(x); }
     if let Some(x) = args.topic { builder.add_topic(x); }
     builder.finish()
@@ -9374,9 +9376,13 @@ impl<'a> Subscription<'a> {
     let expression = self.expression().map(|x| {
       alloc::string::ToString::to_string(x)
     });
+    let expression_type = self.expression_type().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
     SubscriptionT {
       topic,
       expression,
+      expression_type,
     }
   }
 
@@ -9387,13 +9393,21 @@ impl<'a> Subscription<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscription::VT_TOPIC, None)}
   }
-  /// `*` or `TagA || TagB`.
+  /// `*` or `TagA || TagB`; a SQL92 expression when expression_type says so.
   #[inline]
   pub fn expression(&self) -> Option<&'a str> {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscription::VT_EXPRESSION, None)}
+  }
+  /// Absent, empty or `TAG`: tags; `SQL92`: a SQL92 expression over message properties.
+  #[inline]
+  pub fn expression_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Subscription::VT_EXPRESSION_TYPE, None)}
   }
 }
 
@@ -9405,6 +9419,7 @@ impl ::flatbuffers::Verifiable for Subscription<'_> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("expression", Self::VT_EXPRESSION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("expression_type", Self::VT_EXPRESSION_TYPE, false)?
      .finish();
     Ok(())
   }
@@ -9412,6 +9427,7 @@ impl ::flatbuffers::Verifiable for Subscription<'_> {
 pub struct SubscriptionArgs<'a> {
     pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub expression: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub expression_type: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for SubscriptionArgs<'a> {
   #[inline]
@@ -9419,6 +9435,7 @@ impl<'a> Default for SubscriptionArgs<'a> {
     SubscriptionArgs {
       topic: None,
       expression: None,
+      expression_type: None,
     }
   }
 }
@@ -9435,6 +9452,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubscriptionBuilder<'a, 'b, A
   #[inline]
   pub fn add_expression(&mut self, expression: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscription::VT_EXPRESSION, expression);
+  }
+  #[inline]
+  pub fn add_expression_type(&mut self, expression_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Subscription::VT_EXPRESSION_TYPE, expression_type);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubscriptionBuilder<'a, 'b, A> {
@@ -9456,6 +9477,7 @@ impl ::core::fmt::Debug for Subscription<'_> {
     let mut ds = f.debug_struct("Subscription");
       ds.field("topic", &self.topic());
       ds.field("expression", &self.expression());
+      ds.field("expression_type", &self.expression_type());
       ds.finish()
   }
 }
@@ -9464,12 +9486,14 @@ impl ::core::fmt::Debug for Subscription<'_> {
 pub struct SubscriptionT {
   pub topic: Option<alloc::string::String>,
   pub expression: Option<alloc::string::String>,
+  pub expression_type: Option<alloc::string::String>,
 }
 impl Default for SubscriptionT {
   fn default() -> Self {
     Self {
       topic: None,
       expression: None,
+      expression_type: None,
     }
   }
 }
@@ -9484,9 +9508,13 @@ impl SubscriptionT {
     let expression = self.expression.as_ref().map(|x|{
       _fbb.create_string(x)
     });
+    let expression_type = self.expression_type.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
     Subscription::create(_fbb, &SubscriptionArgs{
       topic,
       expression,
+      expression_type,
     })
   }
 }

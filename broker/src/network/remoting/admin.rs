@@ -15,8 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use shardmq_remoting::admin::{
     encode_consume_stats, encode_consumer_connection, encode_group_list, encode_kv_table,
-    encode_topic_stats_table, tag_subscription, ConsumerConnection, ConsumerConnectionEntry,
-    OffsetWrapper, TopicOffset,
+    encode_topic_stats_table, sql_subscription, tag_subscription, ConsumerConnection,
+    ConsumerConnectionEntry, OffsetWrapper, TopicOffset,
 };
 use shardmq_remoting::codes::response;
 use shardmq_remoting::{BodyError, MessageQueue, RemotingCommand, SERVER_VERSION};
@@ -304,11 +304,17 @@ pub(super) async fn consumer_connections(
             language: UNKNOWN_LANGUAGE.to_owned(),
             version: 0,
         });
-        for (topic, expression) in &membership.subscriptions {
+        for (topic, expression, is_sql) in &membership.subscriptions {
             connection
                 .subscription_table
                 .entry(topic.clone())
-                .or_insert_with(|| tag_subscription(topic, expression));
+                .or_insert_with(|| {
+                    if *is_sql {
+                        sql_subscription(topic, expression)
+                    } else {
+                        tag_subscription(topic, expression)
+                    }
+                });
         }
     }
     let body = encode_consumer_connection(&connection).map_err(body_error)?;

@@ -66,11 +66,13 @@ pub(super) async fn heartbeat(
                     .map(|subscription| {
                         let topic = b.create_string(&subscription.topic);
                         let expression = b.create_string(&subscription.sub_string);
+                        let expression_type = b.create_string(&subscription.expression_type);
                         wire::Subscription::create(
                             b,
                             &wire::SubscriptionArgs {
                                 topic: Some(topic),
                                 expression: Some(expression),
+                                expression_type: Some(expression_type),
                             },
                         )
                     })
