@@ -117,9 +117,10 @@ impl HaGroup {
     /// Cuts (`true`) or restores (`false`) the replication links between master `master` and
     /// one of its slaves, `slave`, alone: its other slaves keep replicating, and every broker
     /// keeps reaching the controllers, the name servers and the clients.
-    pub fn cut_slave_from_master(&mut self, master: i64, slave: i64, cut: bool) {
+    /// Returns how many live connections of the slave's the cut shut down.
+    pub fn cut_slave_from_master(&mut self, master: i64, slave: i64, cut: bool) -> usize {
         let pid = self.broker(slave).pid();
-        self.ha_links[(master - 1) as usize].set_cut_for_process(pid, cut);
+        self.ha_links[(master - 1) as usize].set_cut_for_process(pid, cut)
     }
 
     /// Starts the group with `extra` options on every broker and `own(id)` on broker `id`.
@@ -623,23 +624,27 @@ impl TcpProxy {
     /// alone, as [`set_cut`](Self::set_cut) does for all: those it holds are shut down, new
     /// ones closed once accepted. A connection's process is found through `/proc` (the socket
     /// of the client's address, and which of the process's descriptors holds it).
-    pub fn set_cut_for_process(&self, pid: u32, cut: bool) {
+    /// Returns how many live connections it shut down.
+    pub fn set_cut_for_process(&self, pid: u32, cut: bool) -> usize {
         let mut processes = self.cut_processes.lock().unwrap();
         if !cut {
             processes.remove(&pid);
-            return;
+            return 0;
         }
         processes.insert(pid);
         drop(processes);
         let only = Mutex::new(HashSet::from([pid]));
+        let mut shut = 0;
         self.live.lock().unwrap().retain(|(incoming, outgoing)| {
             if !is_from_any(incoming, &only) {
                 return true;
             }
             let _ = incoming.shutdown(std::net::Shutdown::Both);
             let _ = outgoing.shutdown(std::net::Shutdown::Both);
+            shut += 1;
             false
         });
+        shut
     }
 }
 
@@ -650,10 +655,12 @@ fn is_from_any(incoming: &std::net::TcpStream, processes: &Mutex<HashSet<u32>>) 
     if processes.is_empty() {
         return false;
     }
-    let Ok(std::net::SocketAddr::V4(client)) = incoming.peer_addr() else {
+    let (Ok(std::net::SocketAddr::V4(client)), Ok(std::net::SocketAddr::V4(proxy))) =
+        (incoming.peer_addr(), incoming.local_addr())
+    else {
         return false;
     };
-    let Some(inode) = socket_inode(client) else {
+    let Some(inode) = socket_inode(client, proxy) else {
         return false;
     };
     let wanted = format!("socket:[{inode}]");
@@ -668,21 +675,27 @@ fn is_from_any(incoming: &std::net::TcpStream, processes: &Mutex<HashSet<u32>>) 
     })
 }
 
-/// The inode of the IPv4 TCP socket whose local address is `local` (`/proc/net/tcp`: the
+/// The inode of the live IPv4 TCP socket from `local` to `remote` (`/proc/net/tcp`: each
 /// address as hex of its bytes in memory order, then the port in hex; the inode is the tenth
-/// column).
-fn socket_inode(local: std::net::SocketAddrV4) -> Option<u64> {
-    let address = format!(
-        "{:08X}:{:04X}",
-        u32::from_ne_bytes(local.ip().octets()),
-        local.port()
-    );
+/// column). Both ends are matched and inode 0 is skipped: an earlier connection from the same
+/// local port may linger in TIME_WAIT (with no inode) beside the live one.
+fn socket_inode(local: std::net::SocketAddrV4, remote: std::net::SocketAddrV4) -> Option<u64> {
+    let hex = |address: std::net::SocketAddrV4| {
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(address.ip().octets()),
+            address.port()
+        )
+    };
+    let (local, remote) = (hex(local), hex(remote));
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     table.lines().skip(1).find_map(|line| {
         let columns: Vec<&str> = line.split_whitespace().collect();
-        (columns.get(1) == Some(&address.as_str()))
-            .then(|| columns.get(9)?.parse().ok())
-            .flatten()
+        let inode: u64 = columns.get(9)?.parse().ok()?;
+        (columns.get(1) == Some(&local.as_str())
+            && columns.get(2) == Some(&remote.as_str())
+            && inode != 0)
+            .then_some(inode)
     })
 }
 
