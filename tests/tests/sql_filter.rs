@@ -189,7 +189,12 @@ async fn a_push_consumer_and_the_cli_subscribe_with_sql() {
         RemotingCommand::request(request::GET_CONSUMER_CONNECTION_LIST, 0)
             .with_ext("consumerGroup", "sql-push"),
     );
-    assert_eq!(connections.code, response::SUCCESS, "{:?}", connections.remark);
+    assert_eq!(
+        connections.code,
+        response::SUCCESS,
+        "{:?}",
+        connections.remark
+    );
     let connections: serde_json::Value = serde_json::from_slice(&connections.body).unwrap();
     let subscription = &connections["subscriptionTable"][TOPIC];
     assert_eq!(subscription["expressionType"], "SQL92");
