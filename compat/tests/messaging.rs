@@ -608,28 +608,13 @@ fn transaction_commit_and_check_back() {
 
     // Committed by the local transaction.
     let committing = TransactionRecorder::new(LocalTransactionState::CommitMessage);
-    let producer = TransactionalProducer::start(
+    let (_committing_producer, committed) = send_in_transaction(
         &host,
         &namesrv,
         "CompatCommitTransactionGroup",
-        committing.clone(),
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
-    let committed = SentMessage::new(0, "Committed");
-    let result = producer
-        .send_in_transaction(committed.message())
-        .unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(
-        result.local_transaction_state,
-        Some(LocalTransactionState::CommitMessage),
-        "{result:?}"
+        &committing,
+        SentMessage::new(0, "Committed"),
     );
-    let send_result = result
-        .send_result
-        .as_ref()
-        .expect("the half message's send result");
-    assert_eq!(send_result.send_status, SendStatus::SendOk, "{result:?}");
-    let committed = committed.with_id(send_result);
     let deliveries = wait_for_bodies(&consumer, &[&committed], "the committed message");
     let delivery = deliveries
         .iter()
@@ -639,28 +624,13 @@ fn transaction_commit_and_check_back() {
 
     // Unknown at first, committed when the broker checks back.
     let checked = TransactionRecorder::new(LocalTransactionState::Unknown);
-    let producer = TransactionalProducer::start(
+    let (_checked_producer, pending) = send_in_transaction(
         &host,
         &namesrv,
         "CompatCheckBackTransactionGroup",
-        checked.clone(),
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
-    let pending = SentMessage::new(1, "CheckedBack");
-    let result = producer
-        .send_in_transaction(pending.message())
-        .unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(
-        result.local_transaction_state,
-        Some(LocalTransactionState::Unknown),
-        "{result:?}"
+        &checked,
+        SentMessage::new(1, "CheckedBack"),
     );
-    let send_result = result
-        .send_result
-        .as_ref()
-        .expect("the half message's send result");
-    assert_eq!(send_result.send_status, SendStatus::SendOk, "{result:?}");
-    let pending = pending.with_id(send_result);
     let deliveries = consumer.inbox().wait_for(
         CHECK_BACK_TIMEOUT,
         &format!(
@@ -714,6 +684,36 @@ fn transaction_commit_and_check_back() {
 
 /// A transaction listener that answers its local transactions with one state, commits every
 /// check-back, and counts the former and records the latter.
+/// Starts a transactional producer of `group` whose local transaction answers as `recorder`
+/// says, and sends `message` in a transaction: its half message stored (SEND_OK) and the local
+/// transaction run with that answer. Returns the producer (alive, to answer check-backs) and
+/// the message with its id.
+fn send_in_transaction(
+    host: &Arc<ClientHost>,
+    namesrv: &str,
+    group: &str,
+    recorder: &TransactionRecorder,
+    message: SentMessage,
+) -> (TransactionalProducer, SentMessage) {
+    let producer = TransactionalProducer::start(host, namesrv, group, recorder.clone())
+        .unwrap_or_else(|error| panic!("{error}"));
+    let result = producer
+        .send_in_transaction(message.message())
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(
+        result.local_transaction_state,
+        Some(recorder.local_answer),
+        "{result:?}"
+    );
+    let send_result = result
+        .send_result
+        .as_ref()
+        .expect("the half message's send result");
+    assert_eq!(send_result.send_status, SendStatus::SendOk, "{result:?}");
+    let message = message.with_id(send_result);
+    (producer, message)
+}
+
 #[derive(Clone)]
 struct TransactionRecorder {
     local_answer: LocalTransactionState,

@@ -110,10 +110,9 @@ impl SendMessage for wire::Message<'_> {
     }
 }
 
-/// A send stored: its outcome, the unique ids of its messages and where it went.
+/// A send stored: its outcome and where it went.
 pub(super) struct StoredSend {
     pub outcome: crate::store::AppendOutcome,
-    pub unique_ids: Vec<String>,
     pub placement: Placement,
 }
 
@@ -137,13 +136,12 @@ pub(super) async fn send(
         &messages,
     )
     .await?;
-    encode_send_response(
-        shard,
-        id,
-        &stored.outcome,
-        &stored.unique_ids,
-        stored.placement,
-    )
+    // The answer names each message by the id it was sent with, read from the request.
+    let unique_ids: Vec<&str> = messages
+        .iter()
+        .map(|m| m.unique_id().unwrap_or_default())
+        .collect();
+    encode_send_response(shard, id, &stored.outcome, &unique_ids, stored.placement)
 }
 
 /// Checks and stores a send of `messages` (topic, group, batch limits, reserved properties),
@@ -197,10 +195,6 @@ pub(super) async fn store_send<M: SendMessage>(
         messages,
         &scheduling,
     )?;
-    let unique_ids: Vec<String> = messages
-        .iter()
-        .map(|m| m.unique_id().unwrap_or_default().to_owned())
-        .collect();
     let storage = shard.shard_of(topic, queue_id);
     let outcome = shard
         .ask(storage, |reply| StorageRequest::Append { batch, reply })
@@ -215,11 +209,7 @@ pub(super) async fn store_send<M: SendMessage>(
         storage,
         is_scheduled: scheduled.is_some(),
     };
-    Ok(StoredSend {
-        outcome,
-        unique_ids,
-        placement,
-    })
+    Ok(StoredSend { outcome, placement })
 }
 
 /// A producer's run of stored records (`SendRecordsRequest`): checked in one pass without
@@ -517,7 +507,7 @@ pub(super) fn encode_send_response(
     shard: &NetworkShard,
     id: u64,
     outcome: &crate::store::AppendOutcome,
-    unique_ids: &[String],
+    unique_ids: &[&str],
     placement: Placement,
 ) -> Answer {
     let Placement {
@@ -538,7 +528,7 @@ pub(super) fn encode_send_response(
                         let offset_id =
                             offset_message_id(store_host, storage, record.physical_offset);
                         let unique = if unique_id.is_empty() {
-                            &offset_id
+                            offset_id.as_str()
                         } else {
                             unique_id
                         };

@@ -121,7 +121,7 @@ pub(super) async fn handle_send_half(
         storage: 0,
         is_scheduled: false,
     };
-    encode_send_response(shard, id, &outcome, &[unique_id], placement)
+    encode_send_response(shard, id, &outcome, &[unique_id.as_str()], placement)
 }
 
 /// The real topic of a half message: writable, created first when the broker auto-creates.
