@@ -137,6 +137,46 @@ async fn the_broker_sends_only_the_messages_an_expression_matches() {
     assert_eq!(answer.0, wire::Status::INVALID_TAG_EXPRESSION);
     assert!(answer.1.contains("position"), "{}", answer.1);
     consumer.shutdown().await;
+
+    // A RocketMQ client checks its SQL92 subscription first (CHECK_CLIENT_CONFIG): accepted
+    // when it compiles, refused with the position when it does not, and a body that is not
+    // the check's JSON is refused as such; the connection goes on after each.
+    let mut remoting = shardmq_tests::RemotingClient::connect(&cluster.broker_addr());
+    let check = |expression: &str, expression_type: &str| {
+        RemotingCommand::request(request::CHECK_CLIENT_CONFIG, 0).with_body(bytes::Bytes::from(
+            serde_json::json!({
+                "clientId": "c@1",
+                "group": "sql-readers",
+                "subscriptionData": {
+                    "topic": TOPIC,
+                    "subString": expression,
+                    "expressionType": expression_type,
+                },
+            })
+            .to_string(),
+        ))
+    };
+    assert_eq!(
+        remoting.call(check("a BETWEEN 1 AND 2", "SQL92")).code,
+        response::SUCCESS
+    );
+    assert_eq!(
+        remoting.call(check("TagA || TagB", "TAG")).code,
+        response::SUCCESS
+    );
+    let refused = remoting.call(check("a BETWEEN 1 AND", "SQL92"));
+    assert_eq!(refused.code, response::SUBSCRIPTION_PARSE_FAILED);
+    assert!(refused.remark.unwrap_or_default().contains("position"));
+    let garbage = remoting.call(
+        RemotingCommand::request(request::CHECK_CLIENT_CONFIG, 0)
+            .with_body(bytes::Bytes::from_static(b"not json")),
+    );
+    assert_eq!(garbage.code, response::MESSAGE_ILLEGAL);
+    assert_eq!(
+        remoting.call(check("a > 1", "SQL92")).code,
+        response::SUCCESS,
+        "the connection still answers"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,6 +185,23 @@ async fn a_broker_without_the_property_filter_refuses_sql_pulls() {
     let (status, message) = raw_sql_pull(&cluster, "a > 1");
     assert_eq!(status, wire::Status::INVALID_TAG_EXPRESSION);
     assert!(message.contains("enable_property_filter"), "{message}");
+    // A RocketMQ client's subscription check says so too.
+    let mut remoting = shardmq_tests::RemotingClient::connect(&cluster.broker_addr());
+    let refused = remoting.call(
+        RemotingCommand::request(request::CHECK_CLIENT_CONFIG, 0).with_body(bytes::Bytes::from(
+            serde_json::json!({
+                "clientId": "c@1",
+                "group": "g",
+                "subscriptionData": {"topic": TOPIC, "subString": "a > 1", "expressionType": "SQL92"},
+            })
+            .to_string()),
+        ),
+    );
+    assert_eq!(refused.code, response::SUBSCRIPTION_PARSE_FAILED);
+    assert!(refused
+        .remark
+        .unwrap_or_default()
+        .contains("enable_property_filter"));
     // Tag pulls are served as before.
     let (status, _) = raw_pull(&cluster, "odd", None);
     assert_eq!(status, wire::Status::OK);
