@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use shardmq_broker::config::BrokerConfig;
 use shardmq_broker::store::verify::{report_json, verify_data_dir};
 
+mod tls_args;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "shardmq-broker",
@@ -254,6 +256,8 @@ struct ServeArgs {
     /// How often delay/timer delivery progress is persisted, in ms. [default: 1000]
     #[arg(long)]
     schedule_persist_interval_ms: Option<u64>,
+    #[command(flatten)]
+    tls: tls_args::TlsArgs,
 }
 
 impl ServeArgs {
@@ -327,6 +331,7 @@ impl ServeArgs {
             timer_max_pending,
             schedule_persist_interval_ms
         );
+        self.tls.apply(&mut config.tls);
         if self.slave_read_enable {
             config.slave_read_enable = true;
         }
@@ -377,6 +382,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     init_logging(&config.log_format);
+    if let Err(e) = shardmq_broker::network::tls::init(&config) {
+        eprintln!("shardmq-broker: {e}");
+        return ExitCode::from(2);
+    }
     let mut config = config;
     // A broker restarted by itself (below) runs on the address it had.
     let restarted_on = std::env::var(RESTART_LISTEN_ENV).ok();

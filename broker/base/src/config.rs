@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::store::{FlushMode, StoreConfig};
 
 pub mod delay_levels;
+pub mod tls;
 
 /// Everything a broker can be told. Field names are the TOML keys.
 #[derive(Debug, Clone, Deserialize)]
@@ -155,6 +156,8 @@ pub struct BrokerConfig {
     pub controller_epoch: u64,
     #[serde(skip)]
     pub controller_self_id: i64,
+    /// TLS on the listeners and the outbound connections (`[tls]`, docs/tls.md).
+    pub tls: tls::TlsSettings,
 }
 
 /// What a broker is in its master/slave group.
@@ -266,6 +269,7 @@ impl Default for BrokerConfig {
             lost_tail_wait_ms: 10_000,
             controller_epoch: 0,
             controller_self_id: 0,
+            tls: tls::TlsSettings::default(),
         }
     }
 }
@@ -380,6 +384,7 @@ impl BrokerConfig {
         }
         self.listen_addr()?;
         self.metrics_listen_addr()?;
+        self.tls.validate()?;
         if self.is_auto() {
             if self.controller.is_empty() {
                 return Err("broker_role auto needs controller addresses (--controller)".into());

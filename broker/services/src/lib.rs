@@ -4,7 +4,8 @@
 //! - `timer` (the timer wheel of RocketMQ 5): delivery at a time;
 //! - `transaction` (TransactionalMessageService): half messages, op records, check-backs;
 //! - `queue_locks`: broker-side locks of ordered consumption;
-//! - `replication` (HAService): the master's and the slave's sides of CommitLog replication.
+//! - `replication` (HAService): the master's and the slave's sides of CommitLog replication;
+//! - `tls_link`: the broker's outbound connections, in TLS when configured.
 //!
 //! Each runs on a storage shard beside its store (or answers for storage shard 0), and reaches
 //! other shards only through what the broker hands it. It depends on base, the store, the codec
@@ -14,6 +15,7 @@ pub mod queue_locks;
 pub mod replication;
 pub mod schedule;
 pub mod timer;
+pub mod tls_link;
 pub mod transaction;
 
 pub use shardmq_base::{config, groups, layout, meta, naming, role, topics};

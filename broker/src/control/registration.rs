@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
+use shardmq_services::tls_link::LinkStream;
 use tracing::{debug, info, warn};
 
 use crate::network::NetworkShard;
@@ -215,7 +215,7 @@ fn encode_register(shard: &NetworkShard) -> Result<Bytes, shardmq_schema::FrameE
 
 /// One long-lived connection to a name server, past its handshake.
 struct Link {
-    stream: TcpStream,
+    stream: LinkStream,
     decoder: FrameDecoder,
     buffer: BytesMut,
 }
@@ -224,7 +224,7 @@ impl Link {
     async fn connect(address: &str) -> Result<Self, String> {
         let address: SocketAddr = address.parse().map_err(|e| format!("bad address: {e}"))?;
         let work = async {
-            let stream = TcpStream::connect_timeout(address, CALL_TIMEOUT)
+            let stream = LinkStream::connect(address, CALL_TIMEOUT)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
             let mut link = Link {
@@ -258,6 +258,11 @@ impl Link {
     async fn exchange(&mut self, request: Bytes) -> Result<VerifiedFrame, String> {
         self.stream
             .write_all(&request)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        // Under TLS, written bytes may wait in the session until flushed.
+        self.stream
+            .flush()
             .await
             .map_err(|e| format!("write: {e}"))?;
         read_frame(&mut self.stream, &self.decoder, &mut self.buffer).await
@@ -299,7 +304,7 @@ async fn with_timeout<T>(
 }
 
 async fn read_frame(
-    stream: &mut TcpStream,
+    stream: &mut LinkStream,
     decoder: &FrameDecoder,
     buffer: &mut BytesMut,
 ) -> Result<VerifiedFrame, String> {

@@ -15,6 +15,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::net::SocketAddr;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -57,11 +58,18 @@ pub const MAX_MALFORMED_FRAMES_PER_CONNECTION: u32 = 64;
 /// Most slices one `sendmsg` carries (Linux's `IOV_MAX`).
 const MAX_WRITE_SLICES: usize = 1024;
 
-pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
+pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream) {
     let peer = match stream.peer_addr() {
         Ok(peer) => peer,
         Err(_) => return,
     };
+    serve_from(shard, stream, peer).await
+}
+
+/// Serves `stream`, a connection from `peer`: an accepted TCP socket, or the local end of the
+/// socket pair a TLS connection's pump decrypts into (`super::tls`), which has no address of
+/// its own.
+pub async fn serve_from(shard: Rc<NetworkShard>, mut stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let handshake_timeout = Duration::from_millis(shard.config.handshake_timeout_ms);
     let Some((is_remoting, first_bytes)) = tell_protocol(&mut stream, handshake_timeout).await

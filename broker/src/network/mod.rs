@@ -11,8 +11,9 @@
 //! Module map:
 //! - the shard: `shard` (state, mesh ends, connections), `events` (what storage shards tell
 //!   it), `accept` and this file (start, serve, drain, finish), `connection` (framing,
-//!   pipelining, vectored writes), `budget` (bytes of requests held), `parking` (long-poll
-//!   waiters), `client_calls` (requests the broker sends to clients);
+//!   pipelining, vectored writes), `tls` (TLS and plain told apart, the TLS pump), `budget`
+//!   (bytes of requests held), `parking` (long-poll waiters), `client_calls` (requests the
+//!   broker sends to clients);
 //! - the requests: `dispatch` (the table), `request` (the handler kit), and one file per
 //!   family: `produce`, `consume`, `query`, `clients`, `topics`, `replica`, `admin`,
 //!   `transaction`, `queue_locks`, `send_back`.
@@ -35,6 +36,7 @@ pub mod replica;
 pub mod request;
 pub mod send_back;
 pub mod shard;
+pub mod tls;
 pub mod topics;
 pub mod transaction;
 
@@ -304,8 +306,7 @@ async fn accept_loop(shard: &Rc<NetworkShard>, listener: &TcpListener) {
                     return None;
                 }
                 let shard = shard.clone();
-                glommio::spawn_local(async move { connection::serve(shard, stream).await })
-                    .detach();
+                glommio::spawn_local(async move { tls::serve(shard, stream).await }).detach();
                 None
             }
             Err(e) => {

@@ -8,19 +8,22 @@ use std::net::SocketAddr;
 
 use bytes::BytesMut;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 
 use crate::config::BrokerConfig;
 use crate::role::own_address;
 use crate::store::epochs::{Epoch, EpochLog};
+use crate::tls_link::LinkStream;
 
 use super::{JoinAnswer, ReplicaChunk, SlaveTail, REPLICA_PULL_BYTES, REPLICA_SUSPEND_MS};
+
+/// How long connecting to the master (TCP, and TLS when configured) may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One connection to the master, speaking the ordinary frame protocol.
 pub struct MasterLink {
     address: SocketAddr,
-    stream: TcpStream,
+    stream: LinkStream,
     decoder: FrameDecoder,
     encoder: FrameEncoder,
     buffer: BytesMut,
@@ -42,10 +45,9 @@ fn require_ok<'a>(answer: &'a VerifiedFrame, what: &str) -> io::Result<wire::Fra
 }
 
 impl MasterLink {
-    /// Connects and shakes hands.
+    /// Connects (in TLS when the broker has a CA to trust) and shakes hands.
     pub async fn connect(address: SocketAddr, client_id: &str) -> io::Result<MasterLink> {
-        let stream = TcpStream::connect(address).await.map_err(io::Error::from)?;
-        let _ = stream.set_nodelay(true);
+        let stream = LinkStream::connect(address, CONNECT_TIMEOUT).await?;
         let mut link = MasterLink {
             address,
             stream,
@@ -78,6 +80,8 @@ impl MasterLink {
             .encode(|b| build(b, FrameHeader::request(id)))
             .map_err(io::Error::other)?;
         self.stream.write_all(&frame).await?;
+        // Under TLS, written bytes may wait in the session until flushed.
+        self.stream.flush().await?;
         loop {
             if let Some(frame) = self
                 .decoder
