@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod registry;
 pub mod remoting;
 pub mod server;
+pub mod tls;
 
 pub use handler::RequestHandler;
 pub use registry::{RegistryError, RegistryLimits, RouteTable};

@@ -87,6 +87,9 @@ struct Cli {
         value_parser = clap::value_parser!(u64).range(100..)
     )]
     controller_broker_timeout_ms: u64,
+
+    #[command(flatten)]
+    tls: shardmq_namesrv::tls::TlsArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -105,6 +108,7 @@ fn main() -> anyhow::Result<()> {
         broker_timeout: Duration::from_millis(cli.broker_timeout_ms),
         scan_interval: Duration::from_millis(cli.scan_interval_ms),
         metrics_listen: cli.metrics_listen,
+        tls: cli.tls.load().map_err(anyhow::Error::msg)?,
         ..ServerConfig::default()
     };
     let controller = if cli.controller {

@@ -24,14 +24,15 @@ use shardmq_remoting::{
     encode_frame, encode_route_body, BrokerData, FrameDecoder, FrameLimits, QueueData,
     RemotingCommand, TopicRouteData,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
 use crate::registry::{validate_topic_name, RouteBroker, RouteTable, TopicRoute};
-use crate::server::{Closed, ServerConfig, MAX_PENDING_WRITE_BYTES, READ_CHUNK_BYTES};
+use crate::server::{
+    write_flushed, Closed, ServerConfig, MAX_PENDING_WRITE_BYTES, READ_CHUNK_BYTES,
+};
 
 /// Answers remoting requests from the route table.
 #[derive(Debug)]
@@ -209,8 +210,10 @@ fn refused(command: &RemotingCommand, code: i32, remark: String) -> RemotingComm
 
 /// Serves one remoting connection until it ends. `read_buffer` holds what was read while the
 /// server told the protocols apart.
-pub(crate) async fn serve_remoting_connection(
-    mut stream: TcpStream,
+pub(crate) async fn serve_remoting_connection<
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+>(
+    mut stream: S,
     mut read_buffer: BytesMut,
     handler: &RemotingHandler,
     config: &ServerConfig,
@@ -257,7 +260,12 @@ pub(crate) async fn serve_remoting_connection(
             }
         }
         if !write_buffer.is_empty() {
-            match timeout(config.idle_timeout, stream.write_all(&write_buffer)).await {
+            match timeout(
+                config.idle_timeout,
+                write_flushed(&mut stream, &write_buffer),
+            )
+            .await
+            {
                 Ok(Ok(())) => write_buffer.clear(),
                 Ok(Err(io_error)) => return Closed::Io(io_error),
                 Err(_) => return Closed::Idle,

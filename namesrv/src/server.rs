@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use shardmq_remoting::Sniffed;
 use shardmq_schema::{wire, FrameDecoder, FrameEncoder, DEFAULT_MAX_FRAME_BYTES};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::{timeout, MissedTickBehavior};
@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub registry_limits: RegistryLimits,
     /// `host:port` where Prometheus metrics are served at `/metrics`; `None`: not served.
     pub metrics_listen: Option<String>,
+    /// TLS on the listener (docs/tls.md); `None`: plain only.
+    pub tls: Option<crate::tls::ListenerTls>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +102,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(120),
             registry_limits: RegistryLimits::default(),
             metrics_listen: None,
+            tls: None,
         }
     }
 }
@@ -291,33 +294,50 @@ fn admit(
     let config = Arc::clone(config);
     let stop = stop.clone();
     tokio::spawn(async move {
-        let mut stream = stream;
         debug!(%peer, "connection opened");
-        let reason = match tell_protocol(&mut stream, config.idle_timeout).await {
-            Ok((Protocol::Native, read_buffer)) => {
-                let mut session = Session::new(peer);
-                let reason = serve_connection(
-                    stream,
-                    read_buffer,
-                    &mut session,
-                    &handler.native,
-                    &config,
-                    stop,
-                )
-                .await;
-                handler.native.connection_closed(&session);
-                reason
+        let reason = match &config.tls {
+            None => serve_stream(stream, peer, &handler, &config, stop).await,
+            Some(tls) => {
+                crate::tls::serve(stream, peer, tls, &config, |stream| {
+                    serve_stream(stream, peer, &handler, &config, stop)
+                })
+                .await
             }
-            Ok((Protocol::Remoting, read_buffer)) => {
-                debug!(%peer, "a RocketMQ remoting connection");
-                serve_remoting_connection(stream, read_buffer, &handler.remoting, &config, stop)
-                    .await
-            }
-            Err(reason) => reason,
         };
         debug!(%peer, "connection closed: {reason}");
         drop(slot);
     });
+}
+
+/// Serves one connection, plain or decrypted, of either protocol, until it ends.
+async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    handler: &Handlers,
+    config: &ServerConfig,
+    stop: watch::Receiver<bool>,
+) -> Closed {
+    match tell_protocol(&mut stream, config.idle_timeout).await {
+        Ok((Protocol::Native, read_buffer)) => {
+            let mut session = Session::new(peer);
+            let reason = serve_connection(
+                stream,
+                read_buffer,
+                &mut session,
+                &handler.native,
+                config,
+                stop,
+            )
+            .await;
+            handler.native.connection_closed(&session);
+            reason
+        }
+        Ok((Protocol::Remoting, read_buffer)) => {
+            debug!(%peer, "a RocketMQ remoting connection");
+            serve_remoting_connection(stream, read_buffer, &handler.remoting, config, stop).await
+        }
+        Err(reason) => reason,
+    }
 }
 
 /// Best effort: one non-blocking write of a `SYSTEM_BUSY` frame, then the stream is dropped.
@@ -333,6 +353,8 @@ fn refuse_busy(stream: &TcpStream, max_connections: usize) {
 /// Why a connection ended, for the log.
 #[derive(Debug)]
 pub(crate) enum Closed {
+    /// A plain connection to a listener that enforces TLS, or a failed TLS handshake.
+    Refused(String),
     ByPeer,
     Idle,
     Shutdown,
@@ -346,6 +368,7 @@ impl std::fmt::Display for Closed {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::ByPeer => formatter.write_str("by the peer"),
+            Self::Refused(reason) => write!(formatter, "refused: {reason}"),
             Self::Idle => formatter.write_str("idle timeout"),
             Self::Shutdown => formatter.write_str("shutting down"),
             Self::AfterResponse => formatter.write_str("after a final response"),
@@ -367,8 +390,8 @@ enum Protocol {
 /// at most 12 bytes are needed); returns them with what else that read brought. Bytes that are
 /// neither protocol's go to the native decoder, which answers them as the malformed frame they
 /// are.
-async fn tell_protocol(
-    stream: &mut TcpStream,
+async fn tell_protocol<S: AsyncRead + Unpin>(
+    stream: &mut S,
     idle_timeout: Duration,
 ) -> Result<(Protocol, BytesMut), Closed> {
     let mut read_buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -388,8 +411,8 @@ async fn tell_protocol(
 }
 
 /// Reads frames, answers them, and returns when the connection is over.
-async fn serve_connection(
-    mut stream: TcpStream,
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     mut read_buffer: BytesMut,
     session: &mut Session,
     handler: &RequestHandler,
@@ -433,7 +456,12 @@ async fn serve_connection(
             }
         }
         if !write_buffer.is_empty() {
-            match timeout(config.idle_timeout, stream.write_all(&write_buffer)).await {
+            match timeout(
+                config.idle_timeout,
+                write_flushed(&mut stream, &write_buffer),
+            )
+            .await
+            {
                 Ok(Ok(())) => write_buffer.clear(),
                 Ok(Err(io_error)) => return Closed::Io(io_error),
                 Err(_) => return Closed::Idle,
@@ -466,10 +494,19 @@ async fn serve_connection(
     }
 }
 
+/// Writes `bytes` and flushes them: under TLS they may otherwise wait in the session.
+pub(crate) async fn write_flushed<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    bytes: &[u8],
+) -> io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
 /// Closes our side, then reads and discards what the peer still sends until it closes too
 /// (bounded in time and bytes). Closing a socket with unread input makes the kernel send a
 /// reset, which can destroy the final response before the peer reads it.
-async fn linger_close(mut stream: TcpStream) {
+async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
     if stream.shutdown().await.is_err() {
         return;
     }
