@@ -29,8 +29,9 @@ use shardmq_schema::{
     DEFAULT_MAX_FRAME_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+
+use crate::tls::{ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -221,16 +222,18 @@ impl Connection {
         connect_timeout: Duration,
         notices: Option<mpsc::Sender<Notice>>,
     ) -> Result<Arc<Connection>> {
-        Self::connect_serving(address, client_id, connect_timeout, notices, None).await
+        Self::connect_serving(address, client_id, connect_timeout, notices, None, None).await
     }
 
-    /// Like [`connect`](Self::connect); the server's requests go to `requests`.
+    /// Like [`connect`](Self::connect), in TLS when `tls` is given; the server's requests go
+    /// to `requests`.
     pub(crate) async fn connect_serving(
         address: &str,
         client_id: &str,
         connect_timeout: Duration,
         notices: Option<mpsc::Sender<Notice>>,
         requests: Option<RequestHandler>,
+        tls: Option<&shardmq_tls::ClientTls>,
     ) -> Result<Arc<Connection>> {
         let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await
         {
@@ -260,7 +263,8 @@ impl Connection {
                 })
             }
         };
-        let (read_half, write_half) = stream.into_split();
+        let (read_half, write_half) =
+            crate::tls::split(stream, address, tls, connect_timeout).await?;
         let shared = Arc::new(Shared {
             address: address.to_owned(),
             state: Mutex::new(State::default()),
@@ -565,7 +569,7 @@ impl Connection {
 /// [`MAX_WRITE_SLICES`] slices) in each vectored write.
 async fn write_frames(
     shared: Arc<Shared>,
-    mut write_half: OwnedWriteHalf,
+    mut write_half: WriteHalf,
     mut queued: mpsc::Receiver<OutFrame>,
 ) {
     let mut pieces: VecDeque<Bytes> = VecDeque::new();
@@ -595,7 +599,7 @@ fn push_frame(pieces: &mut VecDeque<Bytes>, frame: OutFrame) {
 /// Writes every byte of `pieces`, in order, with vectored writes; each piece is dropped (its
 /// buffer released) as soon as it has been written.
 async fn write_pieces(
-    write_half: &mut OwnedWriteHalf,
+    write_half: &mut WriteHalf,
     pieces: &mut VecDeque<Bytes>,
 ) -> std::io::Result<()> {
     tracing::trace!(
@@ -634,7 +638,7 @@ async fn write_pieces(
 /// The reader task: frames from the socket to the requests waiting for them.
 async fn read_frames(
     shared: Arc<Shared>,
-    mut read_half: OwnedReadHalf,
+    mut read_half: ReadHalf,
     outgoing: mpsc::Sender<OutFrame>,
     notices: Option<mpsc::Sender<Notice>>,
     requests: Option<RequestHandler>,

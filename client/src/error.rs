@@ -30,6 +30,12 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The TLS handshake with a server failed: its certificate is not signed by a trusted CA,
+    /// has expired or is not for the address; the server wants a client certificate; or the
+    /// server does not speak TLS.
+    #[error("TLS handshake with {address} failed: {reason}")]
+    Tls { address: String, reason: String },
+
     /// A socket error on an established connection (the connection is dropped and made again
     /// on the next request).
     #[error("I/O error on the connection to {address}: {source}")]
@@ -176,6 +182,7 @@ impl Error {
                 | Error::Io { .. }
                 | Error::ConnectionClosed { .. }
                 | Error::Timeout { .. }
+                | Error::Tls { .. }
                 | Error::Handshake { .. }
                 | Error::Frame { .. }
         )

@@ -36,6 +36,8 @@ pub struct ClientOptions {
     pub(crate) instance_name: Option<String>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// TLS files; `None`: the process default or the environment (`crate::tls`).
+    pub(crate) tls: Option<shardmq_tls::ClientTlsFiles>,
 }
 
 impl Default for ClientOptions {
@@ -45,6 +47,7 @@ impl Default for ClientOptions {
             instance_name: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -144,6 +147,15 @@ macro_rules! client_option_setters {
             self.options.connect_timeout = timeout;
             self
         }
+
+        /// Connects to every server in TLS, trusting the CAs of `files` (and presenting its
+        /// client certificate, if any, for mutual TLS); docs/tls.md. Without it: the process
+        /// default ([`crate::set_default_tls`]) or `SHARDMQ_TLS_CA` and friends, else plain.
+        #[must_use]
+        pub fn tls(mut self, files: crate::TlsFiles) -> Self {
+            self.options.tls = Some(files);
+            self
+        }
     };
 }
 pub(crate) use client_option_setters;
@@ -191,10 +203,12 @@ impl ClientInstance {
         } else {
             (None, None)
         };
+        let tls = crate::tls::resolve(options.tls.as_ref())?;
         let pool = Arc::new(ConnectionPool::new(
             client_id,
             options.connect_timeout,
             notice_sender,
+            tls,
         ));
         let namesrv = Arc::new(NameServers::new(
             options.namesrv_addresses.clone(),

@@ -99,6 +99,7 @@ mod record;
 mod route;
 mod send_back;
 mod subscription;
+mod tls;
 mod transaction;
 
 pub use admin::{Admin, AdminBuilder, QueueProgress};
@@ -141,6 +142,7 @@ pub use push::{
 pub use record::{decode_records, RecordError, MESSAGE_MAGIC_CODE};
 pub use route::{BrokerData, ClusterInfo, MessageQueue, QueueData, TopicRoute};
 pub use subscription::TagExpression;
+pub use tls::{set_default_tls, tls_from_env, TlsFiles};
 pub use transaction::{TransactionFuture, TransactionSendResult, TransactionState};
 
 /// The wire types, for callers that match on [`Error::status`].

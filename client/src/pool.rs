@@ -25,6 +25,8 @@ pub(crate) struct ConnectionPool {
     client_id: String,
     connect_timeout: Duration,
     notices: Option<mpsc::Sender<Notice>>,
+    /// Every connection's TLS (`None`: plain).
+    tls: Option<shardmq_tls::ClientTls>,
     slots: Mutex<HashMap<String, Slot>>,
     is_shut_down: AtomicBool,
     /// Serves the servers' requests on every connection made after it is set.
@@ -36,11 +38,13 @@ impl ConnectionPool {
         client_id: String,
         connect_timeout: Duration,
         notices: Option<mpsc::Sender<Notice>>,
+        tls: Option<shardmq_tls::ClientTls>,
     ) -> Self {
         Self {
             client_id,
             connect_timeout,
             notices,
+            tls,
             slots: Mutex::new(HashMap::new()),
             is_shut_down: AtomicBool::new(false),
             requests: std::sync::OnceLock::new(),
@@ -81,6 +85,7 @@ impl ConnectionPool {
             self.connect_timeout,
             self.notices.clone(),
             self.requests.get().cloned(),
+            self.tls.as_ref(),
         )
         .await?;
         *current = Some(Arc::clone(&connection));
@@ -180,7 +185,7 @@ mod tests {
     async fn a_failed_connection_is_replaced_on_the_next_request() {
         let address = flaky_server().await;
         let (notices, mut received) = mpsc::channel(16);
-        let pool = ConnectionPool::new("c".to_owned(), Duration::from_secs(5), Some(notices));
+        let pool = ConnectionPool::new("c".to_owned(), Duration::from_secs(5), Some(notices), None);
         let first = pool.get(&address).await.unwrap();
         assert_eq!(first.server().unwrap().broker_name, "fake-broker");
         // The server drops the first connection right after the handshake.

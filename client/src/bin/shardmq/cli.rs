@@ -30,6 +30,18 @@ pub struct Cli {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_ms: u64,
 
+    /// Connect in TLS, trusting the CAs of this PEM file (docs/tls.md). [env: SHARDMQ_TLS_CA]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --tls-key). [env: SHARDMQ_TLS_CERT]
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert. [env: SHARDMQ_TLS_KEY]
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -57,6 +57,16 @@ fn error_text(error: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     end_quietly_on_closed_output();
     let cli = Cli::parse();
+    if let Some(ca) = &cli.tls_ca {
+        // Without --tls-ca, clients read SHARDMQ_TLS_* themselves.
+        let mut files = shardmq_client::TlsFiles::new(ca);
+        files.cert_chain = cli.tls_cert.clone();
+        files.key = cli.tls_key.clone();
+        shardmq_client::set_default_tls(Some(files));
+    } else if cli.tls_cert.is_some() {
+        eprintln!("shardmq: --tls-cert and --tls-key need --tls-ca (the CA that signed the servers' certificates)");
+        return ExitCode::from(2);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
     tracing_subscriber::fmt()
