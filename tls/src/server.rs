@@ -111,6 +111,11 @@ impl ServerTlsFiles {
             })?;
         // Both protocols are framed binary streams; no ALPN is offered or needed.
         config.alpn_protocols.clear();
+        // No session tickets: connections are long-lived, so resumption saves little, and a
+        // ticket is bytes the server sends unasked after the handshake, which a peer that
+        // checks its idle connection for unexpected bytes (the broker's registration link)
+        // would take for a broken stream.
+        config.send_tls13_tickets = 0;
         Ok(config)
     }
 }
