@@ -49,6 +49,16 @@ use tracing_subscriber::EnvFilter;
 struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
+    /// Connect in TLS, trusting the CAs of this PEM file (docs/tls.md); without it the clients
+    /// read SHARDMQ_TLS_CA and friends.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for mutual TLS (with --tls-key).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -79,6 +89,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(ca) = &cli.tls_ca {
+        let mut files = shardmq_client::TlsFiles::new(ca);
+        files.cert_chain = cli.tls_cert.clone();
+        files.key = cli.tls_key.clone();
+        shardmq_client::set_default_tls(Some(files));
+    }
     let result = match cli.scenario {
         Scenario::Produce(args) => produce::run(&args),
         Scenario::Consume(args) => consume::run(&args),
