@@ -2,7 +2,7 @@
 # TLS against plain, produce and consume, in one sitting (docs/performance.md, "TLS against
 # plain"). One fresh name server and broker (--flush async --storage-cores 0 --network-cores 0,
 # TLS permissive so the same broker serves both), then ROUNDS rounds alternating plain and TLS
-# clients pinned to core 1: produce 1 KiB x batch 1000 and x batch 32 into a topic of one
+# clients pinned to core 1 (the name server is permissive too): produce 1 KiB x batch 1000 and x batch 32 into a topic of one
 # queue, and a drain of that topic by a new group. Prints one line per run: scenario, mode,
 # msgs/s, broker CPU µs a message (from /proc/<pid>/stat over the run).
 # Needs a release build: cargo build --release --workspace --bins --locked
@@ -15,7 +15,9 @@ trap 'kill $broker_pid $namesrv_pid 2>/dev/null || true; wait 2>/dev/null || tru
 scripts/make-certs.sh "$work/certs" >/dev/null
 certs=$work/certs
 
-"$bin/shardmq-namesrv" --listen 127.0.0.1:0 >"$work/namesrv.out" 2>"$work/namesrv.log" &
+"$bin/shardmq-namesrv" --listen 127.0.0.1:0 \
+  --tls-mode permissive --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" \
+  >"$work/namesrv.out" 2>"$work/namesrv.log" &
 namesrv_pid=$!
 until grep -q "listening on" "$work/namesrv.out" 2>/dev/null; do sleep 0.1; done
 namesrv=$(sed -n 's/.*listening on //p' "$work/namesrv.out")
