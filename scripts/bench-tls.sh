@@ -5,7 +5,7 @@
 # clients pinned to core 1 (the name server is permissive too): produce 1 KiB x batch 1000 and x batch 32 into a topic of one
 # queue, and a drain of that topic by a new group. Prints one line per run: scenario, mode,
 # msgs/s, broker CPU µs a message (from /proc/<pid>/stat over the run).
-# Needs a release build: cargo build --release --workspace --bins --locked
+# Writes about 0.5 GB a round into a temporary directory. Needs a release build: cargo build --release --workspace --bins --locked
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
@@ -52,8 +52,8 @@ done
 sleep 1
 for round in $(seq 1 "$rounds"); do
   for mode in plain tls; do
-    run "produce-batch-1000" $mode 1000000 produce --topic P1000 --size 1024 --batch 1000 --producers 1
-    run "produce-batch-32  " $mode 320000 produce --topic P32 --size 1024 --batch 32 --producers 1
-    run "consume           " $mode 1000000 consume --topic P1000 --from first --consumers 1
+    run "produce-batch-1000" $mode 300000 produce --topic P1000 --size 1024 --batch 1000 --producers 1
+    run "produce-batch-32  " $mode 96000 produce --topic P32 --size 1024 --batch 32 --producers 1
+    run "consume           " $mode 300000 consume --topic P1000 --from first --consumers 1
   done
 done
