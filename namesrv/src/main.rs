@@ -103,12 +103,16 @@ enum LogFormat {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    let listener_tls = cli.tls.load().map_err(anyhow::Error::msg)?;
+    if let Some(link_tls) = cli.tls.load_link().map_err(anyhow::Error::msg)? {
+        shardmq_namesrv::tls::set_link_tls(link_tls);
+    }
     let config = ServerConfig {
         listen: cli.listen,
         broker_timeout: Duration::from_millis(cli.broker_timeout_ms),
         scan_interval: Duration::from_millis(cli.scan_interval_ms),
         metrics_listen: cli.metrics_listen,
-        tls: cli.tls.load().map_err(anyhow::Error::msg)?,
+        tls: listener_tls.clone(),
         ..ServerConfig::default()
     };
     let controller = if cli.controller {
@@ -126,6 +130,7 @@ fn main() -> anyhow::Result<()> {
             }),
             broker_timeout: Duration::from_millis(cli.controller_broker_timeout_ms),
             join: cli.controller_join,
+            tls: listener_tls,
         };
         config.validate().map_err(anyhow::Error::msg)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);

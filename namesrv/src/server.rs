@@ -298,7 +298,7 @@ fn admit(
         let reason = match &config.tls {
             None => serve_stream(stream, peer, &handler, &config, stop).await,
             Some(tls) => {
-                crate::tls::serve(stream, peer, tls, &config, |stream| {
+                crate::tls::serve(stream, peer, tls, config.idle_timeout, |stream| {
                     serve_stream(stream, peer, &handler, &config, stop)
                 })
                 .await

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use shardmq_tls::{ServerTls, TlsMode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -18,7 +19,36 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
-use crate::server::{Closed, ServerConfig};
+use crate::server::Closed;
+
+static LINK_TLS: std::sync::OnceLock<shardmq_tls::ClientTls> = std::sync::OnceLock::new();
+
+/// Makes the controller's links to other controllers use TLS (`--tls-ca`); set once, before the
+/// controller starts.
+pub fn set_link_tls(tls: shardmq_tls::ClientTls) {
+    let _ = LINK_TLS.set(tls);
+}
+
+/// A connection to another controller: in TLS when [`set_link_tls`] was called.
+pub(crate) type LinkStream = Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+
+/// Connects to `address`, and shakes hands in TLS when the links use it.
+pub(crate) async fn connect_link(address: &str) -> io::Result<LinkStream> {
+    let stream = TcpStream::connect(address).await?;
+    let _ = stream.set_nodelay(true);
+    let Some(tls) = LINK_TLS.get() else {
+        return Ok(Either::Plain(stream));
+    };
+    let name = tls.server_name_for(address).map_err(io::Error::other)?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config());
+    let stream = connector.connect(name, stream).await.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("TLS handshake with {address} failed: {e}"),
+        )
+    })?;
+    Ok(Either::Tls(stream))
+}
 
 /// The listener's mode and its certificate (looked at again on each TLS connection, and read
 /// again when the files changed).
@@ -34,14 +64,14 @@ pub(crate) async fn serve<Fut>(
     stream: TcpStream,
     peer: SocketAddr,
     tls: &ListenerTls,
-    config: &ServerConfig,
+    handshake_timeout: Duration,
     serve: impl FnOnce(Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>) -> Fut,
 ) -> Closed
 where
     Fut: Future<Output = Closed>,
 {
     let mut first = [0u8; 2];
-    let peeked = match timeout(config.idle_timeout, stream.peek(&mut first)).await {
+    let peeked = match timeout(handshake_timeout, stream.peek(&mut first)).await {
         Ok(Ok(0)) => return Closed::ByPeer,
         Ok(Ok(peeked)) => peeked,
         Ok(Err(error)) => return Closed::Io(error),
@@ -58,7 +88,7 @@ where
         }
     }
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.config());
-    match timeout(config.idle_timeout, acceptor.accept(stream)).await {
+    match timeout(handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => serve(Either::Tls(stream)).await,
         Ok(Err(error)) => {
             debug!(%peer, %error, "TLS handshake failed");
@@ -133,9 +163,33 @@ pub struct TlsArgs {
     /// With --tls-client-ca: `required` or `optional`.
     #[arg(long, value_name = "POLICY", default_value = "required")]
     pub tls_client_auth: String,
+    /// PEM CAs a controller trusts when it connects to the other controllers; given: those
+    /// links use TLS.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM certificate a controller presents on those links (for peers with --tls-client-ca).
+    #[arg(long, value_name = "FILE", requires = "tls_client_key")]
+    pub tls_client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-client-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
+    pub tls_client_key: Option<std::path::PathBuf>,
 }
 
 impl TlsArgs {
+    /// The controller links' TLS, its files read; `None` without --tls-ca.
+    pub fn load_link(&self) -> Result<Option<shardmq_tls::ClientTls>, String> {
+        let Some(ca) = &self.tls_ca else {
+            if self.tls_client_cert.is_some() {
+                return Err("--tls-client-cert needs --tls-ca".into());
+            }
+            return Ok(None);
+        };
+        let mut files = shardmq_tls::ClientTlsFiles::new(ca);
+        files.cert_chain = self.tls_client_cert.clone();
+        files.key = self.tls_client_key.clone();
+        files.load().map(Some).map_err(|e| e.to_string())
+    }
+
     /// The listener's TLS, its files read; `None` when disabled. Errors name the flag or file.
     pub fn load(&self) -> Result<Option<ListenerTls>, String> {
         let mode: TlsMode = self

@@ -515,3 +515,70 @@ fn a_slave_replicates_from_its_master_over_tls() {
         },
     );
 }
+
+#[test]
+fn the_controller_serves_brokers_and_the_cli_over_tls() {
+    let certs = Certs::make();
+    let controller_dir = TempDir::new().unwrap();
+    let controller = format!("127.0.0.1:{}", shardmq_tests::free_port());
+    let mut namesrv_args = listener_args(&certs, "enforcing", "server");
+    namesrv_args.extend([
+        "--controller".to_owned(),
+        "--controller-listen".to_owned(),
+        controller.clone(),
+        "--controller-data-dir".to_owned(),
+        controller_dir.path().to_str().unwrap().to_owned(),
+        "--tls-ca".to_owned(),
+        certs.path("ca.pem"),
+    ]);
+    let namesrv = NamesrvProcess::start_with_args(&strs(&namesrv_args));
+    let data = TempDir::new().unwrap();
+    let mut broker_args = vec![
+        "--namesrv".to_owned(),
+        namesrv.addr().to_string(),
+        "--broker-role".to_owned(),
+        "auto".to_owned(),
+        "--controller".to_owned(),
+        controller.clone(),
+        "--broker-id".to_owned(),
+        "1".to_owned(),
+        "--ha-listen".to_owned(),
+        format!("127.0.0.1:{}", shardmq_tests::free_port()),
+        "--auto-create-topics".to_owned(),
+    ];
+    broker_args.extend(listener_args(&certs, "enforcing", "server"));
+    broker_args.extend(trusting(&certs, "ca"));
+    // A broker in controller mode serves only once the controller (enforcing TLS) told it its
+    // role over a heartbeat.
+    let _broker = BrokerProcess::start(data.path(), &strs(&broker_args));
+    let status = shardmq_tests::wait_until(
+        Duration::from_secs(30),
+        "the controller to report the broker's group",
+        || {
+            let output = cli(
+                &namesrv,
+                &trusting(&certs, "ca"),
+                &["controller", "status", "--controller", &controller],
+            );
+            let text = String::from_utf8_lossy(&output.stdout).into_owned();
+            (output.status.success() && text.contains("broker-a")).then_some(text)
+        },
+    );
+    assert!(status.contains("broker-a"), "{status}");
+    let plain = cli(
+        &namesrv,
+        &[],
+        &["controller", "status", "--controller", &controller],
+    );
+    assert!(
+        !plain.status.success(),
+        "a plain CLI got through to the controller"
+    );
+    round_trip(
+        &namesrv,
+        &trusting(&certs, "ca"),
+        "Controlled",
+        "tls-readers",
+        2,
+    );
+}

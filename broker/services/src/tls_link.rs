@@ -33,7 +33,8 @@ pub fn init(config: &BrokerConfig) -> Result<(), String> {
         .map(|_| ())
 }
 
-fn client_tls() -> Option<ClientTls> {
+/// The outbound TLS read by [`init`]; `None`: plain.
+pub fn client_tls() -> Option<ClientTls> {
     CLIENT_TLS
         .get()
         .and_then(|loaded| loaded.clone().ok())

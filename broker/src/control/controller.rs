@@ -244,6 +244,24 @@ pub fn decode_answer(answer: &VerifiedFrame) -> Result<GroupView, String> {
     })
 }
 
+/// A blocking stream to a controller.
+trait ControllerStream: Read + Write {}
+impl<S: Read + Write> ControllerStream for S {}
+
+/// `socket` as is, or in TLS when the broker connects out in TLS (`--tls-ca`): the handshake
+/// runs on the first write.
+fn with_tls(socket: TcpStream, address: &str) -> Result<Box<dyn ControllerStream>, String> {
+    let Some(tls) = shardmq_services::tls_link::client_tls() else {
+        return Ok(Box::new(socket));
+    };
+    let name = tls.server_name_for(address).map_err(|e| e.to_string())?;
+    let session = shardmq_tls::rustls::ClientConnection::new(tls.config(), name)
+        .map_err(|e| format!("{address}: TLS: {e}"))?;
+    Ok(Box::new(shardmq_tls::rustls::StreamOwned::new(
+        session, socket,
+    )))
+}
+
 fn blocking_call(
     address: &str,
     config: &BrokerConfig,
@@ -251,12 +269,13 @@ fn blocking_call(
     timeout: Duration,
 ) -> Result<GroupView, String> {
     let addr: SocketAddr = address.parse().map_err(|e| format!("{address}: {e}"))?;
-    let mut stream =
+    let socket =
         TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{address}: {e}"))?;
-    stream
+    socket
         .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .and_then(|()| socket.set_write_timeout(Some(timeout)))
         .map_err(|e| e.to_string())?;
+    let mut stream = with_tls(socket, address)?;
     let mut encoder = FrameEncoder::new();
     let handshake = encoder
         .encode(|b| {
@@ -273,6 +292,7 @@ fn blocking_call(
     stream
         .write_all(&handshake)
         .and_then(|()| stream.write_all(&heartbeat))
+        .and_then(|()| stream.flush())
         .map_err(|e| format!("{address}: {e}"))?;
     let decoder = FrameDecoder::new();
     let mut buffer = BytesMut::new();

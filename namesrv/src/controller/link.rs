@@ -8,13 +8,14 @@ use std::time::Duration;
 use bytes::BytesMut;
 use shardmq_schema::{wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::tls::LinkStream;
 
 /// Largest answer a controller accepts from another (snapshots travel in chunks).
 pub const MAX_LINK_FRAME_BYTES: usize = 64 << 20;
 
 pub struct Link {
-    stream: TcpStream,
+    stream: LinkStream,
     decoder: FrameDecoder,
     encoder: FrameEncoder,
     buffer: BytesMut,
@@ -34,8 +35,7 @@ impl Link {
     /// Connects to `address` and shakes hands, within `timeout`.
     pub async fn connect(address: &str, timeout: Duration) -> io::Result<Link> {
         let work = async {
-            let stream = TcpStream::connect(address).await?;
-            let _ = stream.set_nodelay(true);
+            let stream = crate::tls::connect_link(address).await?;
             let mut link = Link {
                 stream,
                 decoder: FrameDecoder::with_max_frame_bytes(MAX_LINK_FRAME_BYTES),
@@ -70,6 +70,8 @@ impl Link {
             .encode(|b| build(b, FrameHeader::request(id)))
             .map_err(io::Error::other)?;
         self.stream.write_all(&frame).await?;
+        // Under TLS, written bytes may wait in the session until flushed.
+        self.stream.flush().await?;
         loop {
             if let Some(frame) = self
                 .decoder

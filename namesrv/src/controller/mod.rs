@@ -33,14 +33,18 @@ use shardmq_schema::{
     build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame,
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use self::link::Link;
 use self::state::{Command, CommandResult, Group, Replica};
 
 pub type NodeId = u64;
+
+/// How long a new connection to the controller's port may take to show its first bytes and,
+/// in TLS, to complete its handshake.
+const CONTROLLER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use std::io::Cursor;
 
@@ -64,6 +68,9 @@ pub struct ControllerConfig {
     /// Start without proposing a membership: this node waits to be added to a running group
     /// (`shardmq controller add-member`).
     pub join: bool,
+    /// TLS on the controller's listener (the name server's settings, docs/tls.md); `None`:
+    /// plain only.
+    pub tls: Option<crate::tls::ListenerTls>,
 }
 
 impl ControllerConfig {
@@ -293,9 +300,22 @@ impl Controller {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
+                    Ok((stream, peer)) => {
                         let controller = self.clone();
-                        tokio::spawn(async move { controller.serve_connection(stream).await });
+                        tokio::spawn(async move {
+                            let _ = stream.set_nodelay(true);
+                            match controller.config.tls.clone() {
+                                None => controller.serve_connection(stream).await,
+                                Some(tls) => {
+                                    let refused = crate::tls::serve(stream, peer, &tls, CONTROLLER_HANDSHAKE_TIMEOUT, |stream| async {
+                                        controller.serve_connection(stream).await;
+                                        crate::server::Closed::ByPeer
+                                    })
+                                    .await;
+                                    debug!(%peer, "controller connection closed: {refused}");
+                                }
+                            }
+                        });
                     }
                     Err(e) => {
                         warn!(error = %e, "controller accept failed");
@@ -308,8 +328,7 @@ impl Controller {
         let _ = self.raft.shutdown().await;
     }
 
-    async fn serve_connection(self: Arc<Self>, mut stream: TcpStream) {
-        let _ = stream.set_nodelay(true);
+    async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(self: Arc<Self>, mut stream: S) {
         let decoder = FrameDecoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
         let mut encoder = FrameEncoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
         let mut buffer = BytesMut::with_capacity(64 << 10);
@@ -328,7 +347,10 @@ impl Controller {
             let answer = self.handle(&frame, &mut encoder).await;
             match answer {
                 Ok(bytes) => {
-                    if stream.write_all(&bytes).await.is_err() {
+                    if crate::server::write_flushed(&mut stream, &bytes)
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
