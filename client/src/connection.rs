@@ -767,6 +767,7 @@ pub(crate) mod testing {
                         server: Some(server),
                         max_frame_bytes: 1 << 20,
                         max_message_bytes: 1 << 10,
+                        auth_nonce: None,
                     },
                 );
                 build_frame(

@@ -427,6 +427,7 @@ impl RequestHandler {
                         max_frame_bytes: u32::try_from(self.max_frame_bytes).unwrap_or(u32::MAX),
                         // A namesrv takes no messages.
                         max_message_bytes: 0,
+                        auth_nonce: None,
                     },
                 );
                 let mut header = FrameHeader::response(request_id, *status);

@@ -83,6 +83,8 @@ pub async fn serve(shard: Rc<NetworkShard>, mut stream: TcpStream) {
         peer,
         is_handshaken: Cell::new(false),
         client_id: RefCell::new(None),
+        account: RefCell::new(None),
+        auth_nonce: Cell::new(None),
         is_closing: Cell::new(false),
         out,
     });

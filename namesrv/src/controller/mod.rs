@@ -376,6 +376,7 @@ impl Controller {
                         server: Some(server),
                         max_frame_bytes: link::MAX_LINK_FRAME_BYTES as u32,
                         max_message_bytes: 0,
+                        auth_nonce: None,
                     },
                 );
                 build_frame(
