@@ -14,6 +14,7 @@
 //! ([`shardmq_remoting::sniff`], in `connection::serve`); the bytes read to tell are the start
 //! of its first frame.
 
+mod access;
 mod admin;
 mod clients;
 mod consume;
