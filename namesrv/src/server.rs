@@ -27,6 +27,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::time::{timeout, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
+use crate::access::Access;
 use crate::handler::{AfterFrame, RequestHandler, Session};
 use crate::registry::{RegistryLimits, RouteTable};
 use crate::remoting::{serve_remoting_connection, RemotingHandler};
@@ -86,6 +87,8 @@ pub struct ServerConfig {
     pub registry_limits: RegistryLimits,
     /// `host:port` where Prometheus metrics are served at `/metrics`; `None`: not served.
     pub metrics_listen: Option<String>,
+    /// Access control (docs/acl.md): off by default (RocketMQ's name server has none).
+    pub access: Arc<Access>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(120),
             registry_limits: RegistryLimits::default(),
             metrics_listen: None,
+            access: Access::off(),
         }
     }
 }
@@ -172,9 +176,12 @@ impl NamesrvServer {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let config = Arc::new(self.config);
         let handler = Arc::new(Handlers {
-            native: RequestHandler::new(Arc::clone(&self.registry), config.max_frame_bytes),
-            remoting: RemotingHandler::new(Arc::clone(&self.registry)),
+            native: RequestHandler::new(Arc::clone(&self.registry), config.max_frame_bytes)
+                .with_access(Arc::clone(&config.access)),
+            remoting: RemotingHandler::new(Arc::clone(&self.registry))
+                .with_access(Arc::clone(&config.access)),
         });
+        let reload = tokio::spawn(Arc::clone(&config.access).reload_until_stopped());
         let (stop_sender, stop_receiver) = watch::channel(false);
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
         let metrics = self.metrics_listener.map(|listener| {
@@ -214,6 +221,7 @@ impl NamesrvServer {
         drop(self.listener);
         stop_sender.send_replace(true);
         scan.abort();
+        reload.abort();
         if let Some(metrics) = metrics {
             metrics.abort();
         }
@@ -310,8 +318,15 @@ fn admit(
             }
             Ok((Protocol::Remoting, read_buffer)) => {
                 debug!(%peer, "a RocketMQ remoting connection");
-                serve_remoting_connection(stream, read_buffer, &handler.remoting, &config, stop)
-                    .await
+                serve_remoting_connection(
+                    stream,
+                    peer,
+                    read_buffer,
+                    &handler.remoting,
+                    &config,
+                    stop,
+                )
+                .await
             }
             Err(reason) => reason,
         };
