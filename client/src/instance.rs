@@ -36,6 +36,9 @@ pub struct ClientOptions {
     pub(crate) instance_name: Option<String>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// The account every connection authenticates as when its server enforces access
+    /// control; `None`: anonymous.
+    pub(crate) credentials: Option<shardmq_acl::Credentials>,
 }
 
 impl Default for ClientOptions {
@@ -45,6 +48,7 @@ impl Default for ClientOptions {
             instance_name: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            credentials: None,
         }
     }
 }
@@ -144,6 +148,17 @@ macro_rules! client_option_setters {
             self.options.connect_timeout = timeout;
             self
         }
+
+        /// The account to authenticate as with brokers and name servers that enforce access
+        /// control (docs/acl.md): each connection proves the secret in its handshake without
+        /// sending it. Without credentials a client is anonymous, which such servers serve
+        /// only from their trusted addresses. See [`Credentials::from_env`](crate::Credentials::from_env)
+        /// and [`Credentials::from_file`](crate::Credentials::from_file).
+        #[must_use]
+        pub fn credentials(mut self, credentials: crate::Credentials) -> Self {
+            self.options.credentials = Some(credentials);
+            self
+        }
     };
 }
 pub(crate) use client_option_setters;
@@ -191,11 +206,10 @@ impl ClientInstance {
         } else {
             (None, None)
         };
-        let pool = Arc::new(ConnectionPool::new(
-            client_id,
-            options.connect_timeout,
-            notice_sender,
-        ));
+        let pool = Arc::new(
+            ConnectionPool::new(client_id, options.connect_timeout, notice_sender)
+                .with_credentials(options.credentials.clone()),
+        );
         let namesrv = Arc::new(NameServers::new(
             options.namesrv_addresses.clone(),
             Arc::clone(&pool),

@@ -140,6 +140,8 @@ pub use push::{
 };
 pub use record::{decode_records, RecordError, MESSAGE_MAGIC_CODE};
 pub use route::{BrokerData, ClusterInfo, MessageQueue, QueueData, TopicRoute};
+/// An account's keys, for brokers and name servers that enforce access control (docs/acl.md).
+pub use shardmq_acl::{Credentials, CredentialsError, ACCESS_KEY_ENV, SECRET_KEY_ENV};
 pub use subscription::TagExpression;
 pub use transaction::{TransactionFuture, TransactionSendResult, TransactionState};
 

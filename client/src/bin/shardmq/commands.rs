@@ -9,14 +9,15 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use shardmq_client::{
-    Admin, BrokerFailure, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus,
-    ResetTarget, TagExpression, TopicConfig,
+    Admin, BrokerFailure, Credentials, Message, MessageQueue, Producer, PullConsumer, PullOptions,
+    PullStatus, ResetTarget, TagExpression, TopicConfig,
 };
 use tokio::time::Instant;
 
 use crate::cli::{
-    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, GroupCommand,
-    MessageCommand, SendArgs, Settings, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
+    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, CredentialsOf,
+    GroupCommand, MessageCommand, SendArgs, Settings, StartFrom, TimeRange, TopicCommand,
+    TopicConfigArgs,
 };
 use crate::output::{self, print_json};
 
@@ -65,10 +66,18 @@ fn finish_partial(failures: &[BrokerFailure]) -> Result<()> {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
+    let credentials = match (&cli.access_key, &cli.secret_key, &cli.credentials_file) {
+        (Some(access_key), Some(secret_key), _) => {
+            Some(Credentials::new(access_key.as_str(), secret_key.as_str())?)
+        }
+        (_, _, Some(file)) => Some(Credentials::from_file(file)?),
+        _ => Credentials::from_env()?,
+    };
     let context = Settings {
         namesrv: cli.namesrv,
         is_json: cli.json,
         request_timeout: Duration::from_millis(cli.request_timeout_ms),
+        credentials,
     };
     match cli.command {
         Command::Topic(command) => topic(&context, command).await,
@@ -94,6 +103,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             controller_membership(&context, &controller, &change).await
         }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
+        Command::Acl(command) => crate::acl::run(&context, command),
     }
 }
 
@@ -101,6 +111,7 @@ async fn admin(context: &Settings) -> Result<Admin> {
     Ok(Admin::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .build()
         .await?)
 }
@@ -256,6 +267,7 @@ async fn send(context: &Settings, args: SendArgs) -> Result<()> {
     let producer = Producer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .group(&args.group)
         .build()
         .await?;
@@ -326,6 +338,7 @@ async fn consume(context: &Settings, args: ConsumeArgs) -> Result<()> {
     let consumer = PullConsumer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .group(&args.group)
         .build()
         .await?;

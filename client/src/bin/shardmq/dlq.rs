@@ -13,7 +13,7 @@ use shardmq_client::{
     Error, Message, MessageExt, Producer, PullConsumer, PullOptions, PullStatus, TagExpression,
 };
 
-use crate::cli::{DlqCommand, Settings};
+use crate::cli::{CredentialsOf, DlqCommand, Settings};
 use crate::output::{self, print_json};
 
 /// Most messages one pull of the dead-letter queue asks for.
@@ -67,6 +67,7 @@ async fn read_dead_letters(context: &Settings, group: &str, max: u64) -> Result<
     let consumer = PullConsumer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .group(group)
         .build()
         .await?;
@@ -120,6 +121,7 @@ async fn resend(context: &Settings, letters: &[&MessageExt]) -> Result<()> {
     let producer = Producer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .build()
         .await?;
     let mut outcome = Ok(());

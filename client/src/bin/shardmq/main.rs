@@ -11,6 +11,7 @@
 //! runtime, and turning the outcome into an exit status. The modules below it are layered
 //! `cli < output < dlq < commands`.
 
+mod acl;
 mod cli;
 mod commands;
 mod dlq;
