@@ -11,7 +11,7 @@ use std::time::Duration;
 use shardmq_client::{Admin, Credentials, Error, Message, Producer, PullConsumer, TopicConfig};
 use shardmq_schema::wire;
 use shardmq_tests::{
-    eventually, http_get_body, run_cli, wait_until, BrokerProcess, NamesrvProcess,
+    eventually, http_get_body, run_cli, status_of, wait_until, BrokerProcess, NamesrvProcess,
 };
 use tempfile::TempDir;
 
@@ -441,4 +441,50 @@ async fn credentials_for_a_broker_without_access_control_change_nothing() {
         .await
         .expect("a broker without access control serves a client with credentials");
     producer.shutdown().await;
+}
+
+/// Every request kind the protocol has, sent by a connection that did not authenticate, is
+/// refused with ACCESS_DENIED before its handler runs (each body is an empty table: no name in
+/// it could matter), and the connection still answers afterwards.
+#[test]
+fn every_request_kind_without_credentials_is_refused() {
+    let cluster = Cluster::start();
+    let mut client = cluster.broker.client();
+    let handshake = client.handshake().expect("a second handshake is answered");
+    let nonce = handshake
+        .frame()
+        .body_as_handshake_response()
+        .and_then(|response| response.auth_nonce())
+        .map(|nonce| nonce.bytes().len());
+    assert_eq!(
+        nonce,
+        Some(32),
+        "an enforcing broker challenges every handshake"
+    );
+    let mut refused = 0;
+    for &kind in wire::Body::ENUM_VALUES {
+        if matches!(
+            kind,
+            wire::Body::NONE | wire::Body::HandshakeRequest | wire::Body::AuthRequest
+        ) {
+            continue;
+        }
+        let answer = client
+            .request(|builder| {
+                let start = builder.start_table();
+                let empty = builder.end_table(start);
+                (kind, flatbuffers::WIPOffset::new(empty.value()))
+            })
+            .unwrap_or_else(|error| panic!("{kind:?}: {error}"));
+        let (status, message) = status_of(&answer);
+        assert_eq!(status, wire::Status::ACCESS_DENIED, "{kind:?}: {message:?}");
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains("no access key given")),
+            "{kind:?}: {message:?}"
+        );
+        refused += 1;
+    }
+    assert!(refused > 60, "only {refused} kinds tried");
 }

@@ -338,3 +338,81 @@ pub(super) fn authenticate(
         .map(|frame| vec![frame])
         .map_err(frame_error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flatbuffers::FlatBufferBuilder;
+
+    fn frame(
+        build: impl FnOnce(
+            &mut FlatBufferBuilder<'static>,
+        ) -> (
+            wire::Body,
+            flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
+        ),
+    ) -> Vec<u8> {
+        let mut builder = FlatBufferBuilder::new();
+        let (kind, body) = build(&mut builder);
+        let root = build_frame(&mut builder, &FrameHeader::request(1), kind, Some(body));
+        builder.finish(root, None);
+        builder.finished_data().to_vec()
+    }
+
+    fn needs_of(bytes: &[u8]) -> Vec<Need<'_>> {
+        native_needs(&wire::root_as_frame(bytes).expect("a valid frame"))
+    }
+
+    #[test]
+    fn needs_follow_rocketmqs_validator() {
+        let pull = frame(|b| {
+            let topic = b.create_string("orders");
+            let group = b.create_string("billing");
+            let body = wire::PullRequest::create(
+                b,
+                &wire::PullRequestArgs {
+                    topic: Some(topic),
+                    consumer_group: Some(group),
+                    ..Default::default()
+                },
+            );
+            (wire::Body::PullRequest, body.as_union_value())
+        });
+        assert_eq!(
+            needs_of(&pull),
+            vec![
+                Need::Topic("orders", Action::Sub),
+                Need::Group("billing", Action::Sub)
+            ]
+        );
+        let send = frame(|b| {
+            let topic = b.create_string("orders");
+            let body = wire::SendRecordsRequest::create(
+                b,
+                &wire::SendRecordsRequestArgs {
+                    topic: Some(topic),
+                    ..Default::default()
+                },
+            );
+            (wire::Body::SendRecordsRequest, body.as_union_value())
+        });
+        assert_eq!(needs_of(&send), vec![Need::Topic("orders", Action::Pub)]);
+        let delete = frame(|b| {
+            let topic = b.create_string("orders");
+            let body = wire::DeleteTopicRequest::create(
+                b,
+                &wire::DeleteTopicRequestArgs {
+                    topic: Some(topic),
+                    force: false,
+                },
+            );
+            (wire::Body::DeleteTopicRequest, body.as_union_value())
+        });
+        assert_eq!(needs_of(&delete), vec![Need::Admin]);
+        let list = frame(|b| {
+            let body = wire::TopicListRequest::create(b, &wire::TopicListRequestArgs::default());
+            (wire::Body::TopicListRequest, body.as_union_value())
+        });
+        assert!(needs_of(&list).is_empty());
+    }
+}
