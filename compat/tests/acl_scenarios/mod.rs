@@ -3,7 +3,8 @@
 //! signs every request with an account's `SessionCredentials`, and ShardMQ's broker checks
 //! that signature and the account's permissions. A client with credentials creates a topic
 //! (admin account), sends to it and consumes from it; a client without credentials is refused
-//! NO_PERMISSION (16). JSON headers (the client's default).
+//! NO_PERMISSION (16). Shared by the test binaries of the two serialize types (`acl_json.rs`,
+//! `acl_rocketmq.rs`): the signature covers the ext fields as each header form carries them.
 //!
 //! The name server does not enforce access control here; only the broker's answers are under
 //! test. No address is trusted: the clients on 127.0.0.1 must sign.
@@ -15,8 +16,6 @@ use shardmq_compat::client::{ClientHost, RocketMqAdmin, SerializeType};
 use shardmq_compat::consumer::{PushConsumer, PushConsumerOptions};
 use shardmq_compat::producer::{Message, Producer};
 use shardmq_compat::servers::{wait_until, LocalCluster};
-
-const SERIALIZE_TYPE: SerializeType = SerializeType::JSON;
 
 const TOPIC: &str = "CompatAclTopic";
 const QUEUES: u32 = 2;
@@ -70,8 +69,10 @@ fn message(index: usize) -> Message {
         .build_unchecked()
 }
 
-#[test]
-fn a_client_with_credentials_sends_and_consumes_and_one_without_is_refused() {
+pub fn a_client_with_credentials_sends_and_consumes_and_one_without_is_refused(
+    serialize_type: SerializeType,
+) {
+    shardmq_compat::client::select_serialize_type(serialize_type);
     let dir = tempfile::TempDir::new().unwrap();
     let acl_file = dir.path().join("acl.toml");
     std::fs::write(&acl_file, acl_toml()).unwrap();
@@ -81,7 +82,7 @@ fn a_client_with_credentials_sends_and_consumes_and_one_without_is_refused() {
     // The admin account creates the topic (UPDATE_AND_CREATE_TOPIC needs the admin flag).
     let admin = RocketMqAdmin::start_with_credentials(
         &namesrv,
-        SERIALIZE_TYPE,
+        serialize_type,
         Some(SessionCredentials::with_keys(ADMIN_KEY, ADMIN_SECRET)),
     )
     .unwrap_or_else(|error| panic!("{error}"));
@@ -98,7 +99,7 @@ fn a_client_with_credentials_sends_and_consumes_and_one_without_is_refused() {
         (write_queues == QUEUES).then_some(())
     });
 
-    let host = ClientHost::start("acl", SERIALIZE_TYPE);
+    let host = ClientHost::start("acl", serialize_type);
 
     // Without credentials: the broker refuses the send. (1.0.0 reports a broker's refusal of a
     // send by its code only; the remark naming what is missing is tested in the main
