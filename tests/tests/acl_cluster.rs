@@ -33,10 +33,16 @@ admin = true
 [[accounts]]
 access_key = "reader-account"
 secret_key = "reader-secret"
+
+[[accounts]]
+access_key = "namesrv-account"
+secret_key = "namesrv-secret"
+admin = true
 "#;
 
 const BROKER_ACCOUNT: (&str, &str) = ("broker-account", "broker-secret");
 const READER_ACCOUNT: (&str, &str) = ("reader-account", "reader-secret");
+const NAMESRV_ACCOUNT: (&str, &str) = ("namesrv-account", "namesrv-secret");
 
 /// Longest a registration or a replication round may take here.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -391,4 +397,207 @@ fn replication_authenticates_as_the_broker_account_and_fails_without_it() {
     // The master keeps serving its own clients.
     let (records, _) = pull_queue(&mut on_master, "Replicated", 0);
     assert_eq!(records.len(), 10);
+}
+
+/// Three name servers running one controller group with `--acl-file`, each with `account` as
+/// its own (`None`: no account), and their controller addresses.
+fn controller_group(
+    dir: &TempDir,
+    acl_file: &str,
+    account: Option<(&str, &str)>,
+) -> (Vec<NamesrvProcess>, Vec<String>) {
+    let addresses: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers: Vec<String> = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, address)| format!("{}={address}", i + 1))
+        .collect();
+    let peers = peers.join(",");
+    let processes = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, address)| {
+            let id = (i + 1).to_string();
+            let data = dir.path().join(format!("controller-{id}-{}", free_port()));
+            let data = data.to_str().expect("UTF-8 path").to_owned();
+            let mut args = vec![
+                "--acl-file",
+                acl_file,
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--controller",
+                "--controller-listen",
+                address,
+                "--controller-peers",
+                &peers,
+                "--controller-id",
+                &id,
+                "--controller-data-dir",
+                &data,
+            ];
+            if let Some((access_key, secret_key)) = account {
+                args.extend_from_slice(&["--access-key", access_key, "--secret-key", secret_key]);
+            }
+            NamesrvProcess::start_with_args(&args)
+        })
+        .collect();
+    (processes, addresses)
+}
+
+/// The controller status `address` gives `account`: (leader id, master id of the first group).
+fn controller_status(address: &str, account: Option<(&str, &str)>) -> Option<(u64, i64)> {
+    let mut client = client_as(address.parse().ok()?, account);
+    let answer = client
+        .request(|b| {
+            let body =
+                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+            (wire::Body::ControllerStatusRequest, body.as_union_value())
+        })
+        .ok()?;
+    let status = answer.frame().body_as_controller_status_response()?;
+    let master = status
+        .groups()
+        .and_then(|groups| groups.iter().next())
+        .map_or(0, |group| group.master_id());
+    Some((status.leader_id(), master))
+}
+
+/// A broker process whose log goes to a file, killed when dropped: a broker in `auto` role
+/// prints no `listening on` line until a controller names its role.
+struct UnstartedBroker {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl UnstartedBroker {
+    fn start(data_dir: &std::path::Path, args: &[&str]) -> UnstartedBroker {
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let log = data_dir.join("broker.log");
+        let child = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("the broker starts");
+        UnstartedBroker { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for UnstartedBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn controllers_and_auto_brokers_authenticate_with_their_accounts() {
+    let dir = TempDir::new().expect("temp dir");
+    let acl_file = accounts_file(&dir);
+
+    // Without an account the controllers refuse each other's Raft requests: no leader.
+    let (unaccounted, addresses) = controller_group(&dir, &acl_file, None);
+    wait_until(SETTLE, "refused Raft requests in /metrics", || {
+        namesrv_metrics(&unaccounted[0])
+            .contains(r#"request="ControllerRaftRequest",reason="no_credentials""#)
+            .then_some(())
+    });
+    for address in &addresses {
+        assert_eq!(
+            controller_status(address, Some(READER_ACCOUNT)).map(|(leader, _)| leader),
+            Some(0),
+            "{address} has no leader"
+        );
+    }
+    drop(unaccounted);
+
+    // With the name servers' admin account they elect a leader.
+    let (controllers, addresses) = controller_group(&dir, &acl_file, Some(NAMESRV_ACCOUNT));
+    let controller_list = addresses.join(",");
+    wait_until(SETTLE, "a controller leader", || {
+        let (leader, _) = controller_status(&addresses[0], Some(READER_ACCOUNT))?;
+        (leader != 0).then_some(())
+    });
+    // Status needs a known account.
+    let mut anonymous = client_as(addresses[1].parse().unwrap(), None);
+    let answer = anonymous
+        .request(|b| {
+            let body =
+                wire::ControllerStatusRequest::create(b, &wire::ControllerStatusRequestArgs {});
+            (wire::Body::ControllerStatusRequest, body.as_union_value())
+        })
+        .expect("an answer");
+    let (status, message) = status_of(&answer);
+    assert_eq!(status, wire::Status::ACCESS_DENIED, "{message:?}");
+    assert!(
+        message
+            .unwrap_or_default()
+            .contains("ControllerStatusRequest needs a known account"),
+        "names the need"
+    );
+
+    // A broker in auto role asks for its role and heartbeats with its account, and becomes
+    // master; registered with the name server too.
+    let namesrv = controllers[0].addr().to_string();
+    let ha = format!("127.0.0.1:{}", free_port());
+    let auto = |ha: &str, extra: &[&'static str]| {
+        let mut args = vec![
+            "--namesrv".to_owned(),
+            namesrv.clone(),
+            "--broker-role".to_owned(),
+            "auto".to_owned(),
+            "--broker-id".to_owned(),
+            "1".to_owned(),
+            "--controller".to_owned(),
+            controller_list.clone(),
+            "--controller-heartbeat-ms".to_owned(),
+            "300".to_owned(),
+            "--ha-listen".to_owned(),
+            ha.to_owned(),
+            "--register-interval-ms".to_owned(),
+            "500".to_owned(),
+        ];
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        args
+    };
+    let account = [
+        "--access-key",
+        BROKER_ACCOUNT.0,
+        "--secret-key",
+        BROKER_ACCOUNT.1,
+    ];
+    let args = auto(&ha, &account);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let broker_dir = TempDir::new().expect("temp dir");
+    let _master = BrokerProcess::start(broker_dir.path(), &args);
+    wait_until(SETTLE, "the controllers to name broker 1 master", || {
+        let (_, master) = controller_status(&addresses[0], Some(READER_ACCOUNT))?;
+        (master == 1).then_some(())
+    });
+
+    // A broker of another group without an account is refused its role and never starts.
+    let mut args = auto(&format!("127.0.0.1:{}", free_port()), &[]);
+    args.extend(["--broker-name".to_owned(), "broker-anonymous".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let anonymous_dir = TempDir::new().expect("temp dir");
+    let refused = UnstartedBroker::start(anonymous_dir.path(), &args);
+    wait_until(
+        SETTLE,
+        "the controllers' refusal in the broker's log",
+        || {
+            let log = refused.log();
+            (log.contains("waiting for the controller") && log.contains("ACCESS_DENIED"))
+                .then_some(())
+        },
+    );
+    assert!(!refused.log().contains("listening on"));
 }
