@@ -1004,4 +1004,56 @@ mod tests {
         }
         assert_eq!(refuse(&mut harness), AfterFrame::Close);
     }
+
+    #[test]
+    fn with_access_control_the_handshake_challenges_and_requests_wait_for_an_account() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl.toml");
+        std::fs::write(
+            &path,
+            "[[accounts]]\naccess_key = \"reader-account\"\nsecret_key = \"reader-secret\"\n",
+        )
+        .unwrap();
+        let access = Access::with_store(shardmq_acl::AclStore::open(&path).unwrap());
+        let mut harness = Harness::new();
+        harness.handler = RequestHandler::new(Arc::new(Mutex::new(RouteTable::default())), 1 << 20)
+            .with_access(access);
+        let (_, answers) = harness.handshake(FrameHeader::request(1), PROTOCOL_VERSION, 0);
+        let nonce = answers[0]
+            .frame()
+            .body_as_handshake_response()
+            .and_then(|r| r.auth_nonce())
+            .map(|nonce| nonce.bytes().to_vec())
+            .expect("an auth_nonce");
+        let (_, answers) = harness.topic_list(FrameHeader::request(2));
+        assert_eq!(status(&answers), [(2, wire::Status::ACCESS_DENIED)]);
+        let credentials = shardmq_acl::Credentials::new("reader-account", "reader-secret").unwrap();
+        let mut authenticate = |harness: &mut Harness, id: u64| {
+            let (client_nonce, proof) = credentials.answer(&nonce).unwrap();
+            harness.send(FrameHeader::request(id), |builder| {
+                let access_key = builder.create_string("reader-account");
+                let client_nonce = builder.create_vector(&client_nonce);
+                let proof = builder.create_vector(&proof);
+                let body = wire::AuthRequest::create(
+                    builder,
+                    &wire::AuthRequestArgs {
+                        access_key: Some(access_key),
+                        client_nonce: Some(client_nonce),
+                        proof: Some(proof),
+                    },
+                );
+                Some((wire::Body::AuthRequest, body.as_union_value()))
+            })
+        };
+        let (after, answers) = authenticate(&mut harness, 3);
+        assert_eq!(after, AfterFrame::KeepOpen);
+        assert_eq!(status(&answers), [(3, wire::Status::OK)]);
+        assert_eq!(harness.session.account(), Some("reader-account"));
+        let (_, answers) = harness.topic_list(FrameHeader::request(4));
+        assert_eq!(status(&answers), [(4, wire::Status::OK)]);
+        // The challenge is answered once: a second answer is refused and closes.
+        let (after, answers) = authenticate(&mut harness, 5);
+        assert_eq!(after, AfterFrame::Close);
+        assert_eq!(status(&answers), [(5, wire::Status::ACCESS_DENIED)]);
+    }
 }

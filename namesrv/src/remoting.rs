@@ -531,4 +531,59 @@ mod tests {
         let answer = handler.handle(LOOPBACK, &bad_name).expect("answered");
         assert_eq!(answer.code, response::SYSTEM_ERROR);
     }
+
+    #[test]
+    fn with_access_control_a_request_is_signed_and_its_account_permitted_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl.toml");
+        std::fs::write(
+            &path,
+            r#"
+            [[accounts]]
+            access_key = "reader-account"
+            secret_key = "reader-secret"
+            "#,
+        )
+        .unwrap();
+        let access = Access::with_store(shardmq_acl::AclStore::open(&path).unwrap());
+        let handler = handler_with(&[("broker-a", 0, "127.0.0.1:10911", &[("orders", 4)])])
+            .with_access(access);
+        let signed = |mut command: RemotingCommand| {
+            command
+                .ext_fields
+                .insert("AccessKey".into(), "reader-account".into());
+            let signature = shardmq_acl::rocketmq_signature(
+                "reader-secret",
+                &command.ext_fields,
+                &command.body,
+            );
+            command.ext_fields.insert("Signature".into(), signature);
+            command
+        };
+        let anonymous = handler
+            .handle(LOOPBACK, &route_request("orders"))
+            .expect("answered");
+        assert_eq!(anonymous.code, response::NO_PERMISSION);
+        assert!(anonymous
+            .remark
+            .unwrap_or_default()
+            .contains("GET_ROUTEINFO_BY_TOPIC needs a known account"));
+        let answer = handler
+            .handle(LOOPBACK, &signed(route_request("orders")))
+            .expect("answered");
+        assert_eq!(answer.code, response::SUCCESS);
+        let delete = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 4)
+            .with_ext("topic", "orders");
+        let refused = handler.handle(LOOPBACK, &signed(delete)).expect("answered");
+        assert_eq!(refused.code, response::NO_PERMISSION);
+        assert!(refused.remark.unwrap_or_default().contains("not an admin"));
+        let still = handler
+            .handle(LOOPBACK, &signed(route_request("orders")))
+            .expect("answered");
+        assert_eq!(
+            still.code,
+            response::SUCCESS,
+            "the refused deletion did nothing"
+        );
+    }
 }
