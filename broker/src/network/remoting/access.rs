@@ -46,9 +46,11 @@ pub(super) fn check(connection: &Connection, command: &RemotingCommand) -> Resul
         .map_err(|refusal| access::denied(kind(), &refusal))
 }
 
-/// What a remoting request needs: RocketMQ's `PlainAccessValidator.parse` per request code,
-/// plus the query of a consumer offset like its update, and the admin flag for RocketMQ's
-/// admin codes. A code that names nothing needs only a known account or a trusted address. A
+/// What a remoting request needs: RocketMQ 4.9's `PlainAccessValidator.parse` per request
+/// code, and the admin flag for RocketMQ's admin codes. Beyond RocketMQ: a batch send is
+/// checked like a send, a lite pull like a pull, the query of a consumer offset like its
+/// update; short of it: a send-back needs no PUB on its `originTopic` (as the native
+/// send-back). A code that names nothing needs only a known account or a trusted address. A
 /// missing field adds no need (the handler refuses the request as invalid), and so does a
 /// heartbeat body that does not decode (`heartbeat` is `None`; its handler refuses it).
 pub(super) fn needs<'a>(
