@@ -1028,7 +1028,7 @@ mod tests {
         let (_, answers) = harness.topic_list(FrameHeader::request(2));
         assert_eq!(status(&answers), [(2, wire::Status::ACCESS_DENIED)]);
         let credentials = shardmq_acl::Credentials::new("reader-account", "reader-secret").unwrap();
-        let mut authenticate = |harness: &mut Harness, id: u64| {
+        let authenticate = |harness: &mut Harness, id: u64| {
             let (client_nonce, proof) = credentials.answer(&nonce).unwrap();
             harness.send(FrameHeader::request(id), |builder| {
                 let access_key = builder.create_string("reader-account");
