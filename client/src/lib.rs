@@ -86,6 +86,7 @@ mod compression;
 mod connection;
 mod error;
 mod host;
+mod idempotent;
 mod instance;
 mod message;
 mod message_id;
@@ -113,6 +114,13 @@ pub use broker_admin::{
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};
+pub use idempotent::{
+    ClaimOutcome, ClaimStore, DedupKey, Idempotent, IdempotentBuilder, IdempotentStats,
+    MemoryStore, StoreError, StoreErrorPolicy, StoreFuture, DEFAULT_DONE_TTL,
+    DEFAULT_MEMORY_STORE_MAX_KEYS, DEFAULT_PROCESSING_TTL, MAX_DEDUP_KEY_BYTES, MIN_PROCESSING_TTL,
+};
+#[cfg(feature = "redis")]
+pub use idempotent::{RedisStore, DEFAULT_REDIS_OPERATION_TIMEOUT};
 pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use message::{
     check_group_name, check_topic_name, now_ms, Delay, Message, MessageExt,
