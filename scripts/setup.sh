@@ -15,6 +15,7 @@ fi
 need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 command -v mount >/dev/null 2>&1 || need_apt+=(mount)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # idempotent consumption tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
