@@ -84,6 +84,20 @@ pub enum Command {
     /// Brokers and name servers reload the file within 500 ms of a change.
     #[command(subcommand)]
     Acl(AclCommand),
+    /// The web console: an HTTP server of pages over this command line's operations
+    /// (docs/console.md).
+    Console(ConsoleArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ConsoleArgs {
+    /// Address to serve on, `host:port` (port 0: any free port; the address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Controller addresses, comma separated, whose status the cluster page shows (leader,
+    /// term, per broker group its master, epoch and in-sync replicas); none by default.
+    #[arg(long, value_name = "ADDR", value_delimiter = ',')]
+    pub controller: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use shardmq_client::{
-    Admin, BrokerFailure, Credentials, Message, MessageQueue, Producer, PullConsumer, PullOptions,
-    PullStatus, ResetTarget, TagExpression, TopicConfig,
+    Admin, BrokerFailure, Credentials, Message, MessageQueue, Partial, Producer, PullConsumer,
+    PullOptions, PullStatus, QueueProgress, ResetTarget, TagExpression, TopicConfig,
 };
 use tokio::time::Instant;
 
@@ -104,10 +104,11 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
         Command::Acl(command) => crate::acl::run(&context, command),
+        Command::Console(args) => crate::console::run(context, args).await,
     }
 }
 
-async fn admin(context: &Settings) -> Result<Admin> {
+pub(crate) async fn admin(context: &Settings) -> Result<Admin> {
     Ok(Admin::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
@@ -136,19 +137,7 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
             broker,
             force,
         } => {
-            let brokers = match broker {
-                _ if force => admin.delete_group_topic(broker.as_deref(), &topic).await?,
-                Some(address) => {
-                    admin.delete_topic(&address, &topic).await?;
-                    vec![address]
-                }
-                None => match admin.delete_topic_everywhere(&topic).await {
-                    Err(shardmq_client::Error::TopicNotFound { .. }) => {
-                        bail!("topic {topic} does not exist: no name server routes it")
-                    }
-                    other => other?,
-                },
-            };
+            let brokers = delete_topic_on(&admin, &topic, broker.as_deref(), force).await?;
             if context.is_json {
                 print_json(&json!({ "topic": topic, "deleted_on": brokers }));
             } else {
@@ -191,6 +180,59 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
     }
 }
 
+/// Deletes `topic` on `broker`, or on every master broker hosting it; `force` for a group's
+/// retry or dead-letter topic. Returns the brokers it was deleted on. (The CLI and the console.)
+pub(crate) async fn delete_topic_on(
+    admin: &Admin,
+    topic: &str,
+    broker: Option<&str>,
+    force: bool,
+) -> Result<Vec<String>> {
+    Ok(match broker {
+        _ if force => admin.delete_group_topic(broker, topic).await?,
+        Some(address) => {
+            admin.delete_topic(address, topic).await?;
+            vec![address.to_owned()]
+        }
+        None => match admin.delete_topic_everywhere(topic).await {
+            Err(shardmq_client::Error::TopicNotFound { .. }) => {
+                bail!("topic {topic} does not exist: no name server routes it")
+            }
+            other => other?,
+        },
+    })
+}
+
+/// Creates (`is_create`) or updates the topic on `broker`, or else on every master broker of
+/// `cluster` (of every cluster when `None`). (The CLI and the console.)
+pub(crate) async fn upsert_topic_on(
+    admin: &Admin,
+    config: &TopicConfig,
+    broker: Option<&str>,
+    cluster: Option<&str>,
+    is_create: bool,
+) -> Result<Partial<Vec<String>>> {
+    let brokers = match broker {
+        Some(address) if is_create => {
+            admin.create_topic(address, config).await?;
+            vec![address.to_owned()]
+        }
+        Some(address) => {
+            admin.update_topic(address, config).await?;
+            vec![address.to_owned()]
+        }
+        None => {
+            return Ok(admin
+                .upsert_topic_in_cluster(cluster, config, is_create)
+                .await?)
+        }
+    };
+    Ok(Partial {
+        value: brokers,
+        failures: Vec::new(),
+    })
+}
+
 async fn upsert_topic(
     context: &Settings,
     admin: &Admin,
@@ -198,22 +240,15 @@ async fn upsert_topic(
     is_create: bool,
 ) -> Result<()> {
     let config = topic_config(args);
-    let (brokers, failures) = match &args.broker {
-        Some(address) if is_create => {
-            admin.create_topic(address, &config).await?;
-            (vec![address.clone()], Vec::new())
-        }
-        Some(address) => {
-            admin.update_topic(address, &config).await?;
-            (vec![address.clone()], Vec::new())
-        }
-        None => {
-            let done = admin
-                .upsert_topic_in_cluster(args.cluster.as_deref(), &config, is_create)
-                .await?;
-            (done.value, done.failures)
-        }
-    };
+    let done = upsert_topic_on(
+        admin,
+        &config,
+        args.broker.as_deref(),
+        args.cluster.as_deref(),
+        is_create,
+    )
+    .await?;
+    let (brokers, failures) = (done.value, done.failures);
     if context.is_json {
         print_json(&json!({
             "topic": output::topic_config_json(&config),
@@ -455,34 +490,17 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
             }
         }
         GroupCommand::Progress { group, topic } => {
-            let topics = match topic {
-                Some(topic) => vec![topic],
-                None => {
-                    let groups = admin.group_list().await?;
-                    let known = groups
-                        .value
-                        .into_iter()
-                        .find(|summary| summary.group == group)
-                        .map(|summary| summary.topics);
-                    failures.extend(groups.failures);
-                    match known {
-                        Some(topics) => topics,
-                        None => {
-                            finish_partial(&failures)?;
-                            bail!("no broker knows group {group}: no live members and no committed offsets")
-                        }
+            let (progress, failed) = match group_progress_of(&admin, &group, topic).await {
+                Ok(done) => (done.value, done.failures),
+                Err(error) => match error.downcast::<UnknownGroup>() {
+                    Ok(unknown) => {
+                        finish_partial(&unknown.failures)?;
+                        return Err(unknown.into());
                     }
-                }
+                    Err(error) => return Err(error),
+                },
             };
-            let mut progress = Vec::new();
-            for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
-                let part = admin.group_progress(&group, topic).await?;
-                progress.extend(part.value);
-                failures.extend(part.failures);
-            }
-            // One line per broker that failed, however many topics it failed for.
-            let mut seen = std::collections::BTreeSet::new();
-            failures.retain(|failure| seen.insert(failure.address.clone()));
+            failures = failed;
             if context.is_json {
                 print_json(&output::progress_json(&group, &progress));
             } else {
@@ -521,8 +539,74 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
     finish_partial(&failures)
 }
 
+/// No broker knows the group (when its topics were to be found from the brokers).
+#[derive(Debug)]
+pub(crate) struct UnknownGroup {
+    pub group: String,
+    /// Brokers that did not answer (one of them may know it).
+    pub failures: Vec<BrokerFailure>,
+}
+
+impl std::fmt::Display for UnknownGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no broker knows group {}: no live members and no committed offsets",
+            self.group
+        )
+    }
+}
+
+impl std::error::Error for UnknownGroup {}
+
+/// `group`'s progress on every queue of `topic`, or (when `None`) of every topic the brokers
+/// say it subscribes to or has offsets for ([`UnknownGroup`] when none knows it); brokers that
+/// failed are listed once each. (The CLI and the console.)
+pub(crate) async fn group_progress_of(
+    admin: &Admin,
+    group: &str,
+    topic: Option<String>,
+) -> Result<Partial<Vec<QueueProgress>>> {
+    let mut failures = Vec::new();
+    let topics = match topic {
+        Some(topic) => vec![topic],
+        None => {
+            let groups = admin.group_list().await?;
+            let known = groups
+                .value
+                .into_iter()
+                .find(|summary| summary.group == group)
+                .map(|summary| summary.topics);
+            failures.extend(groups.failures);
+            match known {
+                Some(topics) => topics,
+                None => {
+                    return Err(UnknownGroup {
+                        group: group.to_owned(),
+                        failures,
+                    }
+                    .into())
+                }
+            }
+        }
+    };
+    let mut progress = Vec::new();
+    for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
+        let part = admin.group_progress(group, topic).await?;
+        progress.extend(part.value);
+        failures.extend(part.failures);
+    }
+    // One line per broker that failed, however many topics it failed for.
+    let mut seen = std::collections::BTreeSet::new();
+    failures.retain(|failure| seen.insert(failure.address.clone()));
+    Ok(Partial {
+        value: progress,
+        failures,
+    })
+}
+
 /// `first`, `last`, ms since the epoch, or an RFC 3339 time.
-fn parse_reset_target(text: &str) -> Result<ResetTarget> {
+pub(crate) fn parse_reset_target(text: &str) -> Result<ResetTarget> {
     match text {
         "first" => Ok(ResetTarget::First),
         "last" => Ok(ResetTarget::Last),
@@ -595,7 +679,7 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
 }
 
 /// (begin, end) ms of a query's time range; 0 means "from the beginning" and "now".
-fn time_range(range: &TimeRange) -> Result<(i64, i64)> {
+pub(crate) fn time_range(range: &TimeRange) -> Result<(i64, i64)> {
     let parse = |text: &Option<String>, flag: &str| -> Result<i64> {
         match text {
             None => Ok(0),

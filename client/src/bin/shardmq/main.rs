@@ -14,6 +14,7 @@
 mod acl;
 mod cli;
 mod commands;
+mod console;
 mod dlq;
 mod output;
 
