@@ -65,6 +65,12 @@
 //! # }
 //! ```
 //!
+//! **Processing once.** [`Idempotent`] wraps a push consumer's listener (concurrent or orderly)
+//! so that a message is processed once per group across retries, resends and the group's
+//! consumers: each message is claimed in a [`RedisStore`] (or, for one consumer, a
+//! [`MemoryStore`]) before the listener sees it; see `docs/idempotent-consumption.md` and
+//! `examples/idempotent_consumer.rs`.
+//!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
 //! `pool.rs`), typed requests (`api/`; a producer encodes its batches itself as runs of
 //! stored records, `api/records.rs`), name servers and the route cache (`namesrv.rs`), the
@@ -74,8 +80,8 @@
 //! The modules are layered: each imports (`crate::…`) only modules to its left, so
 //! `error < host < message_id < route < subscription < message < compression < record <
 //! connection < pool < api < namesrv < instance < partial < send_back < admin < broker_admin <
-//! transaction < producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import
-//! cycle). The
+//! transaction < producer < pull_consumer < push < idempotent` (`tests/module_layers.rs` fails
+//! on an import cycle). The
 //! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
 //! above it.
 
