@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Starts a local development cluster: one name server and one broker on loopback, data under
-# ./data, built in release mode. Prints the addresses and what to try next; Ctrl-C stops both
-# (gracefully: the broker flushes and persists before it exits).
+# ./data, built in release mode, and the web console beside them (docs/console.md). Prints the
+# addresses and what to try next; Ctrl-C stops all three (gracefully: the broker flushes and
+# persists before it exits).
 #
 # Usage: scripts/dev.sh            (from any directory)
 # Env:   SHARDMQ_NAMESRV (default 127.0.0.1:9876), SHARDMQ_BROKER (default 127.0.0.1:10911),
 #        SHARDMQ_DATA (default ./data), SHARDMQ_FLUSH (async|sync, default async),
+#        SHARDMQ_CONSOLE (the web console's address, default 127.0.0.1:8080),
 #        SHARDMQ_ACL=1 (access control on: both servers enforce $SHARDMQ_DATA/acl.toml, made
 #        with two accounts when it does not exist; docs/acl.md)
 set -euo pipefail
@@ -17,6 +19,7 @@ broker_addr="${SHARDMQ_BROKER:-127.0.0.1:10911}"
 data_dir="${SHARDMQ_DATA:-$repo_root/data}"
 flush="${SHARDMQ_FLUSH:-async}"
 acl="${SHARDMQ_ACL:-0}"
+console_addr="${SHARDMQ_CONSOLE:-127.0.0.1:8080}"
 
 echo "==> building (release)"
 cargo build --release --bins --locked
@@ -97,12 +100,24 @@ target/release/shardmq-broker --namesrv "$namesrv_addr" --listen "$broker_addr" 
 pids+=($!)
 wait_listening broker "$logs/broker.out" "${pids[-1]}"
 
+# The console runs without an account: with access control on, each browser logs in.
+target/release/shardmq --namesrv "$namesrv_addr" console --listen "$console_addr" \
+  >"$logs/console.out" 2>"$logs/console.log" &
+pids+=($!)
+wait_listening console "$logs/console.out" "${pids[-1]}"
+console_url="$(sed -n 's/^console listening on //p' "$logs/console.out")"
+console_note=""
+if [ "$acl" = 1 ]; then
+  console_note="   (log in as dev-admin / dev-admin-secret)"
+fi
+
 cat <<TXT
 
 ShardMQ dev cluster is up
   name server  $namesrv_addr
   broker       $broker_addr   (data: $data_dir/broker, flush: $flush, topics auto-created, SQL92 filters on)
   access control $acl_note
+  web console  $console_url$console_note
   logs         $logs/
 
 Try, in another terminal:
@@ -111,6 +126,6 @@ Try, in another terminal:
   target/release/shardmq --namesrv $namesrv_addr$cli_credentials topic list
   target/release/shardmq-broker verify --data-dir $data_dir/broker   (after stopping)
 
-Ctrl-C stops both.
+Ctrl-C stops all three.
 TXT
 wait "${pids[@]}"
