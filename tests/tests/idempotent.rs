@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shardmq_client::{
-    ConsumeFrom, ConsumeResult, DedupKey, Idempotent, IdempotentStats, Message, MessageExt,
-    Producer, PushConsumer, PushConsumerBuilder, RedisStore,
+    ClaimOutcome, ClaimStore, ConsumeFrom, ConsumeResult, DedupKey, Idempotent, IdempotentStats,
+    Message, MessageExt, Producer, PushConsumer, PushConsumerBuilder, RedisStore,
 };
 use shardmq_tests::LocalCluster;
 use tempfile::TempDir;
@@ -346,6 +346,73 @@ fn sorted(mut bodies: Vec<String>) -> Vec<String> {
 
 // ---------------------------------------------------------------------------------------------
 // The tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_changes_only_its_own_claims() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url())
+        .await
+        .expect("redis store");
+    let short = Duration::from_secs(5);
+    let long = Duration::from_secs(60);
+    let key = "g:t:k";
+    assert_eq!(
+        store.claim(key, "a", short).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(redis.get(key).as_deref(), Some("processing a"));
+    assert!((1..=5000).contains(&redis.pttl(key)));
+    assert_eq!(
+        store.claim(key, "b", short).await.unwrap(),
+        ClaimOutcome::HeldByAnother("processing a".to_owned())
+    );
+    // Another owner can neither extend, nor release, nor complete it.
+    assert!(!store.extend(key, "b", long).await.unwrap());
+    assert!(!store.release(key, "b").await.unwrap());
+    assert!(!store.complete(key, "b", long).await.unwrap());
+    assert_eq!(redis.get(key).as_deref(), Some("processing a"));
+    assert!(redis.pttl(key) <= 5000);
+    assert!(store.extend(key, "a", long).await.unwrap());
+    assert!(redis.pttl(key) > 5000);
+    assert!(store.complete(key, "a", long).await.unwrap());
+    assert_eq!(redis.get(key).as_deref(), Some("done a"));
+    // Done is final: not released, and found done by every later claim.
+    assert!(!store.release(key, "a").await.unwrap());
+    assert_eq!(
+        store.claim(key, "c", short).await.unwrap(),
+        ClaimOutcome::Done
+    );
+
+    // An expired claim is free for others, and lost for its owner.
+    let expiring = "g:t:expiring";
+    let brief = Duration::from_millis(100);
+    assert_eq!(
+        store.claim(expiring, "a", brief).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    eventually("the claim to expire", || async {
+        redis.get(expiring).is_none()
+    })
+    .await;
+    assert_eq!(
+        store.claim(expiring, "b", short).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert!(!store.extend(expiring, "a", short).await.unwrap());
+    assert!(!store.complete(expiring, "a", short).await.unwrap());
+    assert!(store.release(expiring, "b").await.unwrap());
+    assert_eq!(redis.get(expiring), None);
+
+    // A value no claim store writes counts as held (nothing is overwritten).
+    match redis.command(&["SET", "g:t:foreign", "written by someone else"]) {
+        Reply::Simple(ok) => assert_eq!(ok, "OK"),
+        other => panic!("SET answered {other:?}"),
+    }
+    assert_eq!(
+        store.claim("g:t:foreign", "a", short).await.unwrap(),
+        ClaimOutcome::HeldByAnother("written by someone else".to_owned())
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_whose_listener_failed_is_processed_successfully_once_after_redelivery() {
