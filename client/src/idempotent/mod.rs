@@ -43,7 +43,7 @@ pub use redis_store::{RedisStore, DEFAULT_REDIS_OPERATION_TIMEOUT};
 pub use store::{ClaimOutcome, ClaimStore, StoreError, StoreFuture};
 
 use crate::error::{Error, Result};
-use crate::message::{check_group_name, MessageExt, PROPERTY_UNIQUE_ID};
+use crate::message::{check_consumer_group_name, MessageExt, PROPERTY_UNIQUE_ID};
 use crate::push::{ConsumeResult, ListenerFuture};
 
 /// Default expiry of a `processing` claim: a consumer that dies mid-processing holds its
@@ -239,7 +239,7 @@ impl IdempotentBuilder {
                     .to_owned(),
             )
         })?;
-        check_group_name(&group)?;
+        check_consumer_group_name(&group)?;
         if self.processing_ttl < MIN_PROCESSING_TTL {
             return Err(Error::Config(format!(
                 "processing_ttl is {} ms, under the minimum of {} ms",

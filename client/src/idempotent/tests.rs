@@ -503,4 +503,10 @@ fn the_builder_says_what_is_wrong() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("group"), "{error}");
+    let error = Idempotent::builder(MemoryStore::new())
+        .group("%RETRY%order-service")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("%RETRY%"), "{error}");
 }
