@@ -535,6 +535,41 @@ fn pages_show_the_cluster_and_drive_topics_messages_and_groups() {
     let in_queue_0 = browser.eval("document.querySelectorAll('#results .message').length");
     assert!(in_queue_0.as_i64().unwrap() >= 1, "{range}");
 
+    // Resend the message found by id: a copy under the same id, with its keys, to its topic.
+    browser.fill("query-id-value", &msg_id);
+    browser.click("#query-id-submit");
+    browser.wait_for(
+        "the message found by id again",
+        &format!("document.getElementById('result-count')?.innerText.includes('with id {msg_id}')"),
+    );
+    browser.click(&format!("{card} button.resend"));
+    browser.wait_for(
+        "the confirmation",
+        "!document.getElementById('confirm').hidden",
+    );
+    browser.click("#confirm-yes");
+    let resent = browser.wait_for(
+        "the resend message",
+        "document.getElementById('message').className === 'ok' && document.getElementById('message').innerText",
+    );
+    assert!(
+        resent
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("resent {msg_id} to {TOPIC} as {msg_id}")),
+        "{resent}"
+    );
+    let stored = runtime.block_on(async {
+        let admin = shardmq_client::Admin::builder()
+            .namesrv(&namesrv)
+            .build()
+            .await
+            .expect("admin");
+        let stats = admin.topic_stats(TOPIC).await.expect("stats");
+        stats.iter().map(|queue| queue.max_offset).sum::<i64>()
+    });
+    assert_eq!(stored, SENT + 1);
+
     // A group consumes everything (committing through the client crate).
     runtime.block_on(async {
         let consumer = PullConsumer::builder()
@@ -585,7 +620,8 @@ fn pages_show_the_cluster_and_drive_topics_messages_and_groups() {
     browser.wait_for(
         "the lag after the reset",
         &format!(
-            "document.getElementById('consume-rate')?.innerText.startsWith('Total lag {SENT}.')"
+            "document.getElementById('consume-rate')?.innerText.startsWith('Total lag {}.')",
+            SENT + 1
         ),
     );
     // The committed offsets did move (asked through the client crate, not the console).
@@ -751,6 +787,11 @@ fn the_api_answers_errors_as_json_and_keeps_working_while_a_broker_is_down() {
     // that broker fails naming it.
     let up = get(addr, "/api/cluster");
     assert_eq!(up.body["brokers"][0]["is_up"], json!(true), "{}", up.body);
+    wait_until(Duration::from_secs(20), "a metrics sample", || {
+        let metrics = get(addr, "/api/metrics").body;
+        let samples = metrics["brokers"][0]["samples"].as_array()?.len();
+        (samples > 0).then_some(())
+    });
     shardmq_tests::signal(cluster.broker.pid(), "STOP");
     let down = get(addr, "/api/cluster");
     assert_eq!(down.status, 200, "{}", down.body);
@@ -780,9 +821,29 @@ fn the_api_answers_errors_as_json_and_keeps_working_while_a_broker_is_down() {
     );
     assert_eq!(create.status, 502, "{}", create.body);
     assert!(create.error().contains(&broker), "{}", create.body);
-    let metrics = get(addr, "/api/metrics");
-    assert_eq!(metrics.status, 200);
-    assert_eq!(metrics.body["brokers"][0]["is_up"], json!(false));
+    // The metrics sampler marks it down at its next round, keeping what it sampled before.
+    let sampled = wait_until(
+        Duration::from_secs(20),
+        "the sampler to see it down",
+        || {
+            let metrics = get(addr, "/api/metrics").body;
+            (metrics["brokers"][0]["is_up"] == json!(false)).then_some(metrics)
+        },
+    );
+    assert!(
+        sampled["brokers"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains(&broker),
+        "{sampled}"
+    );
+    assert!(
+        !sampled["brokers"][0]["samples"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{sampled}"
+    );
     shardmq_tests::signal(cluster.broker.pid(), "CONT");
 }
 

@@ -1,9 +1,9 @@
-//! The cluster page's and the metrics page's API: every broker the name servers know, each
-//! with its runtime status (`shardmq broker status`) or the error that came instead, and the
-//! controller's status when `--controller` names one.
+//! The cluster page's API: every broker the name servers know, each with its runtime status
+//! (`shardmq broker status`) or the error that came instead, and the controller's status when
+//! `--controller` names one.
 //!
 //! Owns: asking every broker in turn and keeping one broker's failure to that broker. Never:
-//! rates or history (the metrics page computes rates from two samples' totals).
+//! history (`metrics.rs` keeps it).
 
 use std::sync::Arc;
 
@@ -91,15 +91,4 @@ async fn controller_status(console: &Console, caller: &Caller) -> Value {
         }
     }
     json!({ "error": errors.join("; ") })
-}
-
-/// `GET /api/metrics`: every broker's counters now (totals since its start, with its uptime,
-/// so that two samples give rates) and its replication lag.
-pub async fn metrics(caller: Caller) -> ApiResult {
-    let clusters = caller.admin.cluster_info().await?;
-    let brokers = broker_statuses(&caller, &clusters).await;
-    Ok(Json(json!({
-        "sampled_at_ms": shardmq_client::now_ms(),
-        "brokers": brokers,
-    })))
 }

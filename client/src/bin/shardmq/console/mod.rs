@@ -11,12 +11,14 @@
 //! JSON objects (`output.rs`'s formats where the CLI has one) or as the static assets.
 //!
 //! Modules: `assets` (the embedded pages), `session` (logins, per-session admin clients),
-//! `cluster` (cluster and metrics), `topics`, `groups`, `messages` (queries, resend, DLQ).
+//! `cluster`, `metrics` (the sampler of broker counters), `topics`, `groups`, `messages`
+//! (queries, resend, DLQ).
 
 mod assets;
 mod cluster;
 mod groups;
 mod messages;
+mod metrics;
 mod session;
 mod topics;
 
@@ -42,6 +44,7 @@ pub struct Console {
     /// Controller addresses for the cluster page (`--controller`).
     controllers: Vec<String>,
     sessions: session::Sessions,
+    metrics: Arc<metrics::Metrics>,
 }
 
 /// Serves the console on `args.listen` until the process is stopped.
@@ -50,10 +53,14 @@ pub async fn run(settings: Settings, args: ConsoleArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr()?;
+    let sessions = session::Sessions::new(&settings).await?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    tokio::spawn(Arc::clone(&metrics).run_sampler(sessions.default_admin()));
     let console = Arc::new(Console {
-        sessions: session::Sessions::new(&settings).await?,
+        sessions,
         settings,
         controllers: args.controller,
+        metrics,
     });
     // The line scripts and tests wait for; the name servers are not asked before a page is.
     println!("console listening on http://{address}");
@@ -68,7 +75,7 @@ fn router(console: Arc<Console>) -> Router {
         .route("/login", post(session::login))
         .route("/logout", post(session::logout))
         .route("/cluster", get(cluster::cluster))
-        .route("/metrics", get(cluster::metrics))
+        .route("/metrics", get(metrics::metrics))
         .route("/topics", get(topics::list).post(topics::upsert))
         .route(
             "/topics/{topic}",

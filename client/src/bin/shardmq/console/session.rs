@@ -74,6 +74,11 @@ impl Sessions {
         })
     }
 
+    /// The admin client of requests without a session (the command line's account).
+    pub fn default_admin(&self) -> Arc<Admin> {
+        Arc::clone(&self.default_admin)
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
         // A panic while the lock was held leaves a table that is still consistent (every
         // change is one insert or remove).

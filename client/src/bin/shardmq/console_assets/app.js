@@ -81,6 +81,7 @@ export function showError(error, what) {
   if (error.status === "ACCESS_DENIED" || error.status === "NO_PERMISSION") {
     showMessage((what ? what + ": " : "") + error.message + status +
       "\nThe account may not do this; log in with another access key.", true);
+    document.getElementById("login-form").hidden = false;
   }
 }
 

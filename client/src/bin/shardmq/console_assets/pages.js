@@ -437,8 +437,11 @@ function showResults(container, answer, what) {
     list.map((m) => messageCard(m, resendMessage)));
 }
 
+// `#/messages//TOPIC` fills in the topic; `#/messages/id/ID` and `#/messages/key/TOPIC/KEY`
+// run that query (links and scripts use them).
 async function messages(main, argument) {
-  const topicGiven = argument ? argument.replace(/^\//, "") : "";
+  const [kind, first, second] = argument ? argument.split("/") : [];
+  const topicGiven = kind === "" ? first || "" : kind === "key" ? first || "" : "";
   const results = el("div", { id: "results" });
   const form = (id, title, fields, submit) => {
     const node = el("form", { class: "inline panel", id },
@@ -499,6 +502,13 @@ async function messages(main, argument) {
         answer.min_offset + " to " + answer.max_offset + ")");
     }),
     results);
+  if (kind === "id" && first) {
+    document.getElementById("query-id-value").value = first;
+    document.getElementById("query-id-submit").click();
+  } else if (kind === "key" && first && second) {
+    document.getElementById("query-key-value").value = second;
+    document.getElementById("query-key-submit").click();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -549,92 +559,81 @@ async function dlq(main, name) {
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-const METRICS_WINDOW_MS = 10 * 60 * 1000;
-const METRICS_INTERVAL_MS = 2000;
-// Samples per broker kept in the page (the window at the interval, with room).
-const MAX_SAMPLES = 400;
+// How often the metrics page asks for the console's samples.
+const METRICS_REFRESH_MS = 2000;
+
+function metricsChart(id, title, unit) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.id = id;
+  return el("div", { class: "chart" }, el("b", {}, title),
+    el("span", { class: "muted" }, " (" + unit + ")"), svg,
+    el("div", { class: "legend", id: id + "-legend" }));
+}
+
+// Per broker, [at_ms, value per second] between consecutive samples of `field`.
+function rates(broker, field) {
+  const points = [];
+  for (let i = 1; i < broker.samples.length; i += 1) {
+    const [a, b] = [broker.samples[i - 1], broker.samples[i]];
+    const seconds = (b.uptime_ms - a.uptime_ms) / 1000;
+    if (seconds <= 0) continue; // the broker restarted: its counters began again
+    points.push([b.at_ms, Math.max(0, b[field] - a[field]) / seconds]);
+  }
+  return points;
+}
 
 async function metrics(main) {
-  const history = new Map(); // address -> [{at, status}]
-  const charts = {};
-  const chart = (id, title, unit) => {
-    charts[id] = el("div", { class: "chart" }, el("b", {}, title),
-      el("span", { class: "muted" }, " (" + unit + ")"),
-      document.createElementNS("http://www.w3.org/2000/svg", "svg"),
-      el("div", { class: "legend", id: id + "-legend" }));
-    charts[id].querySelector("svg").id = id;
-    return charts[id];
-  };
-  const status = el("p", { id: "metrics-status", class: "muted" }, "Sampling…");
-  fill(main, 
+  const status = el("p", { id: "metrics-status", class: "muted" }, "Loading…");
+  fill(main,
     el("h1", {}, "Metrics"),
     status,
     el("div", { class: "charts" },
-      chart("chart-in", "Produce rate", "messages/s stored"),
-      chart("chart-out", "Consume rate", "messages/s pulled"),
-      chart("chart-bytes-in", "Produce throughput", "bytes/s stored"),
-      chart("chart-lag", "Replication lag", "bytes a slave lacks")),
-    el("p", { class: "muted" }, "Rates are computed from each broker's counters between two " +
-      "samples taken every " + METRICS_INTERVAL_MS / 1000 + " s while this page is open; the " +
-      "last 10 minutes are shown. Send and pull latency percentiles are not shown: the " +
-      "brokers' admin API does not report them (they are on the brokers' Prometheus " +
-      "endpoint)."));
-  const sample = async () => {
+      metricsChart("chart-in", "Produce rate", "messages/s stored"),
+      metricsChart("chart-out", "Consume rate", "messages/s pulled"),
+      metricsChart("chart-bytes-in", "Produce throughput", "bytes/s stored"),
+      metricsChart("chart-lag", "Replication lag", "bytes a slave lacks")),
+    el("p", { class: "muted", id: "metrics-note" }));
+  const render = async () => {
     const data = await api("GET", "/metrics");
-    const down = [];
-    for (const broker of data.brokers) {
-      if (!broker.is_up) {
-        down.push(broker.address + ": " + broker.error);
-        continue;
-      }
-      const samples = history.get(broker.address) || [];
-      samples.push({ at: data.sampled_at_ms, status: broker.status, name: broker.broker_name +
-        (broker.broker_id === 0 ? "" : "/" + broker.broker_id) });
-      while (samples.length > MAX_SAMPLES) samples.shift();
-      history.set(broker.address, samples);
-    }
-    const series = (field) => [...history.entries()].map(([address, samples], index) => {
-      const points = [];
-      for (let i = 1; i < samples.length; i += 1) {
-        const [a, b] = [samples[i - 1].status, samples[i].status];
-        const seconds = (b.uptime_ms - a.uptime_ms) / 1000;
-        if (seconds <= 0) continue; // restarted: counters began again
-        points.push([samples[i].at, Math.max(0, b[field] - a[field]) / seconds]);
-      }
-      return { name: samples[samples.length - 1].name + " " + address,
-        color: COLORS[index % COLORS.length], points };
-    });
-    const lag = [...history.entries()].map(([address, samples], index) => ({
-      name: samples[samples.length - 1].name + " " + address,
-      color: COLORS[index % COLORS.length],
-      points: samples.filter((s) => s.status.replica_lag_bytes !== null)
-        .map((s) => [s.at, s.status.replica_lag_bytes]),
-    }));
-    const now = data.sampled_at_ms;
-    const draw = (id, lines) => {
-      drawChart(charts[id].querySelector("svg"), lines, METRICS_WINDOW_MS, now);
+    document.getElementById("metrics-note").textContent = "The console samples every " +
+      "broker's counters every " + data.interval_ms / 1000 + " s while it runs (as its own " +
+      "account, the one given on its command line) and keeps the last " +
+      data.history_ms / 60000 + " minutes; rates are the change between two samples. Send " +
+      "and pull latency percentiles are not shown: the brokers' admin API does not report " +
+      "them (they are on the brokers' Prometheus endpoint).";
+    const draw = (id, lines, format) => {
+      drawChart(document.getElementById(id), lines, data.history_ms, data.now_ms);
       document.getElementById(id + "-legend").replaceChildren(...lines.map((line) => {
         const last = line.points.length ? line.points[line.points.length - 1][1] : null;
         return el("span", { style: "color:" + line.color }, "■ " + line.name + ": " +
-          (last === null ? "-" : last.toFixed(1)));
+          (last === null ? "-" : format(last)));
       }));
     };
-    draw("chart-in", series("messages_in"));
-    draw("chart-out", series("messages_out"));
-    draw("chart-bytes-in", series("bytes_in"));
-    const lagLines = lag.filter((line) => line.points.length > 0);
-    draw("chart-lag", lagLines);
-    if (lagLines.length === 0) {
+    const lines = (points) => data.brokers.map((broker, index) => ({
+      name: broker.name + " " + broker.address,
+      color: COLORS[index % COLORS.length],
+      points: points(broker),
+    }));
+    const perSecond = (value) => value.toFixed(1) + "/s";
+    draw("chart-in", lines((b) => rates(b, "messages_in")), perSecond);
+    draw("chart-out", lines((b) => rates(b, "messages_out")), perSecond);
+    draw("chart-bytes-in", lines((b) => rates(b, "bytes_in")), (v) => bytes(v) + "/s");
+    const lag = lines((b) => b.samples.filter((s) => s.replica_lag_bytes !== null)
+      .map((s) => [s.at_ms, s.replica_lag_bytes])).filter((line) => line.points.length > 0);
+    draw("chart-lag", lag, bytes);
+    if (lag.length === 0) {
       document.getElementById("chart-lag-legend").textContent =
         "no master reports a replicating slave";
     }
-    status.textContent = "Last sample " + new Date(now).toLocaleTimeString() + " from " +
-      (data.brokers.length - down.length) + " broker(s)" +
-      (down.length ? "; down: " + down.join("; ") : "");
-    status.className = down.length ? "error-text" : "muted";
+    const down = data.brokers.filter((b) => !b.is_up).map((b) => b.address + ": " + b.error);
+    const problems = (data.error ? ["cannot list the brokers: " + data.error] : []).concat(down);
+    status.textContent = data.brokers.length + " broker(s) sampled" +
+      (problems.length ? "; " + problems.join("; ") : "") + ". Refreshed every " +
+      METRICS_REFRESH_MS / 1000 + " s.";
+    status.className = problems.length ? "error-text" : "muted";
   };
-  await sample();
-  every(METRICS_INTERVAL_MS, () => guarded("metrics", sample));
+  await render();
+  every(METRICS_REFRESH_MS, () => guarded("metrics", render));
 }
 
 export const pages = { cluster, topics, groups, messages, dlq, metrics };
