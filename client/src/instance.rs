@@ -152,10 +152,10 @@ macro_rules! client_option_setters {
         /// The account to authenticate as with brokers and name servers that enforce access
         /// control (docs/acl.md): each connection proves the secret in its handshake without
         /// sending it. Without credentials a client is anonymous, which such servers serve
-        /// only from their trusted addresses. See [`Credentials::from_env`](crate::Credentials::from_env)
-        /// and [`Credentials::from_file`](crate::Credentials::from_file).
+        /// only from their trusted addresses. See [`Credentials::from_env`](shardmq_acl::Credentials::from_env)
+        /// and [`Credentials::from_file`](shardmq_acl::Credentials::from_file).
         #[must_use]
-        pub fn credentials(mut self, credentials: crate::Credentials) -> Self {
+        pub fn credentials(mut self, credentials: shardmq_acl::Credentials) -> Self {
             self.options.credentials = Some(credentials);
             self
         }

@@ -65,7 +65,8 @@ fn finish_partial(failures: &[BrokerFailure]) -> Result<()> {
     }
 }
 
-pub async fn run(cli: Cli) -> Result<()> {
+/// The settings every command shares, from the global options, and the command to run.
+pub fn settings(cli: Cli) -> Result<(Settings, Command)> {
     let credentials = match (&cli.access_key, &cli.secret_key, &cli.credentials_file) {
         (Some(access_key), Some(secret_key), _) => {
             Some(Credentials::new(access_key.as_str(), secret_key.as_str())?)
@@ -79,7 +80,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         request_timeout: Duration::from_millis(cli.request_timeout_ms),
         credentials,
     };
-    match cli.command {
+    Ok((context, cli.command))
+}
+
+/// Runs every command but `console` (which `main` runs, as it is built on these).
+pub async fn run(context: Settings, command: Command) -> Result<()> {
+    match command {
         Command::Topic(command) => topic(&context, command).await,
         Command::Send(args) => send(&context, args).await,
         Command::Consume(args) => consume(&context, args).await,
@@ -104,7 +110,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
         Command::Acl(command) => crate::acl::run(&context, command),
-        Command::Console(args) => crate::console::run(context, args).await,
+        Command::Console(_) => bail!("the console is started by main, not as a command"),
     }
 }
 
