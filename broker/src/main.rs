@@ -101,6 +101,17 @@ struct ServeArgs {
     /// enablePropertyFilter). [default: off]
     #[arg(long)]
     enable_property_filter: bool,
+    /// Access control (docs/acl.md): the accounts file, acl.toml or RocketMQ's plain_acl.yml,
+    /// reloaded when it changes. [default: off]
+    #[arg(long)]
+    acl_file: Option<std::path::PathBuf>,
+    /// The broker's own access key, for the connections it opens (name servers, its master,
+    /// controllers) when they enforce access control. [env: SHARDMQ_ACCESS_KEY]
+    #[arg(long)]
+    access_key: Option<String>,
+    /// The broker's own secret key (with --access-key). [env: SHARDMQ_SECRET_KEY]
+    #[arg(long)]
+    secret_key: Option<String>,
     /// Hours a CommitLog segment is kept. [default: 72]
     #[arg(long)]
     file_reserved_hours: Option<u64>,
@@ -341,6 +352,24 @@ impl ServeArgs {
         if self.enable_property_filter {
             config.enable_property_filter = true;
         }
+        if self.acl_file.is_some() {
+            config.acl_file = self.acl_file.clone();
+        }
+        let from_env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let Some(key) = self
+            .access_key
+            .clone()
+            .or_else(|| from_env(shardmq_acl::ACCESS_KEY_ENV))
+        {
+            config.access_key = Some(key);
+        }
+        if let Some(key) = self
+            .secret_key
+            .clone()
+            .or_else(|| from_env(shardmq_acl::SECRET_KEY_ENV))
+        {
+            config.secret_key = Some(key);
+        }
         Ok(config)
     }
 }
@@ -383,6 +412,10 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     init_logging(&config.log_format);
     if let Err(e) = shardmq_broker::network::tls::init(&config) {
+        eprintln!("shardmq-broker: {e}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = shardmq_broker::network::access::init(&config) {
         eprintln!("shardmq-broker: {e}");
         return ExitCode::from(2);
     }

@@ -271,6 +271,10 @@ async fn run_network_shard(
     let Some(mut serving) = started else {
         return Ok(());
     };
+    if id == 0 {
+        let stopping = serving.shard().stopping.clone();
+        glommio::spawn_local(network::access::reload_until_stopped(stopping)).detach();
+    }
     let control = if id == 0 {
         match control::start(serving.shard()).await {
             Ok(control) => Some(control),

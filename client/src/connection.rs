@@ -222,7 +222,16 @@ impl Connection {
         connect_timeout: Duration,
         notices: Option<mpsc::Sender<Notice>>,
     ) -> Result<Arc<Connection>> {
-        Self::connect_serving(address, client_id, connect_timeout, notices, None, None).await
+        Self::connect_serving(
+            address,
+            client_id,
+            connect_timeout,
+            notices,
+            None,
+            None,
+            None,
+        )
+        .await
     }
 
     /// Like [`connect`](Self::connect), in TLS when `tls` is given; the server's requests go
@@ -234,6 +243,7 @@ impl Connection {
         notices: Option<mpsc::Sender<Notice>>,
         requests: Option<RequestHandler>,
         tls: Option<&shardmq_tls::ClientTls>,
+        credentials: Option<&shardmq_acl::Credentials>,
     ) -> Result<Arc<Connection>> {
         let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(address)).await
         {
@@ -288,11 +298,18 @@ impl Connection {
             server: OnceLock::new(),
             reader,
         });
-        connection.handshake(client_id, connect_timeout).await?;
+        connection
+            .handshake(client_id, credentials, connect_timeout)
+            .await?;
         Ok(connection)
     }
 
-    async fn handshake(&self, client_id: &str, timeout: Duration) -> Result<()> {
+    async fn handshake(
+        &self,
+        client_id: &str,
+        credentials: Option<&shardmq_acl::Credentials>,
+        timeout: Duration,
+    ) -> Result<()> {
         let frame = self
             .request("handshake", timeout, |builder| {
                 let client_id = builder.create_string(client_id);
@@ -357,8 +374,66 @@ impl Connection {
         if info.max_frame_bytes > 0 {
             *self.lock_encoder() = FrameEncoder::with_max_frame_bytes(info.max_frame_bytes);
         }
+        let auth_nonce = response.auth_nonce().map(|nonce| nonce.bytes().to_vec());
+        match (auth_nonce, credentials) {
+            (Some(nonce), Some(credentials)) => {
+                self.authenticate(&nonce, credentials, timeout).await?;
+            }
+            (Some(_), None) => debug!(
+                address = %self.address(),
+                "the server enforces access control and this client has no credentials: anonymous"
+            ),
+            _ => {}
+        }
         debug!(address = %self.address(), server = ?info, "handshake done");
         let _ = self.server.set(info);
+        Ok(())
+    }
+
+    /// Answers the server's challenge (docs/acl.md, "The native handshake"): the connection
+    /// speaks as the account from now on, or fails with the server's reason.
+    async fn authenticate(
+        &self,
+        nonce: &[u8],
+        credentials: &shardmq_acl::Credentials,
+        timeout: Duration,
+    ) -> Result<()> {
+        let (client_nonce, proof) =
+            credentials
+                .answer(nonce)
+                .map_err(|error| Error::UnexpectedResponse {
+                    address: self.address().to_owned(),
+                    detail: error.to_string(),
+                })?;
+        let frame = self
+            .request("authenticate", timeout, |builder| {
+                let access_key = builder.create_string(credentials.access_key());
+                let client_nonce = builder.create_vector(&client_nonce[..]);
+                let proof = builder.create_vector(&proof[..]);
+                let request = wire::AuthRequest::create(
+                    builder,
+                    &wire::AuthRequestArgs {
+                        access_key: Some(access_key),
+                        client_nonce: Some(client_nonce),
+                        proof: Some(proof),
+                    },
+                );
+                (wire::Body::AuthRequest, request.as_union_value())
+            })
+            .await?;
+        let header = frame.frame();
+        if header.status() != wire::Status::OK {
+            return Err(Error::Handshake {
+                address: self.address().to_owned(),
+                reason: format!(
+                    "authentication as {:?} refused ({:?}): {}",
+                    credentials.access_key(),
+                    header.status(),
+                    header.message().unwrap_or_default()
+                ),
+            });
+        }
+        debug!(address = %self.address(), access_key = credentials.access_key(), "authenticated");
         Ok(())
     }
 
@@ -771,6 +846,7 @@ pub(crate) mod testing {
                         server: Some(server),
                         max_frame_bytes: 1 << 20,
                         max_message_bytes: 1 << 10,
+                        auth_nonce: None,
                     },
                 );
                 build_frame(

@@ -38,6 +38,9 @@ pub struct ClientOptions {
     pub(crate) connect_timeout: Duration,
     /// TLS files; `None`: the process default or the environment (`crate::tls`).
     pub(crate) tls: Option<shardmq_tls::ClientTlsFiles>,
+    /// The account every connection authenticates as when its server enforces access
+    /// control; `None`: anonymous.
+    pub(crate) credentials: Option<shardmq_acl::Credentials>,
 }
 
 impl Default for ClientOptions {
@@ -48,6 +51,7 @@ impl Default for ClientOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
+            credentials: None,
         }
     }
 }
@@ -156,6 +160,17 @@ macro_rules! client_option_setters {
             self.options.tls = Some(files);
             self
         }
+
+        /// The account to authenticate as with brokers and name servers that enforce access
+        /// control (docs/acl.md): each connection proves the secret in its handshake without
+        /// sending it. Without credentials a client is anonymous, which such servers serve
+        /// only from their trusted addresses. See [`Credentials::from_env`](shardmq_acl::Credentials::from_env)
+        /// and [`Credentials::from_file`](shardmq_acl::Credentials::from_file).
+        #[must_use]
+        pub fn credentials(mut self, credentials: shardmq_acl::Credentials) -> Self {
+            self.options.credentials = Some(credentials);
+            self
+        }
     };
 }
 pub(crate) use client_option_setters;
@@ -204,12 +219,10 @@ impl ClientInstance {
             (None, None)
         };
         let tls = crate::tls::resolve(options.tls.as_ref())?;
-        let pool = Arc::new(ConnectionPool::new(
-            client_id,
-            options.connect_timeout,
-            notice_sender,
-            tls,
-        ));
+        let pool = Arc::new(
+            ConnectionPool::new(client_id, options.connect_timeout, notice_sender, tls)
+                .with_credentials(options.credentials.clone()),
+        );
         let namesrv = Arc::new(NameServers::new(
             options.namesrv_addresses.clone(),
             Arc::clone(&pool),

@@ -65,6 +65,12 @@
 //! # }
 //! ```
 //!
+//! **Processing once.** [`Idempotent`] wraps a push consumer's listener (concurrent or orderly)
+//! so that a message is processed once per group across retries, resends and the group's
+//! consumers: each message is claimed in a [`RedisStore`] (or, for one consumer, a
+//! [`MemoryStore`]) before the listener sees it; see `docs/idempotent-consumption.md` and
+//! `examples/idempotent_consumer.rs`.
+//!
 //! Inside: one connection per server address with pipelined requests (`connection.rs`,
 //! `pool.rs`), typed requests (`api/`; a producer encodes its batches itself as runs of
 //! stored records, `api/records.rs`), name servers and the route cache (`namesrv.rs`), the
@@ -74,8 +80,8 @@
 //! The modules are layered: each imports (`crate::…`) only modules to its left, so
 //! `error < host < message_id < route < subscription < message < compression < record <
 //! connection < pool < api < namesrv < instance < partial < send_back < admin < broker_admin <
-//! transaction < producer < pull_consumer < push` (`tests/module_layers.rs` fails on an import
-//! cycle). The
+//! transaction < producer < pull_consumer < push < idempotent` (`tests/module_layers.rs` fails
+//! on an import cycle). The
 //! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
 //! above it.
 
@@ -86,6 +92,7 @@ mod compression;
 mod connection;
 mod error;
 mod host;
+mod idempotent;
 mod instance;
 mod message;
 mod message_id;
@@ -114,6 +121,13 @@ pub use broker_admin::{
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};
 pub use error::{Error, Result};
+pub use idempotent::{
+    ClaimOutcome, ClaimStore, DedupKey, Idempotent, IdempotentBuilder, IdempotentStats,
+    MemoryStore, StoreError, StoreErrorPolicy, StoreFuture, DEFAULT_DONE_TTL,
+    DEFAULT_MEMORY_STORE_MAX_KEYS, DEFAULT_PROCESSING_TTL, MAX_DEDUP_KEY_BYTES, MIN_PROCESSING_TTL,
+};
+#[cfg(feature = "redis")]
+pub use idempotent::{RedisStore, DEFAULT_REDIS_OPERATION_TIMEOUT};
 pub use instance::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use message::{
     check_group_name, check_topic_name, now_ms, Delay, Message, MessageExt,
@@ -141,6 +155,8 @@ pub use push::{
 };
 pub use record::{decode_records, RecordError, MESSAGE_MAGIC_CODE};
 pub use route::{BrokerData, ClusterInfo, MessageQueue, QueueData, TopicRoute};
+/// An account's keys, for brokers and name servers that enforce access control (docs/acl.md).
+pub use shardmq_acl::{Credentials, CredentialsError, ACCESS_KEY_ENV, SECRET_KEY_ENV};
 pub use subscription::TagExpression;
 pub use tls::{set_default_tls, tls_from_env, TlsFiles};
 pub use transaction::{TransactionFuture, TransactionSendResult, TransactionState};

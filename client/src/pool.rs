@@ -31,6 +31,8 @@ pub(crate) struct ConnectionPool {
     is_shut_down: AtomicBool,
     /// Serves the servers' requests on every connection made after it is set.
     requests: std::sync::OnceLock<RequestHandler>,
+    /// What every connection authenticates as (access control); `None`: anonymous.
+    credentials: Option<shardmq_acl::Credentials>,
 }
 
 impl ConnectionPool {
@@ -48,7 +50,17 @@ impl ConnectionPool {
             slots: Mutex::new(HashMap::new()),
             is_shut_down: AtomicBool::new(false),
             requests: std::sync::OnceLock::new(),
+            credentials: None,
         }
+    }
+
+    /// Connections made by this pool authenticate as `credentials` with servers that ask.
+    pub(crate) fn with_credentials(
+        mut self,
+        credentials: Option<shardmq_acl::Credentials>,
+    ) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Serves the servers' requests (transaction check-backs) with `handler` on every
@@ -86,6 +98,7 @@ impl ConnectionPool {
             self.notices.clone(),
             self.requests.get().cloned(),
             self.tls.as_ref(),
+            self.credentials.as_ref(),
         )
         .await?;
         *current = Some(Arc::clone(&connection));

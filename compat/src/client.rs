@@ -29,9 +29,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rocketmq_client_rust::{
-    ClientError, ClientRuntime, ClientRuntimeConfig, DefaultMQAdminExt, MQBrokerException,
-    MQClientException, TelemetryHandle, TopicAdmin,
+    AclClientRPCHook, ClientError, ClientRuntime, ClientRuntimeConfig, DefaultMQAdminExt,
+    MQAdminReadExt, MQBrokerException, MQClientException, SessionCredentials, TelemetryHandle,
+    TopicAdmin,
 };
+use rocketmq_model::common::config::TopicConfig;
 use rocketmq_protocol::protocol::remoting_command::{SERIALIZE_TYPE_ENV, SERIALIZE_TYPE_PROPERTY};
 use rocketmq_protocol::protocol::remoting_command_defaults::application_remoting_command_factory;
 pub use rocketmq_protocol::protocol::route::topic_route_data::TopicRouteData;
@@ -286,8 +288,25 @@ impl RocketMqAdmin {
     /// what [`select_serialize_type`] selected), then starts an admin client against the name
     /// server `namesrv_addr` (`host:port`).
     pub fn start(namesrv_addr: &str, serialize_type: SerializeType) -> Result<Self, CallError> {
+        Self::start_with_credentials(namesrv_addr, serialize_type, None)
+    }
+
+    /// Like [`start`](Self::start), signing every request with `credentials` when given
+    /// (RocketMQ's ACL 1.0: the client's `AclClientRPCHook`).
+    pub fn start_with_credentials(
+        namesrv_addr: &str,
+        serialize_type: SerializeType,
+        credentials: Option<SessionCredentials>,
+    ) -> Result<Self, CallError> {
         let host = ClientHost::start("admin", serialize_type);
-        let mut admin = DefaultMQAdminExt::with_timeout(host.client_runtime(), REMOTING_TIMEOUT);
+        let mut admin = match credentials {
+            Some(credentials) => DefaultMQAdminExt::with_rpc_hook_and_timeout(
+                host.client_runtime(),
+                Arc::new(AclClientRPCHook::new(credentials)),
+                REMOTING_TIMEOUT,
+            ),
+            None => DefaultMQAdminExt::with_timeout(host.client_runtime(), REMOTING_TIMEOUT),
+        };
         admin.set_namesrv_addr(namesrv_addr);
         let started = host.call("starting the admin client", admin.start());
         let this = Self {
@@ -311,6 +330,57 @@ impl RocketMqAdmin {
         )
     }
 }
+
+impl RocketMqAdmin {
+    /// Creates `topic` with `queues` read and write queues (perm read|write) on the broker at
+    /// `broker_addr`: `UPDATE_AND_CREATE_TOPIC` (17), an admin call.
+    pub fn create_topic(
+        &self,
+        broker_addr: &str,
+        topic: &str,
+        queues: u32,
+    ) -> Result<(), CallError> {
+        let admin = self.admin.as_ref().expect("a started admin client");
+        let mut config = TopicConfig::with_queues(topic, queues, queues);
+        config.perm = PERM_READ_WRITE;
+        self.host.call(
+            &format!("creating topic {topic} on {broker_addr}"),
+            TopicAdmin::create_and_update_topic_config(admin, broker_addr.into(), config),
+        )
+    }
+}
+
+impl RocketMqAdmin {
+    /// The sum of `group`'s committed offsets in `topic`'s queues on the broker at
+    /// `broker_addr`: `GET_CONSUME_STATS` (208).
+    pub fn committed_offsets(
+        &self,
+        broker_addr: &str,
+        group: &str,
+        topic: &str,
+    ) -> Result<i64, CallError> {
+        let admin = self.admin.as_ref().expect("a started admin client");
+        let stats = self.host.call(
+            &format!("fetching the consume stats of {group} on {broker_addr}"),
+            admin.examine_consume_stats(
+                group.into(),
+                Some(topic.into()),
+                None,
+                Some(broker_addr.into()),
+                None,
+            ),
+        )?;
+        Ok(stats
+            .get_offset_table()
+            .iter()
+            .filter(|(queue, _)| queue.topic() == topic)
+            .map(|(_, offset)| offset.get_consumer_offset())
+            .sum())
+    }
+}
+
+/// RocketMQ's permission bits of a readable and writable topic (`PermName`: read 4, write 2).
+const PERM_READ_WRITE: u32 = 6;
 
 impl Drop for RocketMqAdmin {
     fn drop(&mut self) {

@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
-    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
-    ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer, MessageSelector,
+    AclClientRPCHook, ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus,
+    ConsumeOrderlyContext, ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,
+    MessageSelector, SessionCredentials,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -208,6 +209,8 @@ pub struct PushConsumerOptions {
     is_sql: bool,
     is_orderly: bool,
     answer_later: Option<LaterRule>,
+    /// Signs every request (RocketMQ's ACL 1.0: the client's `AclClientRPCHook`).
+    credentials: Option<SessionCredentials>,
 }
 
 impl PushConsumerOptions {
@@ -222,7 +225,15 @@ impl PushConsumerOptions {
             is_sql: false,
             is_orderly: false,
             answer_later: None,
+            credentials: None,
         }
+    }
+
+    /// Signing every request with `credentials` (RocketMQ's ACL 1.0).
+    #[must_use]
+    pub fn credentials(mut self, credentials: SessionCredentials) -> Self {
+        self.credentials = Some(credentials);
+        self
     }
 
     /// Subscribed with the SQL92 expression `expression` over message properties
@@ -276,14 +287,18 @@ impl PushConsumer {
             is_sql,
             is_orderly,
             answer_later,
+            credentials,
         } = options;
-        let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
+        let mut builder = DefaultMQPushConsumer::builder(host.client_runtime())
             .consumer_group(group.as_str())
             .name_server_addr(namesrv_addr)
             .message_model(MessageModel::Clustering)
             .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
-            .consume_message_batch_max_size(1)
-            .build();
+            .consume_message_batch_max_size(1);
+        if let Some(credentials) = credentials {
+            builder = builder.rpc_hook(Some(Arc::new(AclClientRPCHook::new(credentials))));
+        }
+        let mut consumer = builder.build();
         let inbox = Inbox::default();
         let what = format!("consumer {group} subscribing to {topic} ({expression})");
         if is_sql {

@@ -7,7 +7,9 @@
 //! inspecting groups with the `shardmq` CLI, waiting on conditions with deadlines) and the
 //! RocketMQ client side ([`client`]: the runtime the 1.0.0 client needs, the serialize-type
 //! switch, calls with a deadline, the admin client; [`producer`]: plain and transactional
-//! producers; [`consumer`]: push consumers and what their listeners received). Never: building
+//! producers; [`consumer`]: push consumers and what their listeners received; the admin client,
+//! the plain producer and push consumers can sign their requests with an account's
+//! `SessionCredentials`, RocketMQ's ACL 1.0). Never: building
 //! the binaries (run `cargo build --workspace --bins` at the repo root first, or
 //! `scripts/compat.sh`), or ShardMQ's own protocol: what the servers are asked goes through the
 //! RocketMQ client or the CLI.

@@ -13,7 +13,8 @@
 use std::sync::Arc;
 
 use rocketmq_client_rust::{
-    DefaultMQProducer, TransactionListener, TransactionMQProducer, TransactionSendResult,
+    AclClientRPCHook, DefaultMQProducer, SessionCredentials, TransactionListener,
+    TransactionMQProducer, TransactionSendResult,
 };
 pub use rocketmq_model::common::message::message_queue::MessageQueue;
 pub use rocketmq_model::common::message::message_single::Message;
@@ -41,11 +42,25 @@ impl Producer {
         namesrv_addr: &str,
         group: &str,
     ) -> Result<Self, CallError> {
-        let mut producer = DefaultMQProducer::builder(host.client_runtime())
+        Self::start_with_credentials(host, namesrv_addr, group, None)
+    }
+
+    /// Like [`start`](Self::start), signing every request with `credentials` when given
+    /// (RocketMQ's ACL 1.0: the client's `AclClientRPCHook`).
+    pub fn start_with_credentials(
+        host: &Arc<ClientHost>,
+        namesrv_addr: &str,
+        group: &str,
+        credentials: Option<SessionCredentials>,
+    ) -> Result<Self, CallError> {
+        let mut builder = DefaultMQProducer::builder(host.client_runtime())
             .producer_group(group)
             .name_server_addr(namesrv_addr)
-            .send_msg_timeout(send_timeout_millis())
-            .build();
+            .send_msg_timeout(send_timeout_millis());
+        if let Some(credentials) = credentials {
+            builder = builder.rpc_hook(Arc::new(AclClientRPCHook::new(credentials)));
+        }
+        let mut producer = builder.build();
         let started = host.call(&format!("starting producer {group}"), producer.start());
         let this = Self {
             producer: Some(producer),

@@ -25,6 +25,7 @@ use shardmq_schema::{
 };
 use tracing::{debug, error, info, warn};
 
+use crate::access::Access;
 use crate::registry::{
     validate_topic_name, BrokerRegistration, ClusterSummary, RegisterOutcome, RegistryError,
     RouteBroker, RouteTable, TopicQueues, TopicRoute,
@@ -63,6 +64,11 @@ pub struct Session {
     /// dropped from the routes when the connection closes, unless it registered since on
     /// another connection. At most [`MAX_REGISTRATIONS_PER_CONNECTION`].
     registered: Vec<(String, i64)>,
+    /// The challenge the handshake answer carried, until an `AuthRequest` answers it (access
+    /// control on).
+    auth_nonce: Option<shardmq_acl::Nonce>,
+    /// The account the connection proved it holds; `None`: anonymous.
+    account: Option<String>,
 }
 
 /// Broker instances one connection may register (a broker registers one; more is a misuse).
@@ -80,6 +86,8 @@ impl Session {
             malformed_frames: 0,
             connection_id: NEXT_CONNECTION_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             registered: Vec::new(),
+            auth_nonce: None,
+            account: None,
         }
     }
 
@@ -94,6 +102,12 @@ impl Session {
     pub fn peer(&self) -> SocketAddr {
         self.peer
     }
+
+    /// The account the connection authenticated as, if any.
+    #[must_use]
+    pub fn account(&self) -> Option<&str> {
+        self.account.as_deref()
+    }
 }
 
 /// The outcome of one request before it is encoded.
@@ -103,7 +117,13 @@ enum Reply {
         status: wire::Status,
         protocol_version: u32,
         message: Option<String>,
+        /// The access-control challenge, when access control is on.
+        auth_nonce: Option<shardmq_acl::Nonce>,
     },
+    /// An `AuthResponse`: the connection speaks as this account from now on.
+    Authenticated { access_key: String, is_admin: bool },
+    /// A refused `AuthRequest`: `ACCESS_DENIED`, then the connection closes.
+    AuthRefused(String),
     /// A `RegisterBrokerResponse`.
     Registered(RegisterOutcome),
     /// `OK` with no body.
@@ -125,6 +145,8 @@ pub struct RequestHandler {
     registry: Arc<Mutex<RouteTable>>,
     /// Announced in `HandshakeResponse.max_frame_bytes`; the server's decoder enforces it.
     max_frame_bytes: usize,
+    /// Access control (off unless [`RequestHandler::with_access`]).
+    access: Arc<Access>,
 }
 
 impl RequestHandler {
@@ -134,7 +156,15 @@ impl RequestHandler {
         Self {
             registry,
             max_frame_bytes,
+            access: Access::off(),
         }
+    }
+
+    /// The same handler deciding every request with `access`.
+    #[must_use]
+    pub fn with_access(mut self, access: Arc<Access>) -> Self {
+        self.access = access;
+        self
     }
 
     /// Handles one frame of `session`, appending the response (if the frame wants one) to
@@ -164,6 +194,7 @@ impl RequestHandler {
         };
         let after = match &reply {
             Reply::Handshake { status, .. } if *status != wire::Status::OK => AfterFrame::Close,
+            Reply::AuthRefused(_) => AfterFrame::Close,
             _ => AfterFrame::KeepOpen,
         };
         if kind == wire::FrameKind::ONE_WAY {
@@ -172,6 +203,7 @@ impl RequestHandler {
         crate::metrics::namesrv().answered(match &reply {
             Reply::Error(status, _) => *status,
             Reply::Handshake { status, .. } => *status,
+            Reply::AuthRefused(_) => wire::Status::ACCESS_DENIED,
             _ => wire::Status::OK,
         });
         if self.encode_reply(request_id, &reply, encoder, out).is_err() {
@@ -221,7 +253,7 @@ impl RequestHandler {
         let body_type = frame.body_type();
         if body_type == wire::Body::HandshakeRequest {
             return match frame.body_as_handshake_request() {
-                Some(request) => handshake(session, &request),
+                Some(request) => handshake(session, &request, &self.access),
                 None => missing_body(body_type),
             };
         }
@@ -230,6 +262,23 @@ impl RequestHandler {
                 wire::Status::HANDSHAKE_REQUIRED,
                 format!("{body_type:?} before the handshake; send a HandshakeRequest first"),
             );
+        }
+        if body_type == wire::Body::AuthRequest {
+            return match frame.body_as_auth_request() {
+                Some(request) => self.authenticate(session, &request),
+                None => missing_body(body_type),
+            };
+        }
+        let kind = body_type.variant_name().unwrap_or("unknown");
+        let required = crate::access::native_required(body_type);
+        if let Err(refusal) = self.access.check(
+            kind,
+            session.account.as_deref(),
+            session.peer.ip(),
+            required,
+        ) {
+            debug!(peer = %session.peer, "refused: {refusal}");
+            return Reply::Error(wire::Status::ACCESS_DENIED, refusal);
         }
         match body_type {
             wire::Body::RegisterBrokerRequest => {
@@ -260,6 +309,32 @@ impl RequestHandler {
                 wire::Status::UNKNOWN_REQUEST,
                 format!("{other:?} is not served by {SERVER_NAME}"),
             ),
+        }
+    }
+
+    /// Answers an `AuthRequest`: once per connection, to the handshake's challenge.
+    fn authenticate(&self, session: &mut Session, request: &wire::AuthRequest<'_>) -> Reply {
+        if !self.access.is_on() {
+            return Reply::Error(
+                wire::Status::INVALID_ARGUMENT,
+                format!("{SERVER_NAME} does not enforce access control: it sent no auth_nonce, so there is nothing to prove"),
+            );
+        }
+        let Some(nonce) = session.auth_nonce.take() else {
+            return Reply::AuthRefused(
+                "an AuthRequest answers the handshake's auth_nonce, once per connection".to_owned(),
+            );
+        };
+        match self.access.authenticate(&nonce, session.peer.ip(), request) {
+            Ok((access_key, is_admin)) => {
+                debug!(peer = %session.peer, access_key, is_admin, "authenticated");
+                session.account = Some(access_key.clone());
+                Reply::Authenticated {
+                    access_key,
+                    is_admin,
+                }
+            }
+            Err(refusal) => Reply::AuthRefused(refusal),
         }
     }
 
@@ -404,7 +479,9 @@ impl RequestHandler {
                 status,
                 protocol_version,
                 message,
+                auth_nonce,
             } => encoder.encode_into(out, |builder| {
+                let auth_nonce = auth_nonce.map(|nonce| builder.create_vector(&nonce));
                 let name = builder.create_string(SERVER_NAME);
                 let version = builder.create_string(env!("CARGO_PKG_VERSION"));
                 let server = wire::ServerInfo::create(
@@ -427,6 +504,7 @@ impl RequestHandler {
                         max_frame_bytes: u32::try_from(self.max_frame_bytes).unwrap_or(u32::MAX),
                         // A namesrv takes no messages.
                         max_message_bytes: 0,
+                        auth_nonce,
                     },
                 );
                 let mut header = FrameHeader::response(request_id, *status);
@@ -529,6 +607,31 @@ impl RequestHandler {
                     Some(response.as_union_value()),
                 )
             }),
+            Reply::Authenticated {
+                access_key,
+                is_admin,
+            } => encoder.encode_into(out, |builder| {
+                let access_key = builder.create_string(access_key);
+                let response = wire::AuthResponse::create(
+                    builder,
+                    &wire::AuthResponseArgs {
+                        access_key: Some(access_key),
+                        admin: *is_admin,
+                    },
+                );
+                build_frame(
+                    builder,
+                    &FrameHeader::response(request_id, wire::Status::OK),
+                    wire::Body::AuthResponse,
+                    Some(response.as_union_value()),
+                )
+            }),
+            Reply::AuthRefused(message) => encoder.encode_error_response_into(
+                out,
+                request_id,
+                wire::Status::ACCESS_DENIED,
+                message,
+            ),
             Reply::Error(status, message) => {
                 encoder.encode_error_response_into(out, request_id, *status, message)
             }
@@ -550,7 +653,11 @@ impl RequestHandler {
     }
 }
 
-fn handshake(session: &mut Session, request: &wire::HandshakeRequest<'_>) -> Reply {
+fn handshake(
+    session: &mut Session,
+    request: &wire::HandshakeRequest<'_>,
+    access: &Access,
+) -> Reply {
     let client_id = request.client_id().unwrap_or_default();
     let client_version = request.client_version().unwrap_or_default();
     let offered = (request.min_protocol_version(), request.protocol_version());
@@ -558,10 +665,13 @@ fn handshake(session: &mut Session, request: &wire::HandshakeRequest<'_>) -> Rep
         Some(protocol_version) => {
             session.protocol_version = Some(protocol_version);
             debug!(peer = %session.peer, client_id, client_version, protocol_version, "handshake");
+            // A new challenge per handshake; an earlier one can no longer be answered.
+            session.auth_nonce = access.challenge();
             Reply::Handshake {
                 status: wire::Status::OK,
                 protocol_version,
                 message: None,
+                auth_nonce: session.auth_nonce,
             }
         }
         None => {
@@ -574,6 +684,7 @@ fn handshake(session: &mut Session, request: &wire::HandshakeRequest<'_>) -> Rep
                 status: wire::Status::UNSUPPORTED_VERSION,
                 protocol_version: 0,
                 message: Some(message),
+                auth_nonce: None,
             }
         }
     }
@@ -892,5 +1003,57 @@ mod tests {
             assert_eq!(refuse(&mut harness), AfterFrame::KeepOpen);
         }
         assert_eq!(refuse(&mut harness), AfterFrame::Close);
+    }
+
+    #[test]
+    fn with_access_control_the_handshake_challenges_and_requests_wait_for_an_account() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl.toml");
+        std::fs::write(
+            &path,
+            "[[accounts]]\naccess_key = \"reader-account\"\nsecret_key = \"reader-secret\"\n",
+        )
+        .unwrap();
+        let access = Access::with_store(shardmq_acl::AclStore::open(&path).unwrap());
+        let mut harness = Harness::new();
+        harness.handler = RequestHandler::new(Arc::new(Mutex::new(RouteTable::default())), 1 << 20)
+            .with_access(access);
+        let (_, answers) = harness.handshake(FrameHeader::request(1), PROTOCOL_VERSION, 0);
+        let nonce = answers[0]
+            .frame()
+            .body_as_handshake_response()
+            .and_then(|r| r.auth_nonce())
+            .map(|nonce| nonce.bytes().to_vec())
+            .expect("an auth_nonce");
+        let (_, answers) = harness.topic_list(FrameHeader::request(2));
+        assert_eq!(status(&answers), [(2, wire::Status::ACCESS_DENIED)]);
+        let credentials = shardmq_acl::Credentials::new("reader-account", "reader-secret").unwrap();
+        let authenticate = |harness: &mut Harness, id: u64| {
+            let (client_nonce, proof) = credentials.answer(&nonce).unwrap();
+            harness.send(FrameHeader::request(id), |builder| {
+                let access_key = builder.create_string("reader-account");
+                let client_nonce = builder.create_vector(&client_nonce);
+                let proof = builder.create_vector(&proof);
+                let body = wire::AuthRequest::create(
+                    builder,
+                    &wire::AuthRequestArgs {
+                        access_key: Some(access_key),
+                        client_nonce: Some(client_nonce),
+                        proof: Some(proof),
+                    },
+                );
+                Some((wire::Body::AuthRequest, body.as_union_value()))
+            })
+        };
+        let (after, answers) = authenticate(&mut harness, 3);
+        assert_eq!(after, AfterFrame::KeepOpen);
+        assert_eq!(status(&answers), [(3, wire::Status::OK)]);
+        assert_eq!(harness.session.account(), Some("reader-account"));
+        let (_, answers) = harness.topic_list(FrameHeader::request(4));
+        assert_eq!(status(&answers), [(4, wire::Status::OK)]);
+        // The challenge is answered once: a second answer is refused and closes.
+        let (after, answers) = authenticate(&mut harness, 5);
+        assert_eq!(after, AfterFrame::Close);
+        assert_eq!(status(&answers), [(5, wire::Status::ACCESS_DENIED)]);
     }
 }

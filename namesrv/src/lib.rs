@@ -12,9 +12,12 @@
 //!   clocks.
 //! - [`remoting`]: RocketMQ's remoting protocol on the same port (told apart by a connection's
 //!   first bytes): route, cluster and topic-list queries for RocketMQ clients and tools.
+//! - [`access`]: access control (docs/acl.md): the accounts file, the handshake's challenge,
+//!   and what each request of the three ports needs.
 //!
 //! The wire format is `docs/protocol.md` ("Name server"); the schema is `schema/fbs/namesrv.fbs`.
 
+pub mod access;
 pub mod controller;
 pub mod handler;
 pub mod metrics;

@@ -4,10 +4,13 @@
 //! shuts down gracefully on SIGINT or SIGTERM.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use shardmq_acl::Credentials;
+use shardmq_namesrv::access::Access;
 use shardmq_namesrv::{NamesrvServer, ServerConfig};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -90,6 +93,21 @@ struct Cli {
 
     #[command(flatten)]
     tls: shardmq_namesrv::tls::TlsArgs,
+    /// Access control (docs/acl.md): the accounts file, acl.toml or RocketMQ's plain_acl.yml,
+    /// reloaded when it changes. Reads (routes, topic lists, cluster info, controller status)
+    /// then need a known account or a trusted address; broker registration, topic deletion and
+    /// controller traffic an admin account. [default: off]
+    #[arg(long, value_name = "FILE")]
+    acl_file: Option<std::path::PathBuf>,
+
+    /// This name server's own access key, for its controller's links to the other controllers
+    /// when they enforce access control. [env: SHARDMQ_ACCESS_KEY]
+    #[arg(long, value_name = "KEY")]
+    access_key: Option<String>,
+
+    /// This name server's own secret key (with --access-key). [env: SHARDMQ_SECRET_KEY]
+    #[arg(long, value_name = "KEY")]
+    secret_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -107,12 +125,15 @@ fn main() -> anyhow::Result<()> {
     if let Some(link_tls) = cli.tls.load_link().map_err(anyhow::Error::msg)? {
         shardmq_namesrv::tls::set_link_tls(link_tls);
     }
+    let access = Access::open(cli.acl_file.clone()).context("access control (--acl-file)")?;
+    let credentials = own_credentials(&cli)?;
     let config = ServerConfig {
-        listen: cli.listen,
+        listen: cli.listen.clone(),
         broker_timeout: Duration::from_millis(cli.broker_timeout_ms),
         scan_interval: Duration::from_millis(cli.scan_interval_ms),
-        metrics_listen: cli.metrics_listen,
+        metrics_listen: cli.metrics_listen.clone(),
         tls: listener_tls.clone(),
+        access: Arc::clone(&access),
         ..ServerConfig::default()
     };
     let controller = if cli.controller {
@@ -131,6 +152,8 @@ fn main() -> anyhow::Result<()> {
             broker_timeout: Duration::from_millis(cli.controller_broker_timeout_ms),
             join: cli.controller_join,
             tls: listener_tls,
+            access,
+            credentials,
         };
         config.validate().map_err(anyhow::Error::msg)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -150,6 +173,20 @@ fn main() -> anyhow::Result<()> {
         let _ = thread.join();
     }
     outcome
+}
+
+/// The name server's own account from --access-key/--secret-key, else the environment: both
+/// or neither.
+fn own_credentials(cli: &Cli) -> anyhow::Result<Option<Credentials>> {
+    match (&cli.access_key, &cli.secret_key) {
+        (Some(access_key), Some(secret_key)) => Credentials::new(access_key, secret_key)
+            .map(Some)
+            .context("--access-key/--secret-key"),
+        (None, None) => Credentials::from_env().context("the account in the environment"),
+        _ => anyhow::bail!(
+            "--access-key and --secret-key go together: give both (this name server's own account) or neither"
+        ),
+    }
 }
 
 async fn serve(config: ServerConfig) -> anyhow::Result<()> {

@@ -31,6 +31,15 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccessDeniedLabels {
+    /// The request's kind (`GetRouteRequest`, `REGISTER_BROKER`, `ControllerRaftRequest`, …).
+    pub request: String,
+    /// `no_credentials`, `unknown_account`, `address`, `not_admin`, `permission`,
+    /// `signature` or `proof`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
     pub status: String,
 }
@@ -44,6 +53,7 @@ pub struct NamesrvMetrics {
     pub registrations: Counter,
     pub brokers_expired: Counter,
     pub responses: Family<StatusLabels, Counter>,
+    pub access_denied: Family<AccessDeniedLabels, Counter>,
 }
 
 impl NamesrvMetrics {
@@ -56,6 +66,7 @@ impl NamesrvMetrics {
             registrations: Counter::default(),
             brokers_expired: Counter::default(),
             responses: Family::default(),
+            access_denied: Family::default(),
         };
         let r = &mut metrics.registry;
         r.register(
@@ -88,6 +99,11 @@ impl NamesrvMetrics {
             "Answers sent, by status code",
             metrics.responses.clone(),
         );
+        r.register(
+            "access_denied",
+            "Requests refused by access control (docs/acl.md), by request kind and reason",
+            metrics.access_denied.clone(),
+        );
         metrics
     }
 
@@ -106,6 +122,16 @@ impl NamesrvMetrics {
         self.responses
             .get_or_create(&StatusLabels {
                 status: status.variant_name().unwrap_or("UNKNOWN").to_owned(),
+            })
+            .inc();
+    }
+
+    /// Access control refused a request of `kind` for `reason`.
+    pub fn access_denied(&self, kind: &str, reason: &str) {
+        self.access_denied
+            .get_or_create(&AccessDeniedLabels {
+                request: kind.to_owned(),
+                reason: reason.to_owned(),
             })
             .inc();
     }

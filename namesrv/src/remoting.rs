@@ -15,6 +15,7 @@
 //! socket; it leaves as answer frames, written together for all the requests one read brought.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
+use crate::access::Access;
 use crate::registry::{validate_topic_name, RouteBroker, RouteTable, TopicRoute};
 use crate::server::{
     write_flushed, Closed, ServerConfig, MAX_PENDING_WRITE_BYTES, READ_CHUNK_BYTES,
@@ -38,22 +40,45 @@ use crate::server::{
 #[derive(Debug)]
 pub struct RemotingHandler {
     registry: Arc<Mutex<RouteTable>>,
+    /// Access control (off unless [`RemotingHandler::with_access`]).
+    access: Arc<Access>,
 }
 
 impl RemotingHandler {
     #[must_use]
     pub fn new(registry: Arc<Mutex<RouteTable>>) -> Self {
-        Self { registry }
+        Self {
+            registry,
+            access: Access::off(),
+        }
     }
 
-    /// The answer to `command`, or `None` when it gets none (a oneway request, or a response,
-    /// which a name server never asked for).
+    /// The same handler deciding every request with `access`.
     #[must_use]
-    pub fn handle(&self, command: &RemotingCommand) -> Option<RemotingCommand> {
+    pub fn with_access(mut self, access: Arc<Access>) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// The answer to `command` from `peer`, or `None` when it gets none (a oneway request, or a
+    /// response, which a name server never asked for). With access control on, the request's
+    /// RocketMQ signature and its account's permission are checked first; a refusal is
+    /// `NO_PERMISSION` with the reason as remark.
+    #[must_use]
+    pub fn handle(&self, peer: IpAddr, command: &RemotingCommand) -> Option<RemotingCommand> {
         if command.is_response() || command.is_oneway() {
             return None;
         }
-        let answer = match command.code {
+        if let Err(refusal) = self.access.check_remoting(command, peer) {
+            debug!(%peer, code = command.code, "refused: {refusal}");
+            return Some(refused(command, response::NO_PERMISSION, refusal));
+        }
+        Some(self.answer(command))
+    }
+
+    /// The answer to a request access control let through.
+    fn answer(&self, command: &RemotingCommand) -> RemotingCommand {
+        match command.code {
             request::GET_ROUTEINFO_BY_TOPIC => self.route(command),
             request::GET_BROKER_CLUSTER_INFO => self.cluster_info(command),
             request::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => self.topic_list(command, None),
@@ -67,8 +92,7 @@ impl RemotingHandler {
                 response::REQUEST_CODE_NOT_SUPPORTED,
                 format!("request code {code} is not supported by ShardMQ's name server"),
             ),
-        };
-        Some(answer)
+        }
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, RouteTable> {
@@ -214,6 +238,7 @@ pub(crate) async fn serve_remoting_connection<
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 >(
     mut stream: S,
+    peer: SocketAddr,
     mut read_buffer: BytesMut,
     handler: &RemotingHandler,
     config: &ServerConfig,
@@ -241,7 +266,7 @@ pub(crate) async fn serve_remoting_connection<
             match decoder.decode(&mut read_buffer) {
                 Ok(Some(command)) => {
                     answered += 1;
-                    let Some(answer) = handler.handle(&command) else {
+                    let Some(answer) = handler.handle(peer.ip(), &command) else {
                         continue;
                     };
                     if let Err(error) =
@@ -306,6 +331,8 @@ mod tests {
     use super::*;
     use crate::registry::{BrokerRegistration, TopicQueues};
 
+    const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     /// A broker instance: name, id, address and its topics with their queue counts.
     type Instance<'a> = (&'a str, i64, &'a str, &'a [(&'a str, u32)]);
 
@@ -349,7 +376,7 @@ mod tests {
         ]);
         for serialize_type in [SerializeType::Json, SerializeType::RocketMq] {
             let request = route_request("orders").with_serialize_type(serialize_type);
-            let answer = handler.handle(&request).expect("answered");
+            let answer = handler.handle(LOOPBACK, &request).expect("answered");
             assert_eq!(answer.code, response::SUCCESS);
             assert_eq!(answer.opaque, 7);
             assert!(answer.is_response());
@@ -379,7 +406,7 @@ mod tests {
         }
         let json = String::from_utf8(
             handler
-                .handle(&route_request("orders"))
+                .handle(LOOPBACK, &route_request("orders"))
                 .expect("answered")
                 .body
                 .to_vec(),
@@ -394,18 +421,18 @@ mod tests {
     fn a_topic_without_a_route_is_topic_not_exist_and_a_bad_request_says_what_is_wrong() {
         let handler = handler_with(&[("broker-a", 0, "127.0.0.1:10911", &[("orders", 4)])]);
         let answer = handler
-            .handle(&route_request("payments"))
+            .handle(LOOPBACK, &route_request("payments"))
             .expect("answered");
         assert_eq!(answer.code, response::TOPIC_NOT_EXIST);
         assert!(answer.remark.as_deref().unwrap_or("").contains("payments"));
 
         let without_topic = RemotingCommand::request(request::GET_ROUTEINFO_BY_TOPIC, 8);
-        let answer = handler.handle(&without_topic).expect("answered");
+        let answer = handler.handle(LOOPBACK, &without_topic).expect("answered");
         assert_eq!(answer.code, response::SYSTEM_ERROR);
         assert!(answer.remark.as_deref().unwrap_or("").contains("topic"));
 
         let answer = handler
-            .handle(&route_request(&"t".repeat(200)))
+            .handle(LOOPBACK, &route_request(&"t".repeat(200)))
             .expect("answered");
         assert_eq!(answer.code, response::SYSTEM_ERROR);
     }
@@ -414,7 +441,7 @@ mod tests {
     fn other_codes_are_not_supported_and_oneway_requests_and_responses_get_no_answer() {
         let handler = handler_with(&[]);
         let register = RemotingCommand::request(request::REGISTER_BROKER, 9);
-        let answer = handler.handle(&register).expect("answered");
+        let answer = handler.handle(LOOPBACK, &register).expect("answered");
         assert_eq!(answer.code, response::REQUEST_CODE_NOT_SUPPORTED);
         assert!(answer.remark.as_deref().unwrap_or("").contains("103"));
 
@@ -422,10 +449,10 @@ mod tests {
             .with_ext("topic", "orders")
             .with_oneway();
         assert_eq!(oneway.flag & FLAG_ONEWAY, FLAG_ONEWAY);
-        assert!(handler.handle(&oneway).is_none());
+        assert!(handler.handle(LOOPBACK, &oneway).is_none());
 
         let stray = RemotingCommand::response_to(&route_request("orders"), response::SUCCESS);
-        assert!(handler.handle(&stray).is_none());
+        assert!(handler.handle(LOOPBACK, &stray).is_none());
     }
 
     #[test]
@@ -440,10 +467,10 @@ mod tests {
             ("broker-b", 0, "127.0.0.1:10912", &[("orders", 2)]),
         ]);
         let info = handler
-            .handle(&RemotingCommand::request(
-                request::GET_BROKER_CLUSTER_INFO,
-                1,
-            ))
+            .handle(
+                LOOPBACK,
+                &RemotingCommand::request(request::GET_BROKER_CLUSTER_INFO, 1),
+            )
             .expect("answered");
         let info: serde_json::Value = serde_json::from_slice(&info.body).expect("json");
         assert_eq!(
@@ -456,16 +483,17 @@ mod tests {
         );
 
         let all = handler
-            .handle(&RemotingCommand::request(
-                request::GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-                2,
-            ))
+            .handle(
+                LOOPBACK,
+                &RemotingCommand::request(request::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, 2),
+            )
             .expect("answered");
         let all: serde_json::Value = serde_json::from_slice(&all.body).expect("json");
         assert_eq!(all["topicList"], serde_json::json!(["audit", "orders"]));
 
         let by_cluster = handler
             .handle(
+                LOOPBACK,
                 &RemotingCommand::request(request::GET_TOPICS_BY_CLUSTER, 3)
                     .with_ext("cluster", "OtherCluster"),
             )
@@ -488,23 +516,82 @@ mod tests {
         let delete = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 4)
             .with_ext("topic", "orders")
             .with_ext("clusterName", "DefaultCluster");
-        let answer = handler.handle(&delete).expect("answered");
+        let answer = handler.handle(LOOPBACK, &delete).expect("answered");
         assert_eq!(answer.code, response::SUCCESS);
-        let route = handler.handle(&route_request("orders")).expect("answered");
+        let route = handler
+            .handle(LOOPBACK, &route_request("orders"))
+            .expect("answered");
         assert_eq!(route.code, response::TOPIC_NOT_EXIST);
-        let route = handler.handle(&route_request("audit")).expect("answered");
+        let route = handler
+            .handle(LOOPBACK, &route_request("audit"))
+            .expect("answered");
         assert_eq!(route.code, response::SUCCESS);
         // Already gone: still SUCCESS, as RocketMQ answers.
-        let again = handler.handle(&delete).expect("answered");
+        let again = handler.handle(LOOPBACK, &delete).expect("answered");
         assert_eq!(again.code, response::SUCCESS);
 
         let without_topic = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 5);
-        let answer = handler.handle(&without_topic).expect("answered");
+        let answer = handler.handle(LOOPBACK, &without_topic).expect("answered");
         assert_eq!(answer.code, response::SYSTEM_ERROR);
         assert!(answer.remark.as_deref().unwrap_or("").contains("topic"));
         let bad_name = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 6)
             .with_ext("topic", "t".repeat(200));
-        let answer = handler.handle(&bad_name).expect("answered");
+        let answer = handler.handle(LOOPBACK, &bad_name).expect("answered");
         assert_eq!(answer.code, response::SYSTEM_ERROR);
+    }
+
+    #[test]
+    fn with_access_control_a_request_is_signed_and_its_account_permitted_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl.toml");
+        std::fs::write(
+            &path,
+            r#"
+            [[accounts]]
+            access_key = "reader-account"
+            secret_key = "reader-secret"
+            "#,
+        )
+        .unwrap();
+        let access = Access::with_store(shardmq_acl::AclStore::open(&path).unwrap());
+        let handler = handler_with(&[("broker-a", 0, "127.0.0.1:10911", &[("orders", 4)])])
+            .with_access(access);
+        let signed = |mut command: RemotingCommand| {
+            command
+                .ext_fields
+                .insert("AccessKey".into(), "reader-account".into());
+            let signature = shardmq_acl::rocketmq_signature(
+                "reader-secret",
+                &command.ext_fields,
+                &command.body,
+            );
+            command.ext_fields.insert("Signature".into(), signature);
+            command
+        };
+        let anonymous = handler
+            .handle(LOOPBACK, &route_request("orders"))
+            .expect("answered");
+        assert_eq!(anonymous.code, response::NO_PERMISSION);
+        assert!(anonymous
+            .remark
+            .unwrap_or_default()
+            .contains("GET_ROUTEINFO_BY_TOPIC needs a known account"));
+        let answer = handler
+            .handle(LOOPBACK, &signed(route_request("orders")))
+            .expect("answered");
+        assert_eq!(answer.code, response::SUCCESS);
+        let delete = RemotingCommand::request(request::DELETE_TOPIC_IN_NAMESRV, 4)
+            .with_ext("topic", "orders");
+        let refused = handler.handle(LOOPBACK, &signed(delete)).expect("answered");
+        assert_eq!(refused.code, response::NO_PERMISSION);
+        assert!(refused.remark.unwrap_or_default().contains("not an admin"));
+        let still = handler
+            .handle(LOOPBACK, &signed(route_request("orders")))
+            .expect("answered");
+        assert_eq!(
+            still.code,
+            response::SUCCESS,
+            "the refused deletion did nothing"
+        );
     }
 }

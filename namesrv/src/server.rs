@@ -27,6 +27,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::time::{timeout, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
+use crate::access::Access;
 use crate::handler::{AfterFrame, RequestHandler, Session};
 use crate::registry::{RegistryLimits, RouteTable};
 use crate::remoting::{serve_remoting_connection, RemotingHandler};
@@ -88,6 +89,8 @@ pub struct ServerConfig {
     pub metrics_listen: Option<String>,
     /// TLS on the listener (docs/tls.md); `None`: plain only.
     pub tls: Option<crate::tls::ListenerTls>,
+    /// Access control (docs/acl.md): off by default (RocketMQ's name server has none).
+    pub access: Arc<Access>,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +106,7 @@ impl Default for ServerConfig {
             registry_limits: RegistryLimits::default(),
             metrics_listen: None,
             tls: None,
+            access: Access::off(),
         }
     }
 }
@@ -175,9 +179,12 @@ impl NamesrvServer {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let config = Arc::new(self.config);
         let handler = Arc::new(Handlers {
-            native: RequestHandler::new(Arc::clone(&self.registry), config.max_frame_bytes),
-            remoting: RemotingHandler::new(Arc::clone(&self.registry)),
+            native: RequestHandler::new(Arc::clone(&self.registry), config.max_frame_bytes)
+                .with_access(Arc::clone(&config.access)),
+            remoting: RemotingHandler::new(Arc::clone(&self.registry))
+                .with_access(Arc::clone(&config.access)),
         });
+        let reload = tokio::spawn(Arc::clone(&config.access).reload_until_stopped());
         let (stop_sender, stop_receiver) = watch::channel(false);
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
         let metrics = self.metrics_listener.map(|listener| {
@@ -217,6 +224,7 @@ impl NamesrvServer {
         drop(self.listener);
         stop_sender.send_replace(true);
         scan.abort();
+        reload.abort();
         if let Some(metrics) = metrics {
             metrics.abort();
         }
@@ -334,7 +342,8 @@ async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(
         }
         Ok((Protocol::Remoting, read_buffer)) => {
             debug!(%peer, "a RocketMQ remoting connection");
-            serve_remoting_connection(stream, read_buffer, &handler.remoting, config, stop).await
+            serve_remoting_connection(stream, peer, read_buffer, &handler.remoting, config, stop)
+                .await
         }
         Err(reason) => reason,
     }

@@ -71,6 +71,12 @@ pub struct ConsumeArgs {
     /// Stop when nothing new arrives for this many seconds.
     #[arg(long, default_value_t = 10.0)]
     pub idle_timeout: f64,
+    /// Drain through a SQL92 filter that matches this share of the backlog: the fill gives
+    /// message n the property `perf_pct` = n mod 100 and the group subscribes with
+    /// `perf_pct < P` (the broker needs --enable-property-filter). Needs --backlog.
+    #[arg(long, value_name = "P", requires = "backlog",
+          value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub match_percent: Option<u64>,
     #[command(flatten)]
     pub tuning: ConsumerTuning,
 }
@@ -125,6 +131,19 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
         Some(backlog) => Some(fill(args, run_id, backlog).await?),
         None => None,
     };
+    // Through a filter, only the matching share of the backlog is expected.
+    let filter = args
+        .match_percent
+        .map(|percent| format!("{} < {percent}", crate::producers::PERCENT_PROPERTY));
+    let acknowledged = match (acknowledged, args.match_percent) {
+        (Some(acked), Some(percent)) => Some(
+            acked
+                .iter()
+                .map(|set| set.filtered(|sequence| sequence % 100 < percent))
+                .collect(),
+        ),
+        (acked, _) => acked,
+    };
     let target = match (args.messages, args.from, &acknowledged) {
         (Some(messages), _, _) => messages,
         (None, StartFrom::First, Some(acked)) => acked.iter().map(SequenceSet::len).sum(),
@@ -160,6 +179,7 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
         run_id: Some(run_id),
         counters,
         tuning: &args.tuning,
+        sql: filter.as_deref(),
     })
     .await;
     let consumers = match consumers {
@@ -196,6 +216,7 @@ async fn consume(args: &ConsumeArgs) -> Result<()> {
             ("backlog", json!(args.backlog)),
             ("group", json!(group)),
             ("broker_flush", json!(broker_flush)),
+            ("filter", json!(filter)),
         ],
         messages,
         body_bytes: args.cluster.size,
@@ -243,6 +264,7 @@ async fn fill(
         inflight: 1,
         run_id,
         build_ahead: true,
+        percent_property: args.match_percent.is_some(),
     };
     let ready = producers::prepare(plan).await?;
     let counters = Arc::new(Counters::default());

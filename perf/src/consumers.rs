@@ -138,6 +138,8 @@ pub struct GroupPlan<'a> {
     pub run_id: Option<u32>,
     pub counters: Arc<Counters>,
     pub tuning: &'a ConsumerTuning,
+    /// Subscribe with this SQL92 expression instead of every tag.
+    pub sql: Option<&'a str>,
 }
 
 /// A running group of push consumers.
@@ -182,10 +184,12 @@ impl ConsumerGroup {
             // This member's queues in the stable assignment: (broker name, queue id).
             let owned: Arc<Mutex<BTreeSet<(String, u32)>>> = Arc::default();
             owned_by_member.push(Arc::clone(&owned));
-            let consumer = PushConsumer::builder()
-                .namesrv(plan.namesrv)
-                .group(group)
-                .subscribe(plan.topic, "*")
+            let builder = PushConsumer::builder().namesrv(plan.namesrv).group(group);
+            let builder = match plan.sql {
+                Some(sql) => builder.subscribe_sql(plan.topic, sql),
+                None => builder.subscribe(plan.topic, "*"),
+            };
+            let consumer = builder
                 .consume_from(plan.from)
                 .pull_batch(plan.tuning.pull_batch)
                 .pull_max_bytes(plan.tuning.pull_max_bytes)

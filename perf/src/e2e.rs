@@ -95,6 +95,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
         run_id: Some(run_id),
         counters: Arc::clone(&counters),
         tuning: &args.tuning,
+        sql: None,
     })
     .await?;
     let ready = producers::prepare(LoadPlan {
@@ -108,6 +109,7 @@ async fn end_to_end(args: &E2eArgs, stop: producers::Stop, idle: Duration) -> Re
         inflight: 1,
         run_id,
         build_ahead: false,
+        percent_property: false,
     })
     .await?;
     let progress = Progress::start(

@@ -121,6 +121,7 @@ async fn produce(args: &ProduceArgs, stop: Stop) -> Result<()> {
         inflight: args.inflight,
         run_id,
         build_ahead: true,
+        percent_property: false,
     };
     let ready = producers::prepare(plan).await?;
     let counters = Arc::new(Counters::default());

@@ -75,7 +75,13 @@ pub struct LoadPlan {
     /// With one call in flight, build the next call's messages while the current one is
     /// answered (`produce`; not `e2e`, whose latency counts from when a message is built).
     pub build_ahead: bool,
+    /// Give every message the property [`PERCENT_PROPERTY`] = its sequence mod 100, for
+    /// SQL92 filters that match a known share (`consume --match-percent`).
+    pub percent_property: bool,
 }
+
+/// The property `percent_property` sets: a message's sequence mod 100.
+pub const PERCENT_PROPERTY: &str = "perf_pct";
 
 impl LoadPlan {
     /// Checks the plan's limits.
@@ -515,7 +521,13 @@ impl Worker {
         (0..count as usize)
             .map(|index| {
                 let body = bodies.slice(index * body_bytes..(index + 1) * body_bytes);
-                Message::new(self.plan.topic.as_str(), body)
+                let message = Message::new(self.plan.topic.as_str(), body);
+                if self.plan.percent_property {
+                    let share = (first + index as u64) % 100;
+                    message.with_property(PERCENT_PROPERTY, share.to_string())
+                } else {
+                    message
+                }
             })
             .collect()
     }

@@ -42,6 +42,23 @@ impl SequenceSet {
         self.len
     }
 
+    /// The members for which `keep` holds.
+    #[must_use]
+    pub fn filtered(&self, keep: impl Fn(u64) -> bool) -> SequenceSet {
+        let mut kept = SequenceSet::default();
+        for (index, &word) in self.words.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let sequence = index as u64 * 64 + u64::from(bits.trailing_zeros());
+                if keep(sequence) {
+                    kept.insert(sequence);
+                }
+                bits &= bits - 1;
+            }
+        }
+        kept
+    }
+
     /// How many members of `self` are not in `other`.
     pub fn missing_from(&self, other: &SequenceSet) -> u64 {
         self.words
@@ -118,6 +135,18 @@ mod tests {
         assert!(!set.insert(1_000));
         set.insert_range(10, 5);
         assert_eq!(set.len(), 7);
+    }
+
+    #[test]
+    fn filtered_keeps_the_members_that_pass() {
+        let mut set = SequenceSet::default();
+        set.insert_range(0, 300);
+        set.insert(1_000);
+        let kept = set.filtered(|sequence| sequence % 100 < 10);
+        assert_eq!(kept.len(), 31, "0..300 gives 30, and 1,000 mod 100 is 0");
+        assert_eq!(set.filtered(|sequence| sequence == 1_000).len(), 1);
+        assert_eq!(kept.missing_from(&set), 0);
+        assert_eq!(set.missing_from(&kept), 270);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub mod request {
     pub const LITE_PULL_MESSAGE: i32 = 361;
 
     // Admin tools (mqadmin, DefaultMQAdminExt) -> broker.
+    /// Not served by ShardMQ; named for access control (an admin call in RocketMQ's ACL).
+    pub const UPDATE_BROKER_CONFIG: i32 = 25;
     pub const GET_BROKER_RUNTIME_INFO: i32 = 28;
     pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
     pub const GET_TOPIC_STATS_INFO: i32 = 202;
@@ -68,6 +70,59 @@ pub mod request {
     pub const GET_TOPICS_BY_CLUSTER: i32 = 224;
     /// Admin tools: drop a topic's routes (after deleting it on its brokers).
     pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
+
+    /// RocketMQ's name of a request code above (for logs and metric labels).
+    pub fn name(code: i32) -> Option<&'static str> {
+        Some(match code {
+            SEND_MESSAGE => "SEND_MESSAGE",
+            PULL_MESSAGE => "PULL_MESSAGE",
+            QUERY_MESSAGE => "QUERY_MESSAGE",
+            UPDATE_AND_CREATE_TOPIC => "UPDATE_AND_CREATE_TOPIC",
+            QUERY_CONSUMER_OFFSET => "QUERY_CONSUMER_OFFSET",
+            UPDATE_CONSUMER_OFFSET => "UPDATE_CONSUMER_OFFSET",
+            SEARCH_OFFSET_BY_TIMESTAMP => "SEARCH_OFFSET_BY_TIMESTAMP",
+            GET_MAX_OFFSET => "GET_MAX_OFFSET",
+            GET_MIN_OFFSET => "GET_MIN_OFFSET",
+            GET_EARLIEST_MSG_STORETIME => "GET_EARLIEST_MSG_STORETIME",
+            VIEW_MESSAGE_BY_ID => "VIEW_MESSAGE_BY_ID",
+            HEART_BEAT => "HEART_BEAT",
+            UNREGISTER_CLIENT => "UNREGISTER_CLIENT",
+            CONSUMER_SEND_MSG_BACK => "CONSUMER_SEND_MSG_BACK",
+            END_TRANSACTION => "END_TRANSACTION",
+            GET_CONSUMER_LIST_BY_GROUP => "GET_CONSUMER_LIST_BY_GROUP",
+            LOCK_BATCH_MQ => "LOCK_BATCH_MQ",
+            UNLOCK_BATCH_MQ => "UNLOCK_BATCH_MQ",
+            CHECK_CLIENT_CONFIG => "CHECK_CLIENT_CONFIG",
+            SEND_MESSAGE_V2 => "SEND_MESSAGE_V2",
+            SEND_BATCH_MESSAGE => "SEND_BATCH_MESSAGE",
+            LITE_PULL_MESSAGE => "LITE_PULL_MESSAGE",
+            UPDATE_BROKER_CONFIG => "UPDATE_BROKER_CONFIG",
+            GET_BROKER_RUNTIME_INFO => "GET_BROKER_RUNTIME_INFO",
+            UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP",
+            GET_TOPIC_STATS_INFO => "GET_TOPIC_STATS_INFO",
+            GET_CONSUMER_CONNECTION_LIST => "GET_CONSUMER_CONNECTION_LIST",
+            DELETE_SUBSCRIPTIONGROUP => "DELETE_SUBSCRIPTIONGROUP",
+            GET_CONSUME_STATS => "GET_CONSUME_STATS",
+            DELETE_TOPIC_IN_BROKER => "DELETE_TOPIC_IN_BROKER",
+            QUERY_TOPIC_CONSUME_BY_WHO => "QUERY_TOPIC_CONSUME_BY_WHO",
+            CHECK_TRANSACTION_STATE => "CHECK_TRANSACTION_STATE",
+            NOTIFY_CONSUMER_IDS_CHANGED => "NOTIFY_CONSUMER_IDS_CHANGED",
+            RESET_CONSUMER_CLIENT_OFFSET => "RESET_CONSUMER_CLIENT_OFFSET",
+            GET_CONSUMER_STATUS_FROM_CLIENT => "GET_CONSUMER_STATUS_FROM_CLIENT",
+            GET_CONSUMER_RUNNING_INFO => "GET_CONSUMER_RUNNING_INFO",
+            CONSUME_MESSAGE_DIRECTLY => "CONSUME_MESSAGE_DIRECTLY",
+            REGISTER_BROKER => "REGISTER_BROKER",
+            UNREGISTER_BROKER => "UNREGISTER_BROKER",
+            QUERY_DATA_VERSION => "QUERY_DATA_VERSION",
+            BROKER_HEARTBEAT => "BROKER_HEARTBEAT",
+            GET_ROUTEINFO_BY_TOPIC => "GET_ROUTEINFO_BY_TOPIC",
+            GET_BROKER_CLUSTER_INFO => "GET_BROKER_CLUSTER_INFO",
+            GET_ALL_TOPIC_LIST_FROM_NAMESERVER => "GET_ALL_TOPIC_LIST_FROM_NAMESERVER",
+            GET_TOPICS_BY_CLUSTER => "GET_TOPICS_BY_CLUSTER",
+            DELETE_TOPIC_IN_NAMESRV => "DELETE_TOPIC_IN_NAMESRV",
+            _ => return None,
+        })
+    }
 }
 
 /// Response codes (RocketMQ's `RemotingSysResponseCode` and `ResponseCode`).
@@ -167,6 +222,19 @@ mod tests {
             ),
             message_sys_flag::TRANSACTION_PREPARED_TYPE
         );
+    }
+
+    #[test]
+    fn request_names_are_the_constants_names() {
+        assert_eq!(
+            request::name(request::SEND_MESSAGE_V2),
+            Some("SEND_MESSAGE_V2")
+        );
+        assert_eq!(
+            request::name(request::UPDATE_AND_CREATE_TOPIC),
+            Some("UPDATE_AND_CREATE_TOPIC")
+        );
+        assert_eq!(request::name(-1), None);
     }
 
     #[test]

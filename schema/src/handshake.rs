@@ -52,6 +52,34 @@ pub fn build_handshake_request<'b>(
     )
 }
 
+/// An `AuthRequest` frame: the answer to a `HandshakeResponse` that carried an `auth_nonce`
+/// (docs/acl.md, "The native handshake").
+pub fn build_auth_request<'b>(
+    builder: &mut flatbuffers::FlatBufferBuilder<'b>,
+    header: &crate::FrameHeader<'_>,
+    access_key: &str,
+    client_nonce: &[u8],
+    proof: &[u8],
+) -> flatbuffers::WIPOffset<crate::wire::Frame<'b>> {
+    let access_key = builder.create_string(access_key);
+    let client_nonce = builder.create_vector(client_nonce);
+    let proof = builder.create_vector(proof);
+    let body = crate::wire::AuthRequest::create(
+        builder,
+        &crate::wire::AuthRequestArgs {
+            access_key: Some(access_key),
+            client_nonce: Some(client_nonce),
+            proof: Some(proof),
+        },
+    );
+    crate::build_frame(
+        builder,
+        header,
+        crate::wire::Body::AuthRequest,
+        Some(body.as_union_value()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,8 @@ pub use frame::{
     MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
 pub use handshake::{
-    build_handshake_request, negotiate_protocol_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    build_auth_request, build_handshake_request, negotiate_protocol_version, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
 pub use peek::{peek_run_head, HeadPeek, RunHead};
 

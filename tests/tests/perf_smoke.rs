@@ -202,6 +202,33 @@ fn consume_drains_a_backlog_with_a_group_and_loses_nothing() {
 }
 
 #[test]
+fn consume_through_a_sql92_filter_receives_exactly_the_matching_share() {
+    let data = TempDir::new().expect("temp dir");
+    let cluster = LocalCluster::start_with_broker_args(data.path(), &["--enable-property-filter"]);
+    cluster.create_topic("PerfSmoke", 4);
+    let result = perf(
+        &cluster,
+        &[
+            "consume",
+            "--topic",
+            "PerfSmoke",
+            "--backlog",
+            "1000",
+            "--match-percent",
+            "10",
+            "--fill-producers",
+            "1",
+            "--size",
+            "128",
+        ],
+    );
+    // One fill producer numbers the backlog 0..1000: 10 % match.
+    assert_eq!(number(&result, "messages"), 100, "{result}");
+    assert_eq!(number(&result, "lost"), 0, "{result}");
+    assert_eq!(result["filter"], "perf_pct < 10", "{result}");
+}
+
+#[test]
 fn a_backlog_run_drains_its_own_backlog_not_what_the_topic_held_before() {
     let data = TempDir::new().expect("temp dir");
     let cluster = started_cluster(&data);

@@ -55,6 +55,14 @@ pub struct BrokerConfig {
     /// Serve pulls that filter by a SQL92 expression over message properties (RocketMQ's
     /// `enablePropertyFilter`; docs/sql-filter.md). Off: such pulls are refused.
     pub enable_property_filter: bool,
+    /// Access control (docs/acl.md): the accounts file (`acl.toml`, or RocketMQ's
+    /// `plain_acl.yml`), reloaded when it changes. Absent: off, every caller is served
+    /// (RocketMQ's `aclEnable=false`).
+    pub acl_file: Option<PathBuf>,
+    /// The broker's own account, for the connections it opens (to name servers, its master and
+    /// the controllers) when those enforce access control. Both or neither.
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
     /// Read and write queues of an auto-created topic.
     pub default_topic_queues: u32,
     pub max_frame_bytes: usize,
@@ -226,6 +234,9 @@ impl Default for BrokerConfig {
             network_cores,
             auto_create_topics: false,
             enable_property_filter: false,
+            acl_file: None,
+            access_key: None,
+            secret_key: None,
             default_topic_queues: 8,
             max_frame_bytes: 16 << 20,
             max_message_bytes: 4 << 20,
@@ -385,6 +396,12 @@ impl BrokerConfig {
         self.listen_addr()?;
         self.metrics_listen_addr()?;
         self.tls.validate()?;
+        if self.access_key.is_some() != self.secret_key.is_some() {
+            return Err(
+                "access_key and secret_key go together: give both (the broker's own account) or neither"
+                    .into(),
+            );
+        }
         if self.is_auto() {
             if self.controller.is_empty() {
                 return Err("broker_role auto needs controller addresses (--controller)".into());

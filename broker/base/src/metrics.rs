@@ -29,6 +29,15 @@ pub struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccessDeniedLabels {
+    /// The request kind refused (a native body type or a remoting request code's name).
+    pub request: String,
+    /// Why: `no_credentials`, `unknown_account`, `address`, `not_admin`, `permission`,
+    /// `signature` or `proof`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
     pub shard: String,
 }
@@ -57,6 +66,7 @@ pub struct BrokerMetrics {
     pub flush_latency: Histogram,
     pub sync_flush_timeouts: Counter,
     pub responses: Family<StatusLabels, Counter>,
+    pub access_denied: Family<AccessDeniedLabels, Counter>,
     pub connections: Family<ShardLabels, Gauge>,
     pub parked_pulls: Family<ShardLabels, Gauge>,
     pub request_bytes_held: Family<ShardLabels, Gauge>,
@@ -102,6 +112,7 @@ impl BrokerMetrics {
             flush_latency: latency_histogram(),
             sync_flush_timeouts: Counter::default(),
             responses: Family::default(),
+            access_denied: Family::default(),
             connections: Family::default(),
             parked_pulls: Family::default(),
             request_bytes_held: Family::default(),
@@ -165,6 +176,11 @@ impl BrokerMetrics {
             "responses",
             "Answers sent, by status code (errors are every status but OK)",
             self.responses.clone(),
+        );
+        r.register(
+            "access_denied",
+            "Requests refused by access control (docs/acl.md), by request kind and reason",
+            self.access_denied.clone(),
         );
         r.register(
             "connections",
@@ -307,6 +323,16 @@ impl BrokerMetrics {
         self.responses
             .get_or_create(&StatusLabels {
                 status: name.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Access control refused a request of kind `request` for `reason`.
+    pub fn access_denied(&self, request: &str, reason: &str) {
+        self.access_denied
+            .get_or_create(&AccessDeniedLabels {
+                request: request.to_owned(),
+                reason: reason.to_owned(),
             })
             .inc();
     }

@@ -3,7 +3,8 @@
 //! thread) and, while it runs, heartbeats the controller from network shard 0; a master also
 //! reports which slaves are in sync and learns the SyncStateSet its sends wait for. When the
 //! controller's answer no longer matches the role this run has, the broker restarts in its
-//! process with the new role.
+//! process with the new role. A controller that enforces access control is answered with the
+//! broker's account right after each handshake (`shardmq_services::peer_auth`).
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -17,6 +18,8 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use tracing::{debug, info, warn};
+
+use shardmq_services::peer_auth;
 
 use crate::config::BrokerConfig;
 use crate::mesh::StorageRequest;
@@ -289,17 +292,41 @@ fn blocking_call(
     let heartbeat = encoder
         .encode(|b| encode_heartbeat(b, &FrameHeader::request(2), config, beat))
         .map_err(|e| e.to_string())?;
-    stream
-        .write_all(&handshake)
-        .and_then(|()| stream.write_all(&heartbeat))
-        .and_then(|()| stream.flush())
-        .map_err(|e| format!("{address}: {e}"))?;
     let decoder = FrameDecoder::new();
     let mut buffer = BytesMut::new();
+    let mut exchange = |stream: &mut Box<dyn ControllerStream>, request: &[u8], id: u64| {
+        // Under TLS, written bytes may wait in the session until flushed.
+        stream
+            .write_all(request)
+            .and_then(|()| stream.flush())
+            .map_err(|e| format!("{address}: {e}"))?;
+        blocking_read(stream, &decoder, &mut buffer, id, address)
+    };
+    let answer = exchange(&mut stream, &handshake, 1)?;
+    let server = format!("the controller at {address}");
+    let credentials = peer_auth::credentials(config);
+    if let Some(auth) = peer_auth::answer(credentials.as_ref(), &answer.frame(), &server)? {
+        let request = encoder
+            .encode(|b| auth.build(b, &FrameHeader::request(3)))
+            .map_err(|e| e.to_string())?;
+        let answer = exchange(&mut stream, &request, 3)?;
+        peer_auth::accepted(&answer.frame(), &server, auth.access_key())?;
+    }
+    decode_answer(&exchange(&mut stream, &heartbeat, 2)?)
+}
+
+/// Reads frames from `stream` until the answer to request `id`.
+fn blocking_read(
+    stream: &mut Box<dyn ControllerStream>,
+    decoder: &FrameDecoder,
+    buffer: &mut BytesMut,
+    id: u64,
+    address: &str,
+) -> Result<VerifiedFrame, String> {
     loop {
-        if let Some(frame) = decoder.decode(&mut buffer).map_err(|e| e.to_string())? {
-            if frame.frame().request_id() == 2 {
-                return decode_answer(&frame);
+        if let Some(frame) = decoder.decode(buffer).map_err(|e| e.to_string())? {
+            if frame.frame().request_id() == id {
+                return Ok(frame);
             }
             continue;
         }
@@ -411,6 +438,7 @@ pub async fn run(shard: Rc<NetworkShard>) {
     let is_master = config.role() != crate::config::BrokerRole::Slave;
     let interval = Duration::from_millis(config.controller_heartbeat_ms.max(50));
     let client_id = format!("{}-{}-controller", config.broker_name, self_id);
+    let credentials = peer_auth::credentials(&config);
     let mut link: Option<crate::replication::MasterLink> = None;
     let mut next = 0usize;
     let mut said_unreachable = false;
@@ -485,9 +513,13 @@ pub async fn run(shard: Rc<NetworkShard>) {
             if link.is_none() {
                 let address = &config.controller[next % config.controller.len()];
                 link = match address.parse() {
-                    Ok(addr) => crate::replication::MasterLink::connect(addr, &client_id)
-                        .await
-                        .ok(),
+                    Ok(addr) => crate::replication::MasterLink::connect(
+                        addr,
+                        &client_id,
+                        credentials.as_ref(),
+                    )
+                    .await
+                    .ok(),
                     Err(_) => None,
                 };
             }

@@ -26,6 +26,7 @@ pub async fn run(shard: Rc<NetworkShard>) {
         "{}-slave-{}-topics",
         shard.config.broker_name, shard.config.broker_id
     );
+    let credentials = shardmq_services::peer_auth::credentials(&shard.config);
     // The first copy of the offsets comes with the first copy of the topics.
     let copy_interval = Duration::from_millis(shard.config.replica_metadata_interval_ms.max(100));
     let mut last_offsets_copy = std::time::Instant::now() - copy_interval;
@@ -42,12 +43,16 @@ pub async fn run(shard: Rc<NetworkShard>) {
             continue;
         };
         if link.is_none() {
-            link = crate::replication::MasterLink::connect(master, &client_id)
-                .await
-                .map_err(|error| {
-                    tracing::debug!(%master, %error, "cannot reach the master for its metadata");
-                })
-                .ok();
+            link = crate::replication::MasterLink::connect(
+                master,
+                &client_id,
+                credentials.as_ref(),
+            )
+            .await
+            .map_err(|error| {
+                tracing::debug!(%master, %error, "cannot reach the master for its metadata");
+            })
+            .ok();
         }
         if let Some(connected) = link.as_mut() {
             let mut round = copy_master_topics(&shard, connected).await;

@@ -11,6 +11,10 @@
 //! Every registration carries the controller epoch as its state version: a name server refuses
 //! a master registration below the highest it has seen for the broker name, so a deposed
 //! master that wakes from a pause cannot take the route back from the master that replaced it.
+//!
+//! A name server that enforces access control challenges in its handshake answer; the broker
+//! answers with its account (`access_key`/`secret_key`, which must be an admin account there)
+//! before registering, and a refused account fails the connection like any other failure.
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -24,6 +28,9 @@ use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader,
 use shardmq_services::tls_link::LinkStream;
 use tracing::{debug, info, warn};
 
+use shardmq_services::peer_auth;
+
+use crate::config::BrokerConfig;
 use crate::network::NetworkShard;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -95,7 +102,7 @@ async fn register_once(
     let frame =
         encode_register(shard).map_err(|e| format!("cannot encode the registration: {e}"))?;
     if link.is_none() {
-        *link = Some(Link::connect(address).await?);
+        *link = Some(Link::connect(address, &shard.config).await?);
     }
     let answer = link.as_mut().expect("connected above").call(frame).await?;
     if answer.frame().status() != wire::Status::OK {
@@ -150,7 +157,7 @@ async fn unregister(shard: &NetworkShard, address: &str, link: Option<Link>) {
     let Ok(frame) = frame else { return };
     let mut link = match link {
         Some(link) => link,
-        None => match Link::connect(address).await {
+        None => match Link::connect(address, config).await {
             Ok(link) => link,
             Err(e) => {
                 warn!(namesrv = %address, error = %e, "cannot unregister from namesrv");
@@ -221,7 +228,10 @@ struct Link {
 }
 
 impl Link {
-    async fn connect(address: &str) -> Result<Self, String> {
+    /// Connects, shakes hands and, when the name server challenges, authenticates with the
+    /// broker's account.
+    async fn connect(address: &str, config: &BrokerConfig) -> Result<Self, String> {
+        let server = format!("the name server at {address}");
         let address: SocketAddr = address.parse().map_err(|e| format!("bad address: {e}"))?;
         let work = async {
             let stream = LinkStream::connect(address, CALL_TIMEOUT)
@@ -244,6 +254,14 @@ impl Link {
             let answer = link.exchange(handshake).await?;
             if answer.frame().status() != wire::Status::OK {
                 return Err(format!("handshake refused: {:?}", answer.frame().status()));
+            }
+            let credentials = peer_auth::credentials(config);
+            if let Some(auth) = peer_auth::answer(credentials.as_ref(), &answer.frame(), &server)? {
+                let request = FrameEncoder::new()
+                    .encode(|b| auth.build(b, &FrameHeader::request(3)))
+                    .map_err(|e| e.to_string())?;
+                let answer = link.exchange(request).await?;
+                peer_auth::accepted(&answer.frame(), &server, auth.access_key())?;
             }
             Ok(link)
         };

@@ -91,6 +91,8 @@ pub async fn serve_from(shard: Rc<NetworkShard>, mut stream: TcpStream, peer: So
         peer,
         is_handshaken: Cell::new(false),
         client_id: RefCell::new(None),
+        account: RefCell::new(None),
+        auth_nonce: Cell::new(None),
         is_closing: Cell::new(false),
         out,
     });

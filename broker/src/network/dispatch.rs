@@ -10,7 +10,8 @@ use shardmq_schema::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use super::produce::EarlyRun;
 use super::request::{frame_error, refuse, Answer, Connection, Refusal};
 use super::{
-    admin, clients, consume, produce, query, queue_locks, replica, send_back, topics, transaction,
+    access, admin, clients, consume, produce, query, queue_locks, replica, send_back, topics,
+    transaction,
 };
 use super::{NetworkShard, Outbound};
 
@@ -79,6 +80,10 @@ async fn dispatch(
             "the first request on a connection must be a HandshakeRequest",
         ));
     }
+    if let Some(auth) = request.body_as_auth_request() {
+        return access::authenticate(shard, connection, id, auth);
+    }
+    access::check_native(connection, &request)?;
     if shard.config.role() == crate::config::BrokerRole::Slave && is_write_request(&request) {
         return Err(refuse(
             wire::Status::SERVICE_NOT_AVAILABLE,
@@ -287,15 +292,18 @@ fn handshake_answer(
                 shard.set_client(connection.id, client_id.to_owned());
             }
             connection.is_handshaken.set(true);
+            connection.auth_nonce.set(access::challenge());
         }
         // The answer still describes this broker, so the client can say what to upgrade; then
         // the connection closes (docs/protocol.md, handshake).
         None => connection.close_after_answers(),
     }
     let config = &shard.config;
+    let auth_nonce = connection.auth_nonce.get();
     shard
         .with_encoder(|encoder| {
             encoder.encode(|b| {
+                let auth_nonce = auth_nonce.map(|nonce| b.create_vector(&nonce[..]));
                 let name = b.create_string("shardmq-broker");
                 let version_text = b.create_string(env!("CARGO_PKG_VERSION"));
                 let cluster = b.create_string(&config.cluster_name);
@@ -319,6 +327,7 @@ fn handshake_answer(
                         server: Some(server),
                         max_frame_bytes: config.max_frame_bytes as u32,
                         max_message_bytes: config.max_message_bytes as u32,
+                        auth_nonce,
                     },
                 );
                 let mut header = FrameHeader::response(id, status);

@@ -19,6 +19,7 @@
 //!   `transaction`, `queue_locks`, `send_back`.
 
 pub mod accept;
+pub mod access;
 pub mod admin;
 pub mod budget;
 pub mod client_calls;

@@ -20,6 +20,11 @@ pub struct Connection {
     pub peer: std::net::SocketAddr,
     pub is_handshaken: Cell<bool>,
     pub client_id: RefCell<Option<String>>,
+    /// The account the connection proved it holds (access control; docs/acl.md), or `None`
+    /// (anonymous, or access control off).
+    pub account: RefCell<Option<String>>,
+    /// The challenge its handshake answer carried, until an `AuthRequest` answers it.
+    pub auth_nonce: Cell<Option<shardmq_acl::Nonce>>,
     pub(super) is_closing: Cell<bool>,
     pub(super) out: Rc<glommio::channels::local_channel::LocalSender<Outbound>>,
 }

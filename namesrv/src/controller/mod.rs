@@ -39,6 +39,8 @@ use tracing::{debug, info, warn};
 
 use self::link::Link;
 use self::state::{Command, CommandResult, Group, Replica};
+use crate::access::Access;
+use shardmq_acl::Credentials;
 
 pub type NodeId = u64;
 
@@ -71,6 +73,13 @@ pub struct ControllerConfig {
     /// TLS on the controller's listener (the name server's settings, docs/tls.md); `None`:
     /// plain only.
     pub tls: Option<crate::tls::ListenerTls>,
+    /// Access control on the controller address (the name server's accounts file; off by
+    /// default): Raft, heartbeats and membership changes need an admin account, status a known
+    /// one.
+    pub access: Arc<Access>,
+    /// This name server's own account, for its links to the other controllers when they
+    /// enforce access control (`--access-key`/`--secret-key`).
+    pub credentials: Option<Credentials>,
 }
 
 impl ControllerConfig {
@@ -128,6 +137,17 @@ pub struct Controller {
     to_leader: tokio::sync::Mutex<Option<(String, Link)>>,
     /// Groups whose master is dead with no in-sync replica alive (logged once).
     stuck: Mutex<BTreeSet<String>>,
+}
+
+/// One connection to the controller address: who it is and what it proved.
+struct ControllerSession {
+    peer: SocketAddr,
+    /// The challenge of the last handshake answer, until an `AuthRequest` answers it.
+    auth_nonce: Option<shardmq_acl::Nonce>,
+    /// The account the connection proved it holds; `None`: anonymous.
+    account: Option<String>,
+    /// Set after a refused `AuthRequest`: the answer is written, then the connection closes.
+    is_closing: bool,
 }
 
 /// What a broker's heartbeat says of its log, which an election ranks members by.
@@ -247,7 +267,7 @@ impl Controller {
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            network::NetworkFactory,
+            network::NetworkFactory::new(config.credentials.clone()),
             log,
             machine.clone(),
         )
@@ -305,10 +325,10 @@ impl Controller {
                         tokio::spawn(async move {
                             let _ = stream.set_nodelay(true);
                             match controller.config.tls.clone() {
-                                None => controller.serve_connection(stream).await,
+                                None => controller.serve_connection(stream, peer).await,
                                 Some(tls) => {
                                     let refused = crate::tls::serve(stream, peer, &tls, CONTROLLER_HANDSHAKE_TIMEOUT, |stream| async {
-                                        controller.serve_connection(stream).await;
+                                        controller.serve_connection(stream, peer).await;
                                         crate::server::Closed::ByPeer
                                     })
                                     .await;
@@ -328,7 +348,17 @@ impl Controller {
         let _ = self.raft.shutdown().await;
     }
 
-    async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(self: Arc<Self>, mut stream: S) {
+    async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+        self: Arc<Self>,
+        mut stream: S,
+        peer: SocketAddr,
+    ) {
+        let mut session = ControllerSession {
+            peer,
+            auth_nonce: None,
+            account: None,
+            is_closing: false,
+        };
         let decoder = FrameDecoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
         let mut encoder = FrameEncoder::with_max_frame_bytes(link::MAX_LINK_FRAME_BYTES);
         let mut buffer = BytesMut::with_capacity(64 << 10);
@@ -344,12 +374,13 @@ impl Controller {
                     return;
                 }
             };
-            let answer = self.handle(&frame, &mut encoder).await;
+            let answer = self.handle(&frame, &mut encoder, &mut session).await;
             match answer {
                 Ok(bytes) => {
                     if crate::server::write_flushed(&mut stream, &bytes)
                         .await
                         .is_err()
+                        || session.is_closing
                     {
                         return;
                     }
@@ -366,6 +397,7 @@ impl Controller {
         &self,
         frame: &VerifiedFrame,
         encoder: &mut FrameEncoder,
+        session: &mut ControllerSession,
     ) -> Result<bytes::Bytes, shardmq_schema::FrameError> {
         let request = frame.frame();
         let id = request.request_id();
@@ -376,7 +408,10 @@ impl Controller {
             })
         };
         if request.body_as_handshake_request().is_some() {
+            session.auth_nonce = self.config.access.challenge();
+            let auth_nonce = session.auth_nonce;
             return encoder.encode(|b| {
+                let auth_nonce = auth_nonce.map(|nonce| b.create_vector(&nonce));
                 let name = b.create_string("shardmq-controller");
                 let version = b.create_string(env!("CARGO_PKG_VERSION"));
                 let server = wire::ServerInfo::create(
@@ -398,6 +433,7 @@ impl Controller {
                         server: Some(server),
                         max_frame_bytes: link::MAX_LINK_FRAME_BYTES as u32,
                         max_message_bytes: 0,
+                        auth_nonce,
                     },
                 );
                 build_frame(
@@ -407,6 +443,20 @@ impl Controller {
                     Some(body.as_union_value()),
                 )
             });
+        }
+        if let Some(r) = request.body_as_auth_request() {
+            return self.authenticate(id, &r, encoder, session);
+        }
+        let kind = request.body_type().variant_name().unwrap_or("unknown");
+        let required = crate::access::native_required(request.body_type());
+        if let Err(refusal) = self.config.access.check(
+            kind,
+            session.account.as_deref(),
+            session.peer.ip(),
+            required,
+        ) {
+            debug!(peer = %session.peer, "controller refused: {refusal}");
+            return refuse(encoder, wire::Status::ACCESS_DENIED, refusal);
         }
         if let Some(r) = request.body_as_controller_raft_request() {
             let payload = r.payload().map(|p| p.bytes()).unwrap_or_default();
@@ -556,6 +606,67 @@ impl Controller {
             wire::Status::INVALID_ARGUMENT,
             "a controller serves handshakes, heartbeats, status, membership changes and Raft requests only".into(),
         )
+    }
+
+    /// Answers an `AuthRequest` to the handshake's challenge: an `AuthResponse`, or
+    /// `ACCESS_DENIED` and the connection closes.
+    fn authenticate(
+        &self,
+        id: u64,
+        request: &wire::AuthRequest<'_>,
+        encoder: &mut FrameEncoder,
+        session: &mut ControllerSession,
+    ) -> Result<bytes::Bytes, shardmq_schema::FrameError> {
+        let refuse = |encoder: &mut FrameEncoder, status: wire::Status, message: &str| {
+            encoder.encode(|b| {
+                let header = FrameHeader::response(id, status).with_message(message);
+                build_frame(b, &header, wire::Body::NONE, None)
+            })
+        };
+        if !self.config.access.is_on() {
+            return refuse(
+                encoder,
+                wire::Status::INVALID_ARGUMENT,
+                "this controller does not enforce access control: it sent no auth_nonce, so there is nothing to prove",
+            );
+        }
+        let Some(nonce) = session.auth_nonce.take() else {
+            session.is_closing = true;
+            return refuse(
+                encoder,
+                wire::Status::ACCESS_DENIED,
+                "an AuthRequest answers the handshake's auth_nonce, once per connection",
+            );
+        };
+        match self
+            .config
+            .access
+            .authenticate(&nonce, session.peer.ip(), request)
+        {
+            Ok((access_key, is_admin)) => {
+                session.account = Some(access_key.clone());
+                encoder.encode(|b| {
+                    let access_key = b.create_string(&access_key);
+                    let body = wire::AuthResponse::create(
+                        b,
+                        &wire::AuthResponseArgs {
+                            access_key: Some(access_key),
+                            admin: is_admin,
+                        },
+                    );
+                    build_frame(
+                        b,
+                        &FrameHeader::response(id, wire::Status::OK),
+                        wire::Body::AuthResponse,
+                        Some(body.as_union_value()),
+                    )
+                })
+            }
+            Err(refusal) => {
+                session.is_closing = true;
+                refuse(encoder, wire::Status::ACCESS_DENIED, &refusal)
+            }
+        }
     }
 
     /// Adds a voter (as a learner first, waiting until it has caught up) or removes one, on
@@ -935,9 +1046,13 @@ impl Controller {
             .ok_or("the leader is not a member")?;
         let mut slot = self.to_leader.lock().await;
         if slot.as_ref().is_none_or(|(a, _)| a != &address) {
-            let link = Link::connect(&address, Duration::from_secs(2))
-                .await
-                .map_err(|e| format!("cannot reach the leader at {address}: {e}"))?;
+            let link = Link::connect(
+                &address,
+                Duration::from_secs(2),
+                self.config.credentials.as_ref(),
+            )
+            .await
+            .map_err(|e| format!("cannot reach the leader at {address}: {e}"))?;
             *slot = Some((address.clone(), link));
         }
         let (_, link) = slot.as_mut().expect("connected above");

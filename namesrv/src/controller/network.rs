@@ -16,6 +16,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use shardmq_acl::Credentials;
 use shardmq_schema::{build_frame, wire};
 
 use super::link::Link;
@@ -23,7 +24,17 @@ use super::{NodeId, TypeConfig};
 
 /// Makes one [`Network`] per target controller.
 #[derive(Debug, Clone, Default)]
-pub struct NetworkFactory;
+pub struct NetworkFactory {
+    /// This name server's account, for controllers that enforce access control.
+    credentials: Option<Credentials>,
+}
+
+impl NetworkFactory {
+    #[must_use]
+    pub fn new(credentials: Option<Credentials>) -> NetworkFactory {
+        NetworkFactory { credentials }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
@@ -33,6 +44,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             address: node.addr.clone(),
             link: None,
+            credentials: self.credentials.clone(),
         }
     }
 }
@@ -41,6 +53,7 @@ pub struct Network {
     target: NodeId,
     address: String,
     link: Option<Link>,
+    credentials: Option<Credentials>,
 }
 
 enum CallError {
@@ -60,7 +73,7 @@ impl Network {
         let payload =
             serde_json::to_vec(request).map_err(|e| CallError::Network(io::Error::other(e)))?;
         if self.link.is_none() {
-            let link = Link::connect(&self.address, ttl)
+            let link = Link::connect(&self.address, ttl, self.credentials.as_ref())
                 .await
                 .map_err(CallError::Unreachable)?;
             self.link = Some(link);

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_STATUS: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_STATUS: u16 = 63;
+pub const ENUM_MAX_STATUS: u16 = 70;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_STATUS: [Status; 24] = [
+pub const ENUM_VALUES_STATUS: [Status; 25] = [
   Status::OK,
   Status::SYSTEM_ERROR,
   Status::SYSTEM_BUSY,
@@ -41,6 +41,7 @@ pub const ENUM_VALUES_STATUS: [Status; 24] = [
   Status::PULL_RETRY_IMMEDIATELY,
   Status::PULL_OFFSET_MOVED,
   Status::QUERY_NOT_FOUND,
+  Status::ACCESS_DENIED,
 ];
 
 /// Outcome of a request, carried in `Frame.status` of every response. Values are grouped by
@@ -116,9 +117,15 @@ impl Status {
   pub const PULL_OFFSET_MOVED: Self = Self(62);
   /// A query (by key or id) found nothing.
   pub const QUERY_NOT_FOUND: Self = Self(63);
+  /// Access control refused the request: no credentials where they are required, an unknown
+  /// account, a proof that does not match, an address outside the account's list, or a
+  /// permission the account lacks. `Frame.message` names the account, the resource and the
+  /// permission missing. The request had no effect. After a refused AuthRequest the server
+  /// closes the connection.
+  pub const ACCESS_DENIED: Self = Self(70);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 63;
+  pub const ENUM_MAX: u16 = 70;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::OK,
     Self::SYSTEM_ERROR,
@@ -144,6 +151,7 @@ impl Status {
     Self::PULL_RETRY_IMMEDIATELY,
     Self::PULL_OFFSET_MOVED,
     Self::QUERY_NOT_FOUND,
+    Self::ACCESS_DENIED,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -172,6 +180,7 @@ impl Status {
       Self::PULL_RETRY_IMMEDIATELY => Some("PULL_RETRY_IMMEDIATELY"),
       Self::PULL_OFFSET_MOVED => Some("PULL_OFFSET_MOVED"),
       Self::QUERY_NOT_FOUND => Some("QUERY_NOT_FOUND"),
+      Self::ACCESS_DENIED => Some("ACCESS_DENIED"),
       _ => None,
     }
   }
@@ -682,10 +691,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for FrameKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 68;
+pub const ENUM_MAX_BODY: u8 = 70;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 69] = [
+pub const ENUM_VALUES_BODY: [Body; 71] = [
   Body::NONE,
   Body::HandshakeRequest,
   Body::HandshakeResponse,
@@ -755,6 +764,8 @@ pub const ENUM_VALUES_BODY: [Body; 69] = [
   Body::ControllerMembershipResponse,
   Body::ReplicaReturnRequest,
   Body::ReplicaReturnResponse,
+  Body::AuthRequest,
+  Body::AuthResponse,
 ];
 
 /// Every request and response body. Append new members at the end only: a member's position
@@ -834,9 +845,11 @@ impl Body {
   pub const ControllerMembershipResponse: Self = Self(66);
   pub const ReplicaReturnRequest: Self = Self(67);
   pub const ReplicaReturnResponse: Self = Self(68);
+  pub const AuthRequest: Self = Self(69);
+  pub const AuthResponse: Self = Self(70);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 68;
+  pub const ENUM_MAX: u8 = 70;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HandshakeRequest,
@@ -907,6 +920,8 @@ impl Body {
     Self::ControllerMembershipResponse,
     Self::ReplicaReturnRequest,
     Self::ReplicaReturnResponse,
+    Self::AuthRequest,
+    Self::AuthResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -980,6 +995,8 @@ impl Body {
       Self::ControllerMembershipResponse => Some("ControllerMembershipResponse"),
       Self::ReplicaReturnRequest => Some("ReplicaReturnRequest"),
       Self::ReplicaReturnResponse => Some("ReplicaReturnResponse"),
+      Self::AuthRequest => Some("AuthRequest"),
+      Self::AuthResponse => Some("AuthResponse"),
       _ => None,
     }
   }
@@ -1109,6 +1126,8 @@ pub enum BodyT {
   ControllerMembershipResponse(alloc::boxed::Box<ControllerMembershipResponseT>),
   ReplicaReturnRequest(alloc::boxed::Box<ReplicaReturnRequestT>),
   ReplicaReturnResponse(alloc::boxed::Box<ReplicaReturnResponseT>),
+  AuthRequest(alloc::boxed::Box<AuthRequestT>),
+  AuthResponse(alloc::boxed::Box<AuthResponseT>),
 }
 impl Default for BodyT {
   fn default() -> Self {
@@ -1187,6 +1206,8 @@ impl BodyT {
       Self::ControllerMembershipResponse(_) => Body::ControllerMembershipResponse,
       Self::ReplicaReturnRequest(_) => Body::ReplicaReturnRequest,
       Self::ReplicaReturnResponse(_) => Body::ReplicaReturnResponse,
+      Self::AuthRequest(_) => Body::AuthRequest,
+      Self::AuthResponse(_) => Body::AuthResponse,
     }
   }
   pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(&self, fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>) -> Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>> {
@@ -1260,6 +1281,8 @@ impl BodyT {
       Self::ControllerMembershipResponse(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaReturnRequest(v) => Some(v.pack(fbb).as_union_value()),
       Self::ReplicaReturnResponse(v) => Some(v.pack(fbb).as_union_value()),
+      Self::AuthRequest(v) => Some(v.pack(fbb).as_union_value()),
+      Self::AuthResponse(v) => Some(v.pack(fbb).as_union_value()),
     }
   }
   /// If the union variant matches, return the owned HandshakeRequestT, setting the union to NONE.
@@ -2690,6 +2713,48 @@ impl BodyT {
   pub fn as_replica_return_response_mut(&mut self) -> Option<&mut ReplicaReturnResponseT> {
     if let Self::ReplicaReturnResponse(v) = self { Some(v.as_mut()) } else { None }
   }
+  /// If the union variant matches, return the owned AuthRequestT, setting the union to NONE.
+  pub fn take_auth_request(&mut self) -> Option<alloc::boxed::Box<AuthRequestT>> {
+    if let Self::AuthRequest(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::AuthRequest(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the AuthRequestT.
+  pub fn as_auth_request(&self) -> Option<&AuthRequestT> {
+    if let Self::AuthRequest(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the AuthRequestT.
+  pub fn as_auth_request_mut(&mut self) -> Option<&mut AuthRequestT> {
+    if let Self::AuthRequest(v) = self { Some(v.as_mut()) } else { None }
+  }
+  /// If the union variant matches, return the owned AuthResponseT, setting the union to NONE.
+  pub fn take_auth_response(&mut self) -> Option<alloc::boxed::Box<AuthResponseT>> {
+    if let Self::AuthResponse(_) = self {
+      let v = ::core::mem::replace(self, Self::NONE);
+      if let Self::AuthResponse(w) = v {
+        Some(w)
+      } else {
+        unreachable!()
+      }
+    } else {
+      None
+    }
+  }
+  /// If the union variant matches, return a reference to the AuthResponseT.
+  pub fn as_auth_response(&self) -> Option<&AuthResponseT> {
+    if let Self::AuthResponse(v) = self { Some(v.as_ref()) } else { None }
+  }
+  /// If the union variant matches, return a mutable reference to the AuthResponseT.
+  pub fn as_auth_response_mut(&mut self) -> Option<&mut AuthResponseT> {
+    if let Self::AuthResponse(v) = self { Some(v.as_mut()) } else { None }
+  }
 }
 /// A record of a SendRecordsResponse that starts a new CommitLog segment.
 // struct SegmentStart, aligned to 8
@@ -3620,6 +3685,7 @@ impl<'a> HandshakeResponse<'a> {
   pub const VT_SERVER: ::flatbuffers::VOffsetT = 10;
   pub const VT_MAX_FRAME_BYTES: ::flatbuffers::VOffsetT = 12;
   pub const VT_MAX_MESSAGE_BYTES: ::flatbuffers::VOffsetT = 14;
+  pub const VT_AUTH_NONCE: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3631,6 +3697,7 @@ impl<'a> HandshakeResponse<'a> {
     args: &'args HandshakeResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<HandshakeResponse<'bldr>> {
     let mut builder = HandshakeResponseBuilder::new(_fbb);
+    if let Some(x) = args.auth_nonce { builder.add_auth_nonce(x); }
     builder.add_max_message_bytes(args.max_message_bytes);
     builder.add_max_frame_bytes(args.max_frame_bytes);
     if let Some(x) = args.server { builder.add_server(x); }
@@ -3649,6 +3716,9 @@ impl<'a> HandshakeResponse<'a> {
     });
     let max_frame_bytes = self.max_frame_bytes();
     let max_message_bytes = self.max_message_bytes();
+    let auth_nonce = self.auth_nonce().map(|x| {
+      x.into_iter().collect()
+    });
     HandshakeResponseT {
       protocol_version,
       min_protocol_version,
@@ -3656,6 +3726,7 @@ impl<'a> HandshakeResponse<'a> {
       server,
       max_frame_bytes,
       max_message_bytes,
+      auth_nonce,
     }
   }
 
@@ -3706,6 +3777,17 @@ impl<'a> HandshakeResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(HandshakeResponse::VT_MAX_MESSAGE_BYTES, Some(0)).unwrap()}
   }
+  /// Present (32 random bytes, new for each connection) when the server enforces access
+  /// control: a client with credentials answers it with an AuthRequest before other requests.
+  /// A client without credentials may go on; its requests are then decided as anonymous (they
+  /// pass only from the server's trusted addresses).
+  #[inline]
+  pub fn auth_nonce(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(HandshakeResponse::VT_AUTH_NONCE, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for HandshakeResponse<'_> {
@@ -3720,6 +3802,7 @@ impl ::flatbuffers::Verifiable for HandshakeResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<ServerInfo>>("server", Self::VT_SERVER, false)?
      .visit_field::<u32>("max_frame_bytes", Self::VT_MAX_FRAME_BYTES, false)?
      .visit_field::<u32>("max_message_bytes", Self::VT_MAX_MESSAGE_BYTES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("auth_nonce", Self::VT_AUTH_NONCE, false)?
      .finish();
     Ok(())
   }
@@ -3731,6 +3814,7 @@ pub struct HandshakeResponseArgs<'a> {
     pub server: Option<::flatbuffers::WIPOffset<ServerInfo<'a>>>,
     pub max_frame_bytes: u32,
     pub max_message_bytes: u32,
+    pub auth_nonce: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for HandshakeResponseArgs<'a> {
   #[inline]
@@ -3742,6 +3826,7 @@ impl<'a> Default for HandshakeResponseArgs<'a> {
       server: None,
       max_frame_bytes: 0,
       max_message_bytes: 0,
+      auth_nonce: None,
     }
   }
 }
@@ -3776,6 +3861,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HandshakeResponseBuilder<'a, 
     self.fbb_.push_slot::<u32>(HandshakeResponse::VT_MAX_MESSAGE_BYTES, max_message_bytes, 0);
   }
   #[inline]
+  pub fn add_auth_nonce(&mut self, auth_nonce: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HandshakeResponse::VT_AUTH_NONCE, auth_nonce);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HandshakeResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     HandshakeResponseBuilder {
@@ -3799,6 +3888,7 @@ impl ::core::fmt::Debug for HandshakeResponse<'_> {
       ds.field("server", &self.server());
       ds.field("max_frame_bytes", &self.max_frame_bytes());
       ds.field("max_message_bytes", &self.max_message_bytes());
+      ds.field("auth_nonce", &self.auth_nonce());
       ds.finish()
   }
 }
@@ -3811,6 +3901,7 @@ pub struct HandshakeResponseT {
   pub server: Option<alloc::boxed::Box<ServerInfoT>>,
   pub max_frame_bytes: u32,
   pub max_message_bytes: u32,
+  pub auth_nonce: Option<alloc::vec::Vec<u8>>,
 }
 impl Default for HandshakeResponseT {
   fn default() -> Self {
@@ -3821,6 +3912,7 @@ impl Default for HandshakeResponseT {
       server: None,
       max_frame_bytes: 0,
       max_message_bytes: 0,
+      auth_nonce: None,
     }
   }
 }
@@ -3837,6 +3929,9 @@ impl HandshakeResponseT {
     });
     let max_frame_bytes = self.max_frame_bytes;
     let max_message_bytes = self.max_message_bytes;
+    let auth_nonce = self.auth_nonce.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
     HandshakeResponse::create(_fbb, &HandshakeResponseArgs{
       protocol_version,
       min_protocol_version,
@@ -3844,6 +3939,350 @@ impl HandshakeResponseT {
       server,
       max_frame_bytes,
       max_message_bytes,
+      auth_nonce,
+    })
+  }
+}
+pub enum AuthRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Proves that the connection holds an account's secret key without sending it (docs/acl.md,
+/// "The native handshake"): proof = HMAC-SHA256(secret_key, auth_nonce ‖ access_key ‖
+/// client_nonce). Sent once, right after a HandshakeResponse that carried an auth_nonce.
+pub struct AuthRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AuthRequest<'a> {
+  type Inner = AuthRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AuthRequest<'a> {
+  pub const VT_ACCESS_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CLIENT_NONCE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROOF: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AuthRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AuthRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AuthRequest<'bldr>> {
+    let mut builder = AuthRequestBuilder::new(_fbb);
+    if let Some(x) = args.proof { builder.add_proof(x); }
+    if let Some(x) = args.client_nonce { builder.add_client_nonce(x); }
+    if let Some(x) = args.access_key { builder.add_access_key(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> AuthRequestT {
+    let access_key = self.access_key().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let client_nonce = self.client_nonce().map(|x| {
+      x.into_iter().collect()
+    });
+    let proof = self.proof().map(|x| {
+      x.into_iter().collect()
+    });
+    AuthRequestT {
+      access_key,
+      client_nonce,
+      proof,
+    }
+  }
+
+  #[inline]
+  pub fn access_key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AuthRequest::VT_ACCESS_KEY, None)}
+  }
+  /// 32 random bytes chosen by the client.
+  #[inline]
+  pub fn client_nonce(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(AuthRequest::VT_CLIENT_NONCE, None)}
+  }
+  /// 32 bytes.
+  #[inline]
+  pub fn proof(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(AuthRequest::VT_PROOF, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AuthRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("access_key", Self::VT_ACCESS_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("client_nonce", Self::VT_CLIENT_NONCE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("proof", Self::VT_PROOF, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AuthRequestArgs<'a> {
+    pub access_key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_nonce: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub proof: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for AuthRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AuthRequestArgs {
+      access_key: None,
+      client_nonce: None,
+      proof: None,
+    }
+  }
+}
+
+pub struct AuthRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AuthRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_access_key(&mut self, access_key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AuthRequest::VT_ACCESS_KEY, access_key);
+  }
+  #[inline]
+  pub fn add_client_nonce(&mut self, client_nonce: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AuthRequest::VT_CLIENT_NONCE, client_nonce);
+  }
+  #[inline]
+  pub fn add_proof(&mut self, proof: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AuthRequest::VT_PROOF, proof);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AuthRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AuthRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AuthRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AuthRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AuthRequest");
+      ds.field("access_key", &self.access_key());
+      ds.field("client_nonce", &self.client_nonce());
+      ds.field("proof", &self.proof());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthRequestT {
+  pub access_key: Option<alloc::string::String>,
+  pub client_nonce: Option<alloc::vec::Vec<u8>>,
+  pub proof: Option<alloc::vec::Vec<u8>>,
+}
+impl Default for AuthRequestT {
+  fn default() -> Self {
+    Self {
+      access_key: None,
+      client_nonce: None,
+      proof: None,
+    }
+  }
+}
+impl AuthRequestT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<AuthRequest<'b>> {
+    let access_key = self.access_key.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let client_nonce = self.client_nonce.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let proof = self.proof.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    AuthRequest::create(_fbb, &AuthRequestArgs{
+      access_key,
+      client_nonce,
+      proof,
+    })
+  }
+}
+pub enum AuthResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Answer to an accepted AuthRequest (a refused one is an ACCESS_DENIED frame, and the server
+/// closes the connection). From now on every request on the connection is the account's.
+pub struct AuthResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AuthResponse<'a> {
+  type Inner = AuthResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AuthResponse<'a> {
+  pub const VT_ACCESS_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ADMIN: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AuthResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AuthResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AuthResponse<'bldr>> {
+    let mut builder = AuthResponseBuilder::new(_fbb);
+    if let Some(x) = args.access_key { builder.add_access_key(x); }
+    builder.add_admin(args.admin);
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> AuthResponseT {
+    let access_key = self.access_key().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let admin = self.admin();
+    AuthResponseT {
+      access_key,
+      admin,
+    }
+  }
+
+  #[inline]
+  pub fn access_key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AuthResponse::VT_ACCESS_KEY, None)}
+  }
+  /// Whether the account may make admin calls.
+  #[inline]
+  pub fn admin(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(AuthResponse::VT_ADMIN, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AuthResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("access_key", Self::VT_ACCESS_KEY, false)?
+     .visit_field::<bool>("admin", Self::VT_ADMIN, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AuthResponseArgs<'a> {
+    pub access_key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub admin: bool,
+}
+impl<'a> Default for AuthResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AuthResponseArgs {
+      access_key: None,
+      admin: false,
+    }
+  }
+}
+
+pub struct AuthResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AuthResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_access_key(&mut self, access_key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AuthResponse::VT_ACCESS_KEY, access_key);
+  }
+  #[inline]
+  pub fn add_admin(&mut self, admin: bool) {
+    self.fbb_.push_slot::<bool>(AuthResponse::VT_ADMIN, admin, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AuthResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AuthResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AuthResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AuthResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AuthResponse");
+      ds.field("access_key", &self.access_key());
+      ds.field("admin", &self.admin());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthResponseT {
+  pub access_key: Option<alloc::string::String>,
+  pub admin: bool,
+}
+impl Default for AuthResponseT {
+  fn default() -> Self {
+    Self {
+      access_key: None,
+      admin: false,
+    }
+  }
+}
+impl AuthResponseT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<AuthResponse<'b>> {
+    let access_key = self.access_key.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let admin = self.admin;
+    AuthResponse::create(_fbb, &AuthResponseArgs{
+      access_key,
+      admin,
     })
   }
 }
@@ -20235,6 +20674,16 @@ impl<'a> Frame<'a> {
             .expect("Invalid union table, expected `Body::ReplicaReturnResponse`.")
             .unpack()
       )),
+      Body::AuthRequest => BodyT::AuthRequest(alloc::boxed::Box::new(
+        self.body_as_auth_request()
+            .expect("Invalid union table, expected `Body::AuthRequest`.")
+            .unpack()
+      )),
+      Body::AuthResponse => BodyT::AuthResponse(alloc::boxed::Box::new(
+        self.body_as_auth_response()
+            .expect("Invalid union table, expected `Body::AuthResponse`.")
+            .unpack()
+      )),
       _ => BodyT::NONE,
     };
     FrameT {
@@ -21313,6 +21762,36 @@ impl<'a> Frame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_auth_request(&self) -> Option<AuthRequest<'a>> {
+    if self.body_type() == Body::AuthRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { AuthRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_auth_response(&self) -> Option<AuthResponse<'a>> {
+    if self.body_type() == Body::AuthResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { AuthResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Frame<'_> {
@@ -21395,6 +21874,8 @@ impl ::flatbuffers::Verifiable for Frame<'_> {
           Body::ControllerMembershipResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ControllerMembershipResponse>>("Body::ControllerMembershipResponse", pos),
           Body::ReplicaReturnRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaReturnRequest>>("Body::ReplicaReturnRequest", pos),
           Body::ReplicaReturnResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ReplicaReturnResponse>>("Body::ReplicaReturnResponse", pos),
+          Body::AuthRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AuthRequest>>("Body::AuthRequest", pos),
+          Body::AuthResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<AuthResponse>>("Body::AuthResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -21948,6 +22429,20 @@ impl ::core::fmt::Debug for Frame<'_> {
         },
         Body::ReplicaReturnResponse => {
           if let Some(x) = self.body_as_replica_return_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::AuthRequest => {
+          if let Some(x) = self.body_as_auth_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::AuthResponse => {
+          if let Some(x) = self.body_as_auth_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -78,6 +78,7 @@ pub async fn follow(follower: Follower) {
         "{}-slave-{}-{storage_shard}",
         config.broker_name, config.broker_id
     );
+    let credentials = crate::peer_auth::credentials(&config);
     // The join names this broker's client address (the master shows it as its peer): network
     // shard 0 learns it as it binds, moments after the storage shards start.
     for _ in 0..500 {
@@ -102,7 +103,7 @@ pub async fn follow(follower: Follower) {
             continue;
         };
         *view.master.borrow_mut() = Some(master);
-        let mut link = match MasterLink::connect(master, &client_id).await {
+        let mut link = match MasterLink::connect(master, &client_id, credentials.as_ref()).await {
             Ok(link) => link,
             Err(error) => {
                 if was_connected {

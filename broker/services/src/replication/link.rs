@@ -1,7 +1,9 @@
 //! One connection from a slave to its master, speaking the ordinary frame protocol: handshake,
 //! join, replica pulls, and the copies of topics, consumer offsets and per-shard state files
 //! that the slave's control tasks make. Every answer the master refuses becomes an error naming
-//! what was refused.
+//! what was refused. When the master enforces access control (its handshake answer carries an
+//! `auth_nonce`), the link authenticates with the broker's account right after the handshake;
+//! the master serves replica requests to admin accounts only.
 
 use std::io;
 use std::net::SocketAddr;
@@ -10,7 +12,10 @@ use bytes::BytesMut;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use shardmq_schema::{build_frame, wire, FrameDecoder, FrameEncoder, FrameHeader, VerifiedFrame};
 
+use shardmq_acl::Credentials;
+
 use crate::config::BrokerConfig;
+use crate::peer_auth;
 use crate::role::own_address;
 use crate::store::epochs::{Epoch, EpochLog};
 use crate::tls_link::LinkStream;
@@ -45,8 +50,14 @@ fn require_ok<'a>(answer: &'a VerifiedFrame, what: &str) -> io::Result<wire::Fra
 }
 
 impl MasterLink {
-    /// Connects (in TLS when the broker has a CA to trust) and shakes hands.
-    pub async fn connect(address: SocketAddr, client_id: &str) -> io::Result<MasterLink> {
+    /// Connects (in TLS when the broker has a CA to trust), shakes hands and, when the master
+    /// challenges and `credentials` are given, authenticates (`crate::peer_auth::credentials`
+    /// gives the broker's account).
+    pub async fn connect(
+        address: SocketAddr,
+        client_id: &str,
+        credentials: Option<&Credentials>,
+    ) -> io::Result<MasterLink> {
         let stream = LinkStream::connect(address, CONNECT_TIMEOUT).await?;
         let mut link = MasterLink {
             address,
@@ -61,7 +72,15 @@ impl MasterLink {
         let answer = link
             .request(|b, header| shardmq_schema::build_handshake_request(b, &header, client_id))
             .await?;
-        require_ok(&answer, &format!("the handshake at {address}"))?;
+        let handshake = require_ok(&answer, &format!("the handshake at {address}"))?;
+        let server = format!("the master at {address}");
+        if let Some(auth) =
+            peer_auth::answer(credentials, &handshake, &server).map_err(io::Error::other)?
+        {
+            let answer = link.request(|b, header| auth.build(b, &header)).await?;
+            peer_auth::accepted(&answer.frame(), &server, auth.access_key())
+                .map_err(|refusal| io::Error::new(io::ErrorKind::PermissionDenied, refusal))?;
+        }
         Ok(link)
     }
 

@@ -3,6 +3,8 @@
 //! shares: the encoding of a reply or a refusal, ShardMQ's statuses as RocketMQ's response
 //! codes, and the round trip through a native handler (build its request table, call it, read
 //! its answer). A code without a row is answered REQUEST_CODE_NOT_SUPPORTED, naming the code.
+//! Before the table, every request passes access control when it is on ([`super::access`]):
+//! a refusal is NO_PERMISSION, with the reason as its remark.
 
 use bytes::{Bytes, BytesMut};
 use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
@@ -55,7 +57,10 @@ pub(super) async fn handle(
     if command.is_response() {
         return None;
     }
-    let answer = dispatch(shard, connection, session, &command).await;
+    let answer = match super::access::check(connection, &command) {
+        Ok(()) => dispatch(shard, connection, session, &command).await,
+        Err(refusal) => Err(refusal),
+    };
     tracing::trace!(
         code = command.code,
         opaque = command.opaque,
@@ -174,7 +179,7 @@ pub(super) fn response_code(status: wire::Status) -> i32 {
         wire::Status::INVALID_ARGUMENT | wire::Status::MESSAGE_TOO_LARGE => {
             response::MESSAGE_ILLEGAL
         }
-        wire::Status::NO_PERMISSION => response::NO_PERMISSION,
+        wire::Status::NO_PERMISSION | wire::Status::ACCESS_DENIED => response::NO_PERMISSION,
         wire::Status::TOPIC_NOT_FOUND => response::TOPIC_NOT_EXIST,
         wire::Status::CONSUMER_GROUP_NOT_FOUND => response::SUBSCRIPTION_GROUP_NOT_EXIST,
         wire::Status::INVALID_TAG_EXPRESSION => response::SUBSCRIPTION_PARSE_FAILED,

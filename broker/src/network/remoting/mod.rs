@@ -14,6 +14,7 @@
 //! ([`shardmq_remoting::sniff`], in `connection::serve`); the bytes read to tell are the start
 //! of its first frame.
 
+mod access;
 mod admin;
 mod clients;
 mod consume;
@@ -77,6 +78,8 @@ pub async fn serve(shard: Rc<NetworkShard>, stream: TcpStream, peer: SocketAddr,
         peer,
         is_handshaken: std::cell::Cell::new(true),
         client_id: RefCell::new(None),
+        account: RefCell::new(None),
+        auth_nonce: std::cell::Cell::new(None),
         is_closing: std::cell::Cell::new(false),
         out: push,
     });

@@ -41,6 +41,23 @@ pub struct Cli {
     /// PEM private key of --tls-cert. [env: SHARDMQ_TLS_KEY]
     #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Access key of the account to authenticate as, with servers that enforce access control
+    /// (docs/acl.md). Also from SHARDMQ_ACCESS_KEY, or --credentials-file.
+    #[arg(long, global = true, value_name = "KEY", requires = "secret_key")]
+    pub access_key: Option<String>,
+
+    /// Secret key of that account (with --access-key). Also from SHARDMQ_SECRET_KEY.
+    #[arg(long, global = true, value_name = "SECRET", requires = "access_key")]
+    pub secret_key: Option<String>,
+
+    /// A TOML file with `access_key = "…"` and `secret_key = "…"`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        conflicts_with = "access_key"
+    )]
+    pub credentials_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -74,6 +91,87 @@ pub enum Command {
     /// original topic.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Accounts of an access-control file (acl.toml; docs/acl.md): list, add, update, remove.
+    /// Brokers and name servers reload the file within 500 ms of a change.
+    #[command(subcommand)]
+    Acl(AclCommand),
+    /// The web console: an HTTP server of pages over this command line's operations
+    /// (docs/console.md).
+    Console(ConsoleArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ConsoleArgs {
+    /// Address to serve on, `host:port` (port 0: any free port; the address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Controller addresses, comma separated, whose status the cluster page shows (leader,
+    /// term, per broker group its master, epoch and in-sync replicas); none by default.
+    #[arg(long, value_name = "ADDR", value_delimiter = ',')]
+    pub controller: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AclCommand {
+    /// Every account (secrets are not shown) and the global trusted addresses.
+    List {
+        /// The accounts file.
+        #[arg(long)]
+        file: std::path::PathBuf,
+    },
+    /// Adds an account (the file is made when it does not exist).
+    Add {
+        #[arg(long)]
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        account: AccountArgs,
+    },
+    /// Changes what is given of an account; the rest stays.
+    Update {
+        #[arg(long)]
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        account: AccountArgs,
+    },
+    /// Removes an account.
+    Remove {
+        #[arg(long)]
+        file: std::path::PathBuf,
+        #[arg(long)]
+        access_key: String,
+    },
+}
+
+/// One account's settings, as `acl add` and `acl update` take them.
+#[derive(Args, Debug)]
+pub struct AccountArgs {
+    /// The account's access key (7 to 256 characters).
+    #[arg(long)]
+    pub access_key: String,
+    /// Its secret key (7 to 256 characters); required by `add`.
+    #[arg(long)]
+    pub secret_key: Option<String>,
+    /// Whether it may make admin calls (create and delete topics, replication).
+    #[arg(long, value_name = "true|false")]
+    pub admin: Option<bool>,
+    /// DENY, PUB, SUB or PUB|SUB on topics it has no entry for.
+    #[arg(long, value_name = "PERM")]
+    pub default_topic_perm: Option<String>,
+    /// DENY, PUB, SUB or PUB|SUB on groups it has no entry for.
+    #[arg(long, value_name = "PERM")]
+    pub default_group_perm: Option<String>,
+    /// A topic's permission, NAME=PERM (NAME=none removes the entry); repeatable.
+    #[arg(long, value_name = "NAME=PERM")]
+    pub topic_perm: Vec<String>,
+    /// A group's permission, NAME=PERM (NAME=none removes the entry); repeatable.
+    #[arg(long, value_name = "NAME=PERM")]
+    pub group_perm: Vec<String>,
+    /// An address pattern it passes from without checks; repeatable; replaces the list ("" clears it).
+    #[arg(long, value_name = "PATTERN")]
+    pub trusted_address: Vec<String>,
+    /// An address pattern it may connect from (others are refused); repeatable; replaces the list ("" clears it).
+    #[arg(long, value_name = "PATTERN")]
+    pub allowed_address: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -387,4 +485,30 @@ pub struct Settings {
     pub namesrv: String,
     pub is_json: bool,
     pub request_timeout: Duration,
+    /// The account to authenticate as (options, then the file, then the environment).
+    pub credentials: Option<shardmq_client::Credentials>,
 }
+
+/// `.credentials_of(settings)` on every client builder: the settings' account, if any.
+pub trait CredentialsOf: Sized {
+    fn credentials_of(self, settings: &Settings) -> Self;
+}
+
+macro_rules! credentials_of {
+    ($($builder:ty),*) => {$(
+        impl CredentialsOf for $builder {
+            fn credentials_of(self, settings: &Settings) -> Self {
+                match &settings.credentials {
+                    Some(credentials) => self.credentials(credentials.clone()),
+                    None => self,
+                }
+            }
+        }
+    )*};
+}
+
+credentials_of!(
+    shardmq_client::AdminBuilder,
+    shardmq_client::ProducerBuilder,
+    shardmq_client::PullConsumerBuilder
+);

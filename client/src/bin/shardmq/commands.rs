@@ -9,14 +9,15 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use shardmq_client::{
-    Admin, BrokerFailure, Message, MessageQueue, Producer, PullConsumer, PullOptions, PullStatus,
-    ResetTarget, TagExpression, TopicConfig,
+    Admin, BrokerFailure, Credentials, Message, MessageQueue, Partial, Producer, PullConsumer,
+    PullOptions, PullStatus, QueueProgress, ResetTarget, TagExpression, TopicConfig,
 };
 use tokio::time::Instant;
 
 use crate::cli::{
-    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, GroupCommand,
-    MessageCommand, SendArgs, Settings, StartFrom, TimeRange, TopicCommand, TopicConfigArgs,
+    BrokerCommand, Cli, ClusterCommand, Command, ConsumeArgs, ControllerCommand, CredentialsOf,
+    GroupCommand, MessageCommand, SendArgs, Settings, StartFrom, TimeRange, TopicCommand,
+    TopicConfigArgs,
 };
 use crate::output::{self, print_json};
 
@@ -64,13 +65,27 @@ fn finish_partial(failures: &[BrokerFailure]) -> Result<()> {
     }
 }
 
-pub async fn run(cli: Cli) -> Result<()> {
+/// The settings every command shares, from the global options, and the command to run.
+pub fn settings(cli: Cli) -> Result<(Settings, Command)> {
+    let credentials = match (&cli.access_key, &cli.secret_key, &cli.credentials_file) {
+        (Some(access_key), Some(secret_key), _) => {
+            Some(Credentials::new(access_key.as_str(), secret_key.as_str())?)
+        }
+        (_, _, Some(file)) => Some(Credentials::from_file(file)?),
+        _ => Credentials::from_env()?,
+    };
     let context = Settings {
         namesrv: cli.namesrv,
         is_json: cli.json,
         request_timeout: Duration::from_millis(cli.request_timeout_ms),
+        credentials,
     };
-    match cli.command {
+    Ok((context, cli.command))
+}
+
+/// Runs every command but `console` (which `main` runs, as it is built on these).
+pub async fn run(context: Settings, command: Command) -> Result<()> {
+    match command {
         Command::Topic(command) => topic(&context, command).await,
         Command::Send(args) => send(&context, args).await,
         Command::Consume(args) => consume(&context, args).await,
@@ -94,13 +109,16 @@ pub async fn run(cli: Cli) -> Result<()> {
             controller_membership(&context, &controller, &change).await
         }
         Command::Dlq(command) => crate::dlq::run(&context, command).await,
+        Command::Acl(command) => crate::acl::run(&context, command),
+        Command::Console(_) => bail!("the console is started by main, not as a command"),
     }
 }
 
-async fn admin(context: &Settings) -> Result<Admin> {
+pub(crate) async fn admin(context: &Settings) -> Result<Admin> {
     Ok(Admin::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .build()
         .await?)
 }
@@ -125,19 +143,7 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
             broker,
             force,
         } => {
-            let brokers = match broker {
-                _ if force => admin.delete_group_topic(broker.as_deref(), &topic).await?,
-                Some(address) => {
-                    admin.delete_topic(&address, &topic).await?;
-                    vec![address]
-                }
-                None => match admin.delete_topic_everywhere(&topic).await {
-                    Err(shardmq_client::Error::TopicNotFound { .. }) => {
-                        bail!("topic {topic} does not exist: no name server routes it")
-                    }
-                    other => other?,
-                },
-            };
+            let brokers = delete_topic_on(&admin, &topic, broker.as_deref(), force).await?;
             if context.is_json {
                 print_json(&json!({ "topic": topic, "deleted_on": brokers }));
             } else {
@@ -180,6 +186,59 @@ async fn topic(context: &Settings, command: TopicCommand) -> Result<()> {
     }
 }
 
+/// Deletes `topic` on `broker`, or on every master broker hosting it; `force` for a group's
+/// retry or dead-letter topic. Returns the brokers it was deleted on. (The CLI and the console.)
+pub(crate) async fn delete_topic_on(
+    admin: &Admin,
+    topic: &str,
+    broker: Option<&str>,
+    force: bool,
+) -> Result<Vec<String>> {
+    Ok(match broker {
+        _ if force => admin.delete_group_topic(broker, topic).await?,
+        Some(address) => {
+            admin.delete_topic(address, topic).await?;
+            vec![address.to_owned()]
+        }
+        None => match admin.delete_topic_everywhere(topic).await {
+            Err(shardmq_client::Error::TopicNotFound { .. }) => {
+                bail!("topic {topic} does not exist: no name server routes it")
+            }
+            other => other?,
+        },
+    })
+}
+
+/// Creates (`is_create`) or updates the topic on `broker`, or else on every master broker of
+/// `cluster` (of every cluster when `None`). (The CLI and the console.)
+pub(crate) async fn upsert_topic_on(
+    admin: &Admin,
+    config: &TopicConfig,
+    broker: Option<&str>,
+    cluster: Option<&str>,
+    is_create: bool,
+) -> Result<Partial<Vec<String>>> {
+    let brokers = match broker {
+        Some(address) if is_create => {
+            admin.create_topic(address, config).await?;
+            vec![address.to_owned()]
+        }
+        Some(address) => {
+            admin.update_topic(address, config).await?;
+            vec![address.to_owned()]
+        }
+        None => {
+            return Ok(admin
+                .upsert_topic_in_cluster(cluster, config, is_create)
+                .await?)
+        }
+    };
+    Ok(Partial {
+        value: brokers,
+        failures: Vec::new(),
+    })
+}
+
 async fn upsert_topic(
     context: &Settings,
     admin: &Admin,
@@ -187,22 +246,15 @@ async fn upsert_topic(
     is_create: bool,
 ) -> Result<()> {
     let config = topic_config(args);
-    let (brokers, failures) = match &args.broker {
-        Some(address) if is_create => {
-            admin.create_topic(address, &config).await?;
-            (vec![address.clone()], Vec::new())
-        }
-        Some(address) => {
-            admin.update_topic(address, &config).await?;
-            (vec![address.clone()], Vec::new())
-        }
-        None => {
-            let done = admin
-                .upsert_topic_in_cluster(args.cluster.as_deref(), &config, is_create)
-                .await?;
-            (done.value, done.failures)
-        }
-    };
+    let done = upsert_topic_on(
+        admin,
+        &config,
+        args.broker.as_deref(),
+        args.cluster.as_deref(),
+        is_create,
+    )
+    .await?;
+    let (brokers, failures) = (done.value, done.failures);
     if context.is_json {
         print_json(&json!({
             "topic": output::topic_config_json(&config),
@@ -256,6 +308,7 @@ async fn send(context: &Settings, args: SendArgs) -> Result<()> {
     let producer = Producer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .group(&args.group)
         .build()
         .await?;
@@ -326,6 +379,7 @@ async fn consume(context: &Settings, args: ConsumeArgs) -> Result<()> {
     let consumer = PullConsumer::builder()
         .namesrv(&context.namesrv)
         .request_timeout(context.request_timeout)
+        .credentials_of(context)
         .group(&args.group)
         .build()
         .await?;
@@ -442,34 +496,17 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
             }
         }
         GroupCommand::Progress { group, topic } => {
-            let topics = match topic {
-                Some(topic) => vec![topic],
-                None => {
-                    let groups = admin.group_list().await?;
-                    let known = groups
-                        .value
-                        .into_iter()
-                        .find(|summary| summary.group == group)
-                        .map(|summary| summary.topics);
-                    failures.extend(groups.failures);
-                    match known {
-                        Some(topics) => topics,
-                        None => {
-                            finish_partial(&failures)?;
-                            bail!("no broker knows group {group}: no live members and no committed offsets")
-                        }
+            let (progress, failed) = match group_progress_of(&admin, &group, topic).await {
+                Ok(done) => (done.value, done.failures),
+                Err(error) => match error.downcast::<UnknownGroup>() {
+                    Ok(unknown) => {
+                        finish_partial(&unknown.failures)?;
+                        return Err(unknown.into());
                     }
-                }
+                    Err(error) => return Err(error),
+                },
             };
-            let mut progress = Vec::new();
-            for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
-                let part = admin.group_progress(&group, topic).await?;
-                progress.extend(part.value);
-                failures.extend(part.failures);
-            }
-            // One line per broker that failed, however many topics it failed for.
-            let mut seen = std::collections::BTreeSet::new();
-            failures.retain(|failure| seen.insert(failure.address.clone()));
+            failures = failed;
             if context.is_json {
                 print_json(&output::progress_json(&group, &progress));
             } else {
@@ -508,8 +545,74 @@ async fn group(context: &Settings, command: GroupCommand) -> Result<()> {
     finish_partial(&failures)
 }
 
+/// No broker knows the group (when its topics were to be found from the brokers).
+#[derive(Debug)]
+pub(crate) struct UnknownGroup {
+    pub group: String,
+    /// Brokers that did not answer (one of them may know it).
+    pub failures: Vec<BrokerFailure>,
+}
+
+impl std::fmt::Display for UnknownGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no broker knows group {}: no live members and no committed offsets",
+            self.group
+        )
+    }
+}
+
+impl std::error::Error for UnknownGroup {}
+
+/// `group`'s progress on every queue of `topic`, or (when `None`) of every topic the brokers
+/// say it subscribes to or has offsets for ([`UnknownGroup`] when none knows it); brokers that
+/// failed are listed once each. (The CLI and the console.)
+pub(crate) async fn group_progress_of(
+    admin: &Admin,
+    group: &str,
+    topic: Option<String>,
+) -> Result<Partial<Vec<QueueProgress>>> {
+    let mut failures = Vec::new();
+    let topics = match topic {
+        Some(topic) => vec![topic],
+        None => {
+            let groups = admin.group_list().await?;
+            let known = groups
+                .value
+                .into_iter()
+                .find(|summary| summary.group == group)
+                .map(|summary| summary.topics);
+            failures.extend(groups.failures);
+            match known {
+                Some(topics) => topics,
+                None => {
+                    return Err(UnknownGroup {
+                        group: group.to_owned(),
+                        failures,
+                    }
+                    .into())
+                }
+            }
+        }
+    };
+    let mut progress = Vec::new();
+    for topic in topics.iter().filter(|t| !t.starts_with("%RETRY%")) {
+        let part = admin.group_progress(group, topic).await?;
+        progress.extend(part.value);
+        failures.extend(part.failures);
+    }
+    // One line per broker that failed, however many topics it failed for.
+    let mut seen = std::collections::BTreeSet::new();
+    failures.retain(|failure| seen.insert(failure.address.clone()));
+    Ok(Partial {
+        value: progress,
+        failures,
+    })
+}
+
 /// `first`, `last`, ms since the epoch, or an RFC 3339 time.
-fn parse_reset_target(text: &str) -> Result<ResetTarget> {
+pub(crate) fn parse_reset_target(text: &str) -> Result<ResetTarget> {
     match text {
         "first" => Ok(ResetTarget::First),
         "last" => Ok(ResetTarget::Last),
@@ -582,7 +685,7 @@ async fn message(context: &Settings, command: MessageCommand) -> Result<()> {
 }
 
 /// (begin, end) ms of a query's time range; 0 means "from the beginning" and "now".
-fn time_range(range: &TimeRange) -> Result<(i64, i64)> {
+pub(crate) fn time_range(range: &TimeRange) -> Result<(i64, i64)> {
     let parse = |text: &Option<String>, flag: &str| -> Result<i64> {
         match text {
             None => Ok(0),

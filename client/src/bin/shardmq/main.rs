@@ -11,8 +11,10 @@
 //! runtime, and turning the outcome into an exit status. The modules below it are layered
 //! `cli < output < dlq < commands`.
 
+mod acl;
 mod cli;
 mod commands;
+mod console;
 mod dlq;
 mod output;
 
@@ -20,7 +22,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::Cli;
+use cli::{Cli, Command};
 
 /// Like other Unix tools, ends quietly when the reader of its output goes away (`shardmq
 /// consume … | head -2`): Rust starts programs with SIGPIPE ignored, so a write to the closed
@@ -83,7 +85,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let run = async {
+        match commands::settings(cli)? {
+            (context, Command::Console(args)) => console::run(context, args).await,
+            (context, command) => commands::run(context, command).await,
+        }
+    };
+    match runtime.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.downcast_ref::<commands::PartialAnswer>().is_some() => {
             eprintln!("shardmq: {error}");
