@@ -21,7 +21,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use futures_lite::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -81,7 +81,26 @@ pub async fn serve_from(shard: Rc<NetworkShard>, mut stream: TcpStream, peer: So
         return super::remoting::serve(shard, stream, peer, first_bytes).await;
     }
     let socket = stream.as_raw_fd();
-    let (mut reader, writer) = futures_lite::io::split(stream);
+    let (reader, writer) = futures_lite::io::split(stream);
+    serve_native(shard, reader, writer, Some(socket), peer, first_bytes).await
+}
+
+/// Serves a native connection, read through `reader` and written through `writer`, whose first
+/// bytes, `first_bytes`, were read already. `socket`: the descriptor both halves belong to,
+/// read and written straight (`recv` into reserved room, `sendmsg` of many slices); `None` for
+/// halves without one of their own (a TLS session, whose bytes on the socket are records).
+pub(super) async fn serve_native<R, W>(
+    shard: Rc<NetworkShard>,
+    mut reader: R,
+    writer: W,
+    socket: Option<RawFd>,
+    peer: SocketAddr,
+    first_bytes: BytesMut,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + 'static,
+{
+    let handshake_timeout = Duration::from_millis(shard.config.handshake_timeout_ms);
     let inflight_limit = shard.config.max_inflight_per_connection;
     let (out, out_rx) = local_channel::new_bounded::<Outbound>(inflight_limit * 2 + 16);
     let out = Rc::new(out);
@@ -98,7 +117,7 @@ pub async fn serve_from(shard: Rc<NetworkShard>, mut stream: TcpStream, peer: So
     });
     debug!(%peer, connection_id, "connection opened");
 
-    let writer_task = glommio::spawn_local(write_queued(socket, writer, out_rx)).detach();
+    let writer_task = glommio::spawn_local(write_queued_to(socket, writer, out_rx)).detach();
 
     let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
     let handshake_deadline = Instant::now() + handshake_timeout;
@@ -273,19 +292,21 @@ pub async fn serve_from(shard: Rc<NetworkShard>, mut stream: TcpStream, peer: So
         // Read into all the room there is when the decoder reserved it for a known frame.
         let mut read_bytes =
             read_chunk_bytes.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
-        if read_bytes > read_chunk_bytes && connection.is_handshaken.get() {
+        if let Some(socket) = socket.filter(|_| read_bytes > read_chunk_bytes) {
             // The rest of an admitted frame: what has arrived is taken straight into the room
             // reserved for it, which is not zeroed first (zeroing a batch's megabyte before
             // every read cost more than a tenth of receiving it); only when nothing has
             // arrived does the waiting read below run, offered one chunk.
-            match receive_arrived(socket, &mut buffer, read_bytes) {
-                Ok(0) => break,
-                Ok(_) => continue,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    read_bytes = read_chunk_bytes;
+            if connection.is_handshaken.get() {
+                match receive_arrived(socket, &mut buffer, read_bytes) {
+                    Ok(0) => break,
+                    Ok(_) => continue,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                        read_bytes = read_chunk_bytes;
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
                 }
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
             }
         }
         room.offer(&mut buffer, read_bytes);
@@ -427,6 +448,15 @@ impl ReadRoom {
 /// closes the write half. Whatever is queued when a write starts leaves in the same system call.
 pub(super) async fn write_queued<W: AsyncWrite + Unpin>(
     socket: RawFd,
+    writer: W,
+    queued: local_channel::LocalReceiver<Outbound>,
+) {
+    write_queued_to(Some(socket), writer, queued).await
+}
+
+/// [`write_queued`] for a writer with or without a descriptor of its own (`serve_native`).
+async fn write_queued_to<W: AsyncWrite + Unpin>(
+    socket: Option<RawFd>,
     mut writer: W,
     queued: local_channel::LocalReceiver<Outbound>,
 ) {
@@ -439,10 +469,11 @@ pub(super) async fn write_queued<W: AsyncWrite + Unpin>(
                 _ => break,
             }
         }
-        if write_all_vectored(socket, &mut writer, &mut pending)
-            .await
-            .is_err()
-        {
+        let written = match socket {
+            Some(socket) => write_all_vectored(socket, &mut writer, &mut pending).await,
+            None => write_all_through(&mut writer, &mut pending).await,
+        };
+        if written.is_err() {
             return;
         }
     }
@@ -454,7 +485,10 @@ pub(super) async fn write_queued<W: AsyncWrite + Unpin>(
 /// protocol, `Some((false, bytes))` for ShardMQ's own (and for bytes of neither, which the
 /// native decoder then answers as the malformed frame they are), `None` when the peer closed or
 /// said nothing within `timeout` (the handshake's).
-async fn tell_protocol(stream: &mut TcpStream, timeout: Duration) -> Option<(bool, BytesMut)> {
+pub(super) async fn tell_protocol<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    timeout: Duration,
+) -> Option<(bool, BytesMut)> {
     let deadline = Instant::now() + timeout;
     let mut first = BytesMut::with_capacity(MIN_READ_CHUNK_BYTES);
     loop {
@@ -531,6 +565,38 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
         consume(pending, written);
     }
     Ok(())
+}
+
+/// Writes every byte of `pending` through `writer` (a TLS session, which encrypts the slices
+/// of one vectored write into full records), then flushes it: a session may hold records back
+/// when the socket is full.
+async fn write_all_through<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    pending: &mut VecDeque<Bytes>,
+) -> io::Result<()> {
+    while !pending.is_empty() {
+        let written = {
+            let slices: Vec<IoSlice<'_>> = pending
+                .iter()
+                .filter(|frame| !frame.is_empty())
+                .take(MAX_WRITE_SLICES)
+                .map(|frame| IoSlice::new(frame))
+                .collect();
+            if slices.is_empty() {
+                pending.clear();
+                break;
+            }
+            writer.write_vectored(&slices).await?
+        };
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the peer stopped taking bytes",
+            ));
+        }
+        consume(pending, written);
+    }
+    writer.flush().await
 }
 
 /// One non-blocking `sendmsg` of `slices` (without SIGPIPE on a closed peer).

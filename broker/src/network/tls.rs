@@ -1,26 +1,31 @@
 //! TLS on the broker's client and HA ports (docs/tls.md): tells a TLS connection from a plain
-//! one by its first bytes, refuses plain ones when enforcing, and serves a TLS connection
-//! through a pump.
+//! one by its first bytes, refuses plain ones when enforcing, and serves a TLS connection.
 //!
-//! The pump: a task that decrypts the TLS stream into one end of a Unix socket pair and
-//! encrypts what comes back, while the ordinary connection code (`connection::serve_from`,
-//! native and remoting alike) runs on the other end as if it were the client's socket. That
-//! code reads with `recv` into reserved room and writes with `sendmsg` of many slices on the
-//! raw descriptor, which work the same on a Unix stream socket, so the plain path is not
-//! touched at all; TLS costs one more copy each way through the pair, measured in
-//! docs/performance.md. Flow control carries through: when the connection code stops
-//! reading, the pair fills, the pump stops reading the client, and TCP pushes back.
+//! A native connection in TLS is served straight from the rustls session: the connection code
+//! (`connection::serve_native`) reads decrypted bytes into its reserved room, and its writer
+//! hands a whole queue of frames to the session as one vectored write, which rustls seals into
+//! full records. A RocketMQ remoting connection in TLS goes through a pump instead: a task that
+//! decrypts the TLS stream into one end of a Unix socket pair and encrypts what comes back,
+//! while the remoting code runs on the other end as if it were the client's socket (one more
+//! copy each way; measured in docs/performance.md). Flow control carries through both: when the
+//! connection code stops reading, the session (or the pair) fills, reading the client stops,
+//! and TCP pushes back.
 //!
 //! Owns: the listeners' TLS configuration (loaded once, at start; the files are looked at
-//! again on each accepted TLS connection), the sniffing, the pump. Never: frames.
+//! again on each accepted TLS connection), the sniffing, the split session, the pump. Never:
+//! frames.
 
+use std::cell::RefCell;
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::unix::io::{FromRawFd, IntoRawFd};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::net::{TcpStream, UnixStream};
 use shardmq_tls::{ServerTls, TlsMode};
 use tracing::{debug, warn};
@@ -135,6 +140,17 @@ async fn serve_tls(
             return;
         }
     };
+    let mut tls_stream = tls_stream;
+    let Some((is_remoting, first_bytes)) =
+        connection::tell_protocol(&mut tls_stream, timeout).await
+    else {
+        debug!(%peer, "TLS connection closed before its first bytes told its protocol");
+        return;
+    };
+    if !is_remoting {
+        let (reader, writer) = split(tls_stream);
+        return connection::serve_native(shard, reader, writer, None, peer, first_bytes).await;
+    }
     let (local, pump_end) = match socket_pair() {
         Ok(pair) => pair,
         Err(error) => {
@@ -143,8 +159,55 @@ async fn serve_tls(
         }
     };
     let pump = glommio::spawn_local(pump(tls_stream, pump_end)).detach();
-    connection::serve_from(shard, local, peer).await;
+    super::remoting::serve(shard, local, peer, first_bytes).await;
     pump.await;
+}
+
+/// The two halves of a TLS session, for the connection's reader and its writer task (one
+/// thread: each poll borrows the session only while it runs). Unlike `futures_lite`'s split,
+/// the write half passes vectored writes through, so that a pull answer's many record slices
+/// are encrypted into full records, not one record per slice.
+fn split<S>(stream: S) -> (Half<S>, Half<S>) {
+    let shared = Rc::new(RefCell::new(stream));
+    (Half(shared.clone()), Half(shared))
+}
+
+struct Half<S>(Rc<RefCell<S>>);
+
+impl<S: AsyncRead + Unpin> AsyncRead for Half<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(context, buffer)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Half<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(context, buffer)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write_vectored(context, buffers)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(context)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_close(context)
+    }
 }
 
 /// A Unix stream socket pair: the end the connection code serves (as a `TcpStream`: glommio's
