@@ -582,3 +582,75 @@ fn the_controller_serves_brokers_and_the_cli_over_tls() {
         2,
     );
 }
+
+/// Access control inside TLS sessions: both servers enforcing TLS and an accounts file; the
+/// broker registers with its admin account over TLS, a client with TLS and an account sends and
+/// consumes, one with TLS and no account, or a wrong secret, is refused by the account check.
+#[test]
+fn access_control_is_checked_inside_tls_sessions() {
+    let certs = Certs::make();
+    let data = TempDir::new().unwrap();
+    let acl_file = data.path().join("acl.toml");
+    std::fs::write(
+        &acl_file,
+        r#"
+trusted_addresses = ["192.0.2.1"]
+
+[[accounts]]
+access_key = "admin-key"
+secret_key = "admin-secret"
+admin = true
+"#,
+    )
+    .unwrap();
+    let acl = acl_file.to_str().unwrap().to_owned();
+    let mut namesrv_args = listener_args(&certs, "enforcing", "server");
+    namesrv_args.extend(["--acl-file".into(), acl.clone()]);
+    let mut broker_args = listener_args(&certs, "enforcing", "server");
+    broker_args.extend(trusting(&certs, "ca"));
+    broker_args.extend([
+        "--acl-file".into(),
+        acl,
+        "--access-key".into(),
+        "admin-key".into(),
+        "--secret-key".into(),
+        "admin-secret".into(),
+    ]);
+    let broker_data = data.path().join("broker");
+    let (namesrv, _broker) = cluster(&broker_data, &namesrv_args, &broker_args);
+
+    let with_account = |secret: &str| {
+        let mut args = trusting(&certs, "ca");
+        args.extend([
+            "--access-key".into(),
+            "admin-key".into(),
+            "--secret-key".into(),
+            secret.to_owned(),
+        ]);
+        args
+    };
+    round_trip(
+        &namesrv,
+        &with_account("admin-secret"),
+        "Guarded",
+        "guarded-readers",
+        3,
+    );
+
+    let anonymous = cli(&namesrv, &trusting(&certs, "ca"), &["topic", "list"]);
+    assert!(
+        !anonymous.status.success(),
+        "an anonymous TLS client got through"
+    );
+    let error = stderr_of(&anonymous);
+    assert!(error.contains("ACCESS_DENIED"), "{error}");
+
+    let wrong = cli(
+        &namesrv,
+        &with_account("not-the-secret"),
+        &["topic", "list"],
+    );
+    assert!(!wrong.status.success(), "a wrong secret got through");
+    let error = stderr_of(&wrong);
+    assert!(error.contains("refused"), "{error}");
+}
