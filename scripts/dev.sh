@@ -74,12 +74,13 @@ access_key = "dev-admin"
 secret_key = "dev-admin-secret"
 admin = true
 
-# An application: publishes and subscribes to every topic, in every group.
+# An application: publishes and subscribes to every topic, in every group (PUB on a group is
+# what a transactional producer group needs to end its transactions).
 [[accounts]]
 access_key = "dev-app"
 secret_key = "dev-app-secret"
 default_topic_perm = "PUB|SUB"
-default_group_perm = "SUB"
+default_group_perm = "PUB|SUB"
 TOML
   fi
   namesrv_acl=(--acl-file "$acl_file")

@@ -2,8 +2,8 @@
 //! where, and how a client proves who it is.
 //!
 //! This crate decides; it never listens, never reads a request frame and never logs. The
-//! broker, the name server, the client and the CLI call it (that wiring is not done yet; see
-//! `docs/acl.md`). Data enters as an accounts file (ShardMQ's `acl.toml` or RocketMQ's
+//! broker (native and remoting listeners, its own outbound links), the name server, the client
+//! and the CLI call it (`docs/acl.md`). Data enters as an accounts file (ShardMQ's `acl.toml` or RocketMQ's
 //! `plain_acl.yml`), as a remote address plus an access key plus what a request needs, and as
 //! signatures or proofs; it leaves as `Ok` or a [`Denied`] whose text can go to the client.
 //!

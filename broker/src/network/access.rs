@@ -119,13 +119,13 @@ pub(super) fn check_native(
 
 /// What a native request needs (RocketMQ's `PlainAccessValidator.parse` for the requests
 /// both have; docs/acl.md, "Which requests need what"). A request that names nothing (a topic
-/// list, broker status) needs only a known account or a trusted address. A missing name adds
-/// no need: the request's own handler refuses it as invalid.
+/// list, broker status) needs only a known account or a trusted address. A missing or empty
+/// name adds no need: the request's own handler refuses it as invalid.
 pub fn native_needs<'a>(request: &wire::Frame<'a>) -> Vec<Need<'a>> {
     use wire::Body;
     let mut needs = Vec::new();
     let topic = |needs: &mut Vec<Need<'a>>, topic: Option<&'a str>, action| {
-        if let Some(topic) = topic {
+        if let Some(topic) = topic.filter(|t| !t.is_empty()) {
             needs.push(Need::Topic(topic, action));
         }
     };
