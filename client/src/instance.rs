@@ -156,7 +156,7 @@ macro_rules! client_option_setters {
         /// client certificate, if any, for mutual TLS); docs/tls.md. Without it: the process
         /// default ([`crate::set_default_tls`]) or `SHARDMQ_TLS_CA` and friends, else plain.
         #[must_use]
-        pub fn tls(mut self, files: crate::TlsFiles) -> Self {
+        pub fn tls(mut self, files: crate::tls::TlsFiles) -> Self {
             self.options.tls = Some(files);
             self
         }
