@@ -41,6 +41,21 @@ pub struct BrokerStatus {
     pub replica_lag_bytes: Option<u64>,
     /// Replication per storage shard, in shard order.
     pub replication: Vec<ReplicationShardStatus>,
+    /// The send latency histogram since the broker started: bucket upper bounds in µs,
+    /// ascending (empty from a broker that predates it).
+    pub send_latency_bounds_us: Vec<u64>,
+    /// Sends per bucket since the start (not cumulative over the buckets), one more entry than
+    /// the bounds: the last counts sends slower than every bound.
+    pub send_latency_counts: Vec<u64>,
+}
+
+/// A live member of a consumer group, with the queues it says it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerMember {
+    pub client_id: String,
+    /// The queues it consumes for the group, as of its last heartbeat; `None` when it does not
+    /// report them (older clients, pull consumers, RocketMQ clients).
+    pub held_queues: Option<Vec<MessageQueue>>,
 }
 
 /// One storage shard's replication as its broker sees it (docs/replication.md).
@@ -145,7 +160,77 @@ impl ConnectionPool {
                     connected: s.connected(),
                 })
                 .collect(),
+            send_latency_bounds_us: r
+                .send_latency_bounds_us()
+                .iter()
+                .flat_map(|v| v.iter())
+                .collect(),
+            send_latency_counts: r
+                .send_latency_counts()
+                .iter()
+                .flat_map(|v| v.iter())
+                .collect(),
         })
+    }
+
+    /// A consumer group's live members at this broker, sorted by client id, with the queues
+    /// each reported holding (`None` for all from a broker that predates the report).
+    pub(crate) async fn consumer_members(
+        &self,
+        address: &str,
+        timeout: Duration,
+        group: &str,
+    ) -> Result<Vec<ConsumerMember>> {
+        let frame = self
+            .request(address, "consumer list", timeout, |builder| {
+                let group = builder.create_string(group);
+                let request = wire::ConsumerListRequest::create(
+                    builder,
+                    &wire::ConsumerListRequestArgs {
+                        consumer_group: Some(group),
+                    },
+                );
+                (wire::Body::ConsumerListRequest, request.as_union_value())
+            })
+            .await?;
+        let frame = require_ok(address, frame)?;
+        let response = frame
+            .frame()
+            .body_as_consumer_list_response()
+            .ok_or_else(|| missing_body(address, "ConsumerListResponse"))?;
+        let mut members: Vec<ConsumerMember> = match response.members() {
+            Some(members) => members
+                .iter()
+                .map(|member| ConsumerMember {
+                    client_id: member.client_id().unwrap_or_default().to_owned(),
+                    held_queues: member.held_queues().map(|queues| {
+                        let mut queues: Vec<MessageQueue> = queues
+                            .iter()
+                            .map(|queue| {
+                                MessageQueue::new(
+                                    queue.topic().unwrap_or_default(),
+                                    queue.broker_name().unwrap_or_default(),
+                                    queue.queue_id(),
+                                )
+                            })
+                            .collect();
+                        queues.sort();
+                        queues
+                    }),
+                })
+                .collect(),
+            None => response
+                .client_ids()
+                .iter()
+                .flat_map(|ids| ids.iter())
+                .map(|id| ConsumerMember {
+                    client_id: id.to_owned(),
+                    held_queues: None,
+                })
+                .collect(),
+        };
+        members.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        Ok(members)
     }
 
     pub(crate) async fn group_list(
@@ -184,6 +269,24 @@ impl ConnectionPool {
 }
 
 impl Admin {
+    /// `group`'s live members with the queues each reported holding, as a broker of `topic`
+    /// knows them (the one `consumer_list` asks).
+    pub async fn consumer_members(&self, group: &str, topic: &str) -> Result<Vec<ConsumerMember>> {
+        crate::message::check_group_name(group)?;
+        let route = self.route(topic).await?;
+        let address = route
+            .brokers
+            .keys()
+            .find_map(|name| route.read_address(name))
+            .ok_or_else(|| Error::NoQueue {
+                topic: topic.to_owned(),
+                kind: "live-broker",
+            })?;
+        self.pool()
+            .consumer_members(address, self.timeout(), group)
+            .await
+    }
+
     /// The runtime status of the broker at `broker_address`.
     pub async fn broker_status(&self, broker_address: &str) -> Result<BrokerStatus> {
         crate::instance::check_address(broker_address)

@@ -115,8 +115,8 @@ pub use api::{
     TopicConfig, DEFAULT_TOPIC_QUEUES, MAX_TOPIC_QUEUES,
 };
 pub use broker_admin::{
-    BrokerStatus, ControllerGroup, ControllerStatus, GroupSummary, MemberChange, OffsetReset,
-    ReplicationShardStatus, ResetTarget,
+    BrokerStatus, ConsumerMember, ControllerGroup, ControllerStatus, GroupSummary, MemberChange,
+    OffsetReset, ReplicationShardStatus, ResetTarget,
 };
 pub use compression::{DEFAULT_COMPRESS_OVER_BYTES, MAX_INFLATED_BODY_BYTES};
 pub use connection::{ServerInfo, MAX_RESPONSE_FRAME_BYTES};

@@ -410,6 +410,7 @@ fn heartbeat_body(
             message_model: wire::MessageModel::CLUSTERING,
             is_orderly: false,
             subscriptions: Some(subscriptions),
+            held_queues: None,
         },
     );
     let consumer_groups = builder.create_vector(&[info]);

@@ -2,9 +2,10 @@
 //! in headless Chromium (Debian's `chromium`), driven over the DevTools protocol, the test
 //! opens every page, creates a topic with the form, sends through the client crate, finds the
 //! message on the messages page (text, JSON, hex), resets a group with the confirmation,
-//! deletes the topic, watches the metrics charts, and sees a stopped broker shown as down. Over
-//! plain HTTP it checks the API's errors (unknown topic, bad input, limits, a broker down) and
-//! the login sessions against servers that enforce access control.
+//! deletes the topic, watches the metrics charts (send latency percentiles too), sees which
+//! member of a push consumer group holds which queue, and sees a stopped broker shown as down.
+//! Over plain HTTP it checks the API's errors (unknown topic, bad input, limits, a broker down)
+//! and the login sessions against servers that enforce access control.
 //!
 //! Needs the binaries (`cargo build --workspace --bins`) and `chromium` (scripts/setup.sh).
 
@@ -701,6 +702,187 @@ fn pages_show_the_cluster_and_drive_topics_messages_and_groups() {
     assert!(state.as_str().unwrap().contains("no answer"), "{state}");
     assert_eq!(browser.text("main h1"), "Cluster");
     shardmq_tests::signal(cluster.broker.pid(), "CONT");
+}
+
+/// A broker histogram bound (50 µs doubling) or not.
+fn is_latency_bound(micros: &Value) -> bool {
+    micros
+        .as_u64()
+        .is_some_and(|us| us >= 50 && us % 50 == 0 && (us / 50).is_power_of_two())
+}
+
+#[test]
+fn metrics_show_send_latency_percentiles_and_a_group_its_queue_assignment() {
+    const TOPIC: &str = "AssignedTopic";
+    const GROUP: &str = "AssignedGroup";
+    const QUEUES: u32 = 4;
+    let data = TempDir::new().expect("temp dir");
+    let cluster = LocalCluster::start(data.path());
+    let namesrv = cluster.namesrv_addr();
+    let broker = cluster.broker_addr();
+    cluster.create_topic(TOPIC, QUEUES);
+    let console = ConsoleProcess::start(&namesrv, &["--request-timeout-ms", "1500"]);
+    let addr = console.addr;
+    let runtime = runtime();
+
+    // Sends while the console samples: some interval's percentiles count them.
+    let producer = runtime.block_on(async {
+        Producer::builder()
+            .namesrv(&namesrv)
+            .build()
+            .await
+            .expect("producer")
+    });
+    let latency = wait_until(Duration::from_secs(30), "send latency percentiles", || {
+        runtime.block_on(async {
+            for n in 0..20 {
+                producer
+                    .send(Message::new(TOPIC, format!("latency {n}")))
+                    .await
+                    .expect("sent");
+            }
+        });
+        let metrics = get(addr, "/api/metrics").body;
+        let samples = metrics["brokers"][0]["samples"].as_array()?.clone();
+        let latest = samples
+            .iter()
+            .rev()
+            .find(|sample| !sample["send_latency"].is_null())?;
+        Some((latest["send_latency"].clone(), metrics))
+    });
+    let (interval, metrics) = latency;
+    assert!(interval["sends"].as_u64().unwrap() > 0, "{interval}");
+    for field in ["p50_us", "p90_us", "p99_us"] {
+        assert!(is_latency_bound(&interval[field]), "{field}: {interval}");
+    }
+    let (p50, p90, p99) = (
+        interval["p50_us"].as_u64().unwrap(),
+        interval["p90_us"].as_u64().unwrap(),
+        interval["p99_us"].as_u64().unwrap(),
+    );
+    assert!(p50 <= p90 && p90 <= p99, "{interval}");
+    // Sends on a local broker take well under a second.
+    assert!(p50 < 1_000_000, "{interval}");
+    let window = &metrics["brokers"][0]["send_latency_window"];
+    assert!(window["sends"].as_u64().unwrap() >= interval["sends"].as_u64().unwrap());
+    assert!(is_latency_bound(&window["p99_us"]), "{window}");
+    // The first sample has no interval before it.
+    assert!(
+        metrics["brokers"][0]["samples"][0]["send_latency"].is_null(),
+        "{metrics}"
+    );
+
+    // Two push consumers share the topic's queues and report them.
+    let consumers: Vec<_> = runtime.block_on(async {
+        let mut consumers = Vec::new();
+        for instance in ["first", "second"] {
+            consumers.push(
+                shardmq_client::PushConsumer::builder()
+                    .namesrv(namesrv.clone())
+                    .group(GROUP)
+                    .instance_name(instance)
+                    .subscribe(TOPIC, "*")
+                    .listen_concurrently(|_messages| async {
+                        shardmq_client::ConsumeResult::Success
+                    })
+                    .start()
+                    .await
+                    .expect("start a push consumer"),
+            );
+        }
+        consumers
+    });
+    let path = format!("/api/groups/{GROUP}?topic={TOPIC}");
+    let assignment = wait_until(
+        Duration::from_secs(30),
+        "each queue held by exactly one of two members",
+        || {
+            let answer = get(addr, &path).body;
+            let entry = answer["members"]
+                .as_array()?
+                .iter()
+                .find(|entry| entry["topic"] == json!(TOPIC))?
+                .clone();
+            let assignment = entry["assignment"].as_array()?.clone();
+            if assignment.len() != 2 {
+                return None;
+            }
+            let mut held = Vec::new();
+            for member in &assignment {
+                let queues = member["queues"].as_array()?;
+                if queues.is_empty() {
+                    return None;
+                }
+                for queue in queues {
+                    assert!(
+                        queue["broker_name"].as_str()?.starts_with("broker"),
+                        "{answer}"
+                    );
+                    held.push(queue["queue_id"].as_u64()?);
+                }
+            }
+            held.sort_unstable();
+            (held == (0..u64::from(QUEUES)).collect::<Vec<_>>()).then_some(assignment)
+        },
+    );
+    let ids: Vec<&str> = assignment
+        .iter()
+        .map(|member| member["client_id"].as_str().unwrap())
+        .collect();
+    assert!(ids.iter().any(|id| id.contains("first")), "{ids:?}");
+    assert!(ids.iter().any(|id| id.contains("second")), "{ids:?}");
+
+    // The pages show them.
+    let mut browser = Browser::start();
+    browser.open(&console.url("#/metrics"));
+    browser.wait_for(
+        "a drawn send-latency line",
+        "document.querySelector('#chart-send-p99 polyline[data-series]')",
+    );
+    let legend = browser.text("#chart-send-p99-legend");
+    assert!(
+        legend.contains(&broker) && legend.contains("in the window"),
+        "{legend}"
+    );
+    browser.show(&format!("#/groups/{GROUP}"));
+    browser.wait_for(
+        "the assignment table",
+        "document.querySelectorAll('#group-assignment tbody tr').length === 2",
+    );
+    let table = browser.text("#group-assignment");
+    assert!(table.contains("#0") && table.contains("#3"), "{table}");
+    assert!(!table.contains("not reported"), "{table}");
+
+    // A member that stops leaves; the other takes every queue.
+    runtime.block_on(async {
+        let mut consumers = consumers.into_iter();
+        consumers.next().unwrap().shutdown().await;
+        let _second = consumers.next().unwrap();
+        wait_until_async(&path, addr).await;
+    });
+}
+
+/// Waits until `path` shows one member holding all four queues.
+async fn wait_until_async(path: &str, addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let path = path.to_owned();
+        let answer = tokio::task::spawn_blocking(move || get(addr, &path).body)
+            .await
+            .expect("asked");
+        let held: Option<Vec<Value>> = answer["members"][0]["assignment"]
+            .as_array()
+            .filter(|members| members.len() == 1)
+            .and_then(|members| members[0]["queues"].as_array().cloned());
+        if held.is_some_and(|queues| queues.len() == 4) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "one member holding all: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[test]

@@ -22,6 +22,10 @@ pub struct ConsumerMembership {
     pub is_orderly: bool,
     /// (topic, expression, whether the expression is SQL92 rather than tags).
     pub subscriptions: Vec<(String, String, bool)>,
+    /// The queues the client said it holds for the group, as (topic, broker name, queue id);
+    /// `None` when it does not report them. Not membership: a change of it alone is no change
+    /// of the group's members.
+    pub held_queues: Option<Vec<(String, String, u32)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +225,7 @@ mod tests {
             is_broadcasting: false,
             is_orderly: false,
             subscriptions: vec![("t".into(), "*".into(), false)],
+            held_queues: None,
         }
     }
 
@@ -260,6 +265,32 @@ mod tests {
             ]
         );
         assert!(registry.members_of("unknown").is_empty());
+    }
+
+    #[test]
+    fn held_queues_are_kept_but_are_no_membership_change() {
+        let mut registry = ClientRegistry::default();
+        registry.heartbeat(
+            "c1",
+            connection(1),
+            0,
+            vec![],
+            BTreeMap::from([("g".to_string(), member())]),
+        );
+        let holding = ConsumerMembership {
+            held_queues: Some(vec![("t".into(), "b".into(), 3)]),
+            ..member()
+        };
+        assert!(registry
+            .heartbeat(
+                "c1",
+                connection(1),
+                10,
+                vec![],
+                BTreeMap::from([("g".to_string(), holding.clone())]),
+            )
+            .is_empty());
+        assert_eq!(registry.members_of("g"), vec![("c1".to_string(), holding)]);
     }
 
     #[test]

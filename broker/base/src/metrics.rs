@@ -50,9 +50,58 @@ pub struct LagLabels {
 
 type GaugeU64 = Gauge<u64, AtomicU64>;
 
+/// Latency buckets: the first upper bound and how many there are (each doubles the last).
+const LATENCY_FIRST_BOUND_US: u64 = 50;
+const LATENCY_BUCKETS: u16 = 18;
+
 fn latency_histogram() -> Histogram {
     // 50 µs .. ~6.5 s, doubling.
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+    Histogram::new(exponential_buckets(
+        LATENCY_FIRST_BOUND_US as f64 / 1e6,
+        2.0,
+        LATENCY_BUCKETS,
+    ))
+}
+
+/// A latency histogram's buckets kept readable (the Prometheus histogram's are not), with the
+/// same bounds as [`latency_histogram`], for `BrokerStatusRequest`.
+pub struct LatencyBuckets {
+    /// Upper bounds in µs, ascending.
+    bounds_us: Vec<u64>,
+    /// Per bucket, one more than the bounds (the last: slower than every bound).
+    counts: Vec<AtomicU64>,
+}
+
+impl Default for LatencyBuckets {
+    fn default() -> LatencyBuckets {
+        let bounds_us: Vec<u64> = (0..LATENCY_BUCKETS)
+            .map(|i| LATENCY_FIRST_BOUND_US << i)
+            .collect();
+        let counts = (0..=bounds_us.len()).map(|_| AtomicU64::new(0)).collect();
+        LatencyBuckets { bounds_us, counts }
+    }
+}
+
+impl LatencyBuckets {
+    pub fn observe(&self, seconds: f64) {
+        let micros = seconds * 1e6;
+        let bucket = self
+            .bounds_us
+            .iter()
+            .position(|&bound| micros <= bound as f64)
+            .unwrap_or(self.bounds_us.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (upper bounds in µs, count per bucket with the overflow bucket last).
+    pub fn snapshot(&self) -> (Vec<u64>, Vec<u64>) {
+        let counts = self
+            .counts
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect();
+        (self.bounds_us.clone(), counts)
+    }
 }
 
 /// Every metric the broker exports.
@@ -63,6 +112,8 @@ pub struct BrokerMetrics {
     pub messages_out: Family<TopicLabels, Counter>,
     pub bytes_out: Family<TopicLabels, Counter>,
     pub send_latency: Histogram,
+    /// `send_latency`'s buckets again, readable.
+    pub send_latency_buckets: LatencyBuckets,
     pub flush_latency: Histogram,
     pub sync_flush_timeouts: Counter,
     pub responses: Family<StatusLabels, Counter>,
@@ -109,6 +160,7 @@ impl BrokerMetrics {
             messages_out: Family::default(),
             bytes_out: Family::default(),
             send_latency: latency_histogram(),
+            send_latency_buckets: LatencyBuckets::default(),
             flush_latency: latency_histogram(),
             sync_flush_timeouts: Counter::default(),
             responses: Family::default(),

@@ -72,6 +72,9 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
             })
             .collect();
         let replication = b.create_vector(&replication);
+        let (bounds_us, counts) = m.send_latency_buckets.snapshot();
+        let send_latency_bounds_us = b.create_vector(&bounds_us);
+        let send_latency_counts = b.create_vector(&counts);
         let body = wire::BrokerStatusResponse::create(
             b,
             &wire::BrokerStatusResponseArgs {
@@ -96,6 +99,8 @@ pub async fn broker_status(shard: &NetworkShard, id: u64) -> Answer {
                 role: Some(role),
                 replica_lag_bytes,
                 replication: Some(replication),
+                send_latency_bounds_us: Some(send_latency_bounds_us),
+                send_latency_counts: Some(send_latency_counts),
             },
         );
         (wire::Body::BrokerStatusResponse, body.as_union_value())

@@ -45,12 +45,25 @@ pub(super) async fn heartbeat(
                 is_sql,
             ));
         }
+        let held_queues = info.held_queues().map(|queues| {
+            queues
+                .iter()
+                .map(|queue| {
+                    (
+                        queue.topic().unwrap_or_default().to_owned(),
+                        queue.broker_name().unwrap_or_default().to_owned(),
+                        queue.queue_id(),
+                    )
+                })
+                .collect()
+        });
         consumer_groups.insert(
             group.to_owned(),
             ConsumerMembership {
                 is_broadcasting: info.message_model() == wire::MessageModel::BROADCASTING,
                 is_orderly: info.is_orderly(),
                 subscriptions,
+                held_queues,
             },
         );
     }
@@ -97,6 +110,7 @@ fn heartbeat_digest(
         membership.is_broadcasting.hash(&mut hasher);
         membership.is_orderly.hash(&mut hasher);
         membership.subscriptions.hash(&mut hasher);
+        membership.held_queues.hash(&mut hasher);
     }
     hasher.finish()
 }
@@ -160,15 +174,54 @@ pub(super) async fn consumer_list(
     let group = r.consumer_group().unwrap_or_default().to_owned();
     check_group_name(&group).map_err(invalid)?;
     let members = shard
-        .ask(0, |reply| StorageRequest::ConsumerList { group, reply })
+        .ask(0, |reply| StorageRequest::ConsumerGroupMembers {
+            group,
+            reply,
+        })
         .await?;
     encode_ok(shard, id, |b| {
-        let ids: Vec<_> = members.iter().map(|m| b.create_string(m)).collect();
+        let ids: Vec<_> = members
+            .iter()
+            .map(|(client_id, _)| b.create_string(client_id))
+            .collect();
+        let entries: Vec<_> = members
+            .iter()
+            .zip(&ids)
+            .map(|((_, membership), &client_id)| {
+                let held_queues = membership.held_queues.as_ref().map(|queues| {
+                    let queues: Vec<_> = queues
+                        .iter()
+                        .map(|(topic, broker_name, queue_id)| {
+                            let topic = b.create_string(topic);
+                            let broker_name = b.create_string(broker_name);
+                            wire::HeldQueue::create(
+                                b,
+                                &wire::HeldQueueArgs {
+                                    topic: Some(topic),
+                                    broker_name: Some(broker_name),
+                                    queue_id: *queue_id,
+                                },
+                            )
+                        })
+                        .collect();
+                    b.create_vector(&queues)
+                });
+                wire::ConsumerMember::create(
+                    b,
+                    &wire::ConsumerMemberArgs {
+                        client_id: Some(client_id),
+                        held_queues,
+                    },
+                )
+            })
+            .collect();
         let ids = b.create_vector(&ids);
+        let entries = b.create_vector(&entries);
         let body = wire::ConsumerListResponse::create(
             b,
             &wire::ConsumerListResponseArgs {
                 client_ids: Some(ids),
+                members: Some(entries),
             },
         );
         (wire::Body::ConsumerListResponse, body.as_union_value())

@@ -32,9 +32,9 @@ pub(super) async fn handle(
     if request.body_type() == wire::Body::SendRequest
         || request.body_type() == wire::Body::SendRecordsRequest
     {
-        metrics
-            .send_latency
-            .observe(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.send_latency.observe(seconds);
+        metrics.send_latency_buckets.observe(seconds);
     }
     if is_one_way {
         return None;

@@ -11,6 +11,7 @@ use shardmq_schema::wire;
 use super::{missing_body, require_ok, strings};
 use crate::error::Result;
 use crate::pool::ConnectionPool;
+use crate::route::MessageQueue;
 
 /// One consumer group a client declares in its heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub(crate) struct HeartbeatGroup {
     pub is_orderly: bool,
     /// (topic, expression, `TAG` or `SQL92`).
     pub subscriptions: Vec<(String, String, &'static str)>,
+    /// The queues the client consumes for the group now; `None`: not reported.
+    pub held_queues: Option<Vec<MessageQueue>>,
 }
 
 impl ConnectionPool {
@@ -55,6 +58,24 @@ impl ConnectionPool {
                             })
                             .collect();
                         let subscriptions = builder.create_vector(&subscriptions);
+                        let held_queues = info.held_queues.as_ref().map(|queues| {
+                            let queues: Vec<_> = queues
+                                .iter()
+                                .map(|queue| {
+                                    let topic = builder.create_string(&queue.topic);
+                                    let broker_name = builder.create_string(&queue.broker_name);
+                                    wire::HeldQueue::create(
+                                        builder,
+                                        &wire::HeldQueueArgs {
+                                            topic: Some(topic),
+                                            broker_name: Some(broker_name),
+                                            queue_id: queue.queue_id,
+                                        },
+                                    )
+                                })
+                                .collect();
+                            builder.create_vector(&queues)
+                        });
                         let group = builder.create_string(&info.group);
                         wire::ConsumerGroupInfo::create(
                             builder,
@@ -67,6 +88,7 @@ impl ConnectionPool {
                                 },
                                 is_orderly: info.is_orderly,
                                 subscriptions: Some(subscriptions),
+                                held_queues,
                             },
                         )
                     })

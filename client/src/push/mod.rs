@@ -267,6 +267,7 @@ impl ConsumerCore {
                     )
                 })
                 .collect(),
+            held_queues: Some(self.assigned_queues()),
         }
     }
 

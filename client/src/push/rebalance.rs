@@ -39,6 +39,7 @@ impl ConsumerCore {
         if self.is_stopping() {
             return;
         }
+        let held_before = self.assigned_queues();
         for topic in self.subscriptions.keys() {
             match self.queues_for(topic).await {
                 Ok(Some(queues)) => self.apply_assignment(topic, queues).await,
@@ -49,6 +50,13 @@ impl ConsumerCore {
                 Err(error) => {
                     warn!(%topic, group = %self.config.group, %error, "rebalance skipped")
                 }
+            }
+        }
+        if self.assigned_queues() != held_before && !self.is_stopping() {
+            // The heartbeat carries the queues held: tell the brokers now rather than at the
+            // next tick (a change of them alone is no membership change, so no rebalance).
+            for address in self.broker_addresses() {
+                self.heartbeat(&address).await;
             }
         }
     }

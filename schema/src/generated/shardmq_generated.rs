@@ -9978,6 +9978,7 @@ impl<'a> ConsumerGroupInfo<'a> {
   pub const VT_MESSAGE_MODEL: ::flatbuffers::VOffsetT = 6;
   pub const VT_IS_ORDERLY: ::flatbuffers::VOffsetT = 8;
   pub const VT_SUBSCRIPTIONS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_HELD_QUEUES: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -9989,6 +9990,7 @@ impl<'a> ConsumerGroupInfo<'a> {
     args: &'args ConsumerGroupInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ConsumerGroupInfo<'bldr>> {
     let mut builder = ConsumerGroupInfoBuilder::new(_fbb);
+    if let Some(x) = args.held_queues { builder.add_held_queues(x); }
     if let Some(x) = args.subscriptions { builder.add_subscriptions(x); }
     if let Some(x) = args.group { builder.add_group(x); }
     builder.add_is_orderly(args.is_orderly);
@@ -10005,11 +10007,15 @@ impl<'a> ConsumerGroupInfo<'a> {
     let subscriptions = self.subscriptions().map(|x| {
       x.iter().map(|t| t.unpack()).collect()
     });
+    let held_queues = self.held_queues().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
     ConsumerGroupInfoT {
       group,
       message_model,
       is_orderly,
       subscriptions,
+      held_queues,
     }
   }
 
@@ -10042,6 +10048,15 @@ impl<'a> ConsumerGroupInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Subscription>>>>(ConsumerGroupInfo::VT_SUBSCRIPTIONS, None)}
   }
+  /// The queues the client consumes for this group now (its rebalance result, every topic and
+  /// broker). Absent: not reported (older clients, pull consumers); empty: it holds none.
+  #[inline]
+  pub fn held_queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue>>>>(ConsumerGroupInfo::VT_HELD_QUEUES, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ConsumerGroupInfo<'_> {
@@ -10054,6 +10069,7 @@ impl ::flatbuffers::Verifiable for ConsumerGroupInfo<'_> {
      .visit_field::<MessageModel>("message_model", Self::VT_MESSAGE_MODEL, false)?
      .visit_field::<bool>("is_orderly", Self::VT_IS_ORDERLY, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Subscription>>>>("subscriptions", Self::VT_SUBSCRIPTIONS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<HeldQueue>>>>("held_queues", Self::VT_HELD_QUEUES, false)?
      .finish();
     Ok(())
   }
@@ -10063,6 +10079,7 @@ pub struct ConsumerGroupInfoArgs<'a> {
     pub message_model: MessageModel,
     pub is_orderly: bool,
     pub subscriptions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Subscription<'a>>>>>,
+    pub held_queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue<'a>>>>>,
 }
 impl<'a> Default for ConsumerGroupInfoArgs<'a> {
   #[inline]
@@ -10072,6 +10089,7 @@ impl<'a> Default for ConsumerGroupInfoArgs<'a> {
       message_model: MessageModel::CLUSTERING,
       is_orderly: false,
       subscriptions: None,
+      held_queues: None,
     }
   }
 }
@@ -10098,6 +10116,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerGroupInfoBuilder<'a, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerGroupInfo::VT_SUBSCRIPTIONS, subscriptions);
   }
   #[inline]
+  pub fn add_held_queues(&mut self, held_queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<HeldQueue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerGroupInfo::VT_HELD_QUEUES, held_queues);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerGroupInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ConsumerGroupInfoBuilder {
@@ -10119,6 +10141,7 @@ impl ::core::fmt::Debug for ConsumerGroupInfo<'_> {
       ds.field("message_model", &self.message_model());
       ds.field("is_orderly", &self.is_orderly());
       ds.field("subscriptions", &self.subscriptions());
+      ds.field("held_queues", &self.held_queues());
       ds.finish()
   }
 }
@@ -10129,6 +10152,7 @@ pub struct ConsumerGroupInfoT {
   pub message_model: MessageModel,
   pub is_orderly: bool,
   pub subscriptions: Option<alloc::vec::Vec<SubscriptionT>>,
+  pub held_queues: Option<alloc::vec::Vec<HeldQueueT>>,
 }
 impl Default for ConsumerGroupInfoT {
   fn default() -> Self {
@@ -10137,6 +10161,7 @@ impl Default for ConsumerGroupInfoT {
       message_model: MessageModel::CLUSTERING,
       is_orderly: false,
       subscriptions: None,
+      held_queues: None,
     }
   }
 }
@@ -10153,11 +10178,195 @@ impl ConsumerGroupInfoT {
     let subscriptions = self.subscriptions.as_ref().map(|x|{
       let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
     });
+    let held_queues = self.held_queues.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
     ConsumerGroupInfo::create(_fbb, &ConsumerGroupInfoArgs{
       group,
       message_model,
       is_orderly,
       subscriptions,
+      held_queues,
+    })
+  }
+}
+pub enum HeldQueueOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One queue a consumer holds.
+pub struct HeldQueue<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeldQueue<'a> {
+  type Inner = HeldQueue<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeldQueue<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BROKER_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeldQueue { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeldQueueArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeldQueue<'bldr>> {
+    let mut builder = HeldQueueBuilder::new(_fbb);
+    builder.add_queue_id(args.queue_id);
+    if let Some(x) = args.broker_name { builder.add_broker_name(x); }
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> HeldQueueT {
+    let topic = self.topic().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let broker_name = self.broker_name().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let queue_id = self.queue_id();
+    HeldQueueT {
+      topic,
+      broker_name,
+      queue_id,
+    }
+  }
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeldQueue::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn broker_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeldQueue::VT_BROKER_NAME, None)}
+  }
+  #[inline]
+  pub fn queue_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(HeldQueue::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeldQueue<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("broker_name", Self::VT_BROKER_NAME, false)?
+     .visit_field::<u32>("queue_id", Self::VT_QUEUE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeldQueueArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: u32,
+}
+impl<'a> Default for HeldQueueArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeldQueueArgs {
+      topic: None,
+      broker_name: None,
+      queue_id: 0,
+    }
+  }
+}
+
+pub struct HeldQueueBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeldQueueBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeldQueue::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_broker_name(&mut self, broker_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeldQueue::VT_BROKER_NAME, broker_name);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: u32) {
+    self.fbb_.push_slot::<u32>(HeldQueue::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeldQueueBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeldQueueBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeldQueue<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeldQueue<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeldQueue");
+      ds.field("topic", &self.topic());
+      ds.field("broker_name", &self.broker_name());
+      ds.field("queue_id", &self.queue_id());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldQueueT {
+  pub topic: Option<alloc::string::String>,
+  pub broker_name: Option<alloc::string::String>,
+  pub queue_id: u32,
+}
+impl Default for HeldQueueT {
+  fn default() -> Self {
+    Self {
+      topic: None,
+      broker_name: None,
+      queue_id: 0,
+    }
+  }
+}
+impl HeldQueueT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<HeldQueue<'b>> {
+    let topic = self.topic.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let broker_name = self.broker_name.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let queue_id = self.queue_id;
+    HeldQueue::create(_fbb, &HeldQueueArgs{
+      topic,
+      broker_name,
+      queue_id,
     })
   }
 }
@@ -10679,6 +10888,7 @@ impl<'a> ::flatbuffers::Follow<'a> for ConsumerListResponse<'a> {
 
 impl<'a> ConsumerListResponse<'a> {
   pub const VT_CLIENT_IDS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 6;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -10690,6 +10900,7 @@ impl<'a> ConsumerListResponse<'a> {
     args: &'args ConsumerListResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ConsumerListResponse<'bldr>> {
     let mut builder = ConsumerListResponseBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
     if let Some(x) = args.client_ids { builder.add_client_ids(x); }
     builder.finish()
   }
@@ -10698,8 +10909,12 @@ impl<'a> ConsumerListResponse<'a> {
     let client_ids = self.client_ids().map(|x| {
       x.iter().map(|s| alloc::string::ToString::to_string(s)).collect()
     });
+    let members = self.members().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
     ConsumerListResponseT {
       client_ids,
+      members,
     }
   }
 
@@ -10710,6 +10925,15 @@ impl<'a> ConsumerListResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ConsumerListResponse::VT_CLIENT_IDS, None)}
   }
+  /// The same members in the same order, with the queues each reported holding in its last
+  /// heartbeat. Absent from brokers that predate it.
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerMember<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerMember>>>>(ConsumerListResponse::VT_MEMBERS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ConsumerListResponse<'_> {
@@ -10719,18 +10943,21 @@ impl ::flatbuffers::Verifiable for ConsumerListResponse<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("client_ids", Self::VT_CLIENT_IDS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ConsumerMember>>>>("members", Self::VT_MEMBERS, false)?
      .finish();
     Ok(())
   }
 }
 pub struct ConsumerListResponseArgs<'a> {
     pub client_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ConsumerMember<'a>>>>>,
 }
 impl<'a> Default for ConsumerListResponseArgs<'a> {
   #[inline]
   fn default() -> Self {
     ConsumerListResponseArgs {
       client_ids: None,
+      members: None,
     }
   }
 }
@@ -10743,6 +10970,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerListResponseBuilder<'
   #[inline]
   pub fn add_client_ids(&mut self, client_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerListResponse::VT_CLIENT_IDS, client_ids);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ConsumerMember<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerListResponse::VT_MEMBERS, members);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerListResponseBuilder<'a, 'b, A> {
@@ -10763,6 +10994,7 @@ impl ::core::fmt::Debug for ConsumerListResponse<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("ConsumerListResponse");
       ds.field("client_ids", &self.client_ids());
+      ds.field("members", &self.members());
       ds.finish()
   }
 }
@@ -10770,11 +11002,13 @@ impl ::core::fmt::Debug for ConsumerListResponse<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumerListResponseT {
   pub client_ids: Option<alloc::vec::Vec<alloc::string::String>>,
+  pub members: Option<alloc::vec::Vec<ConsumerMemberT>>,
 }
 impl Default for ConsumerListResponseT {
   fn default() -> Self {
     Self {
       client_ids: None,
+      members: None,
     }
   }
 }
@@ -10786,8 +11020,170 @@ impl ConsumerListResponseT {
     let client_ids = self.client_ids.as_ref().map(|x|{
       let w: alloc::vec::Vec<_> = x.iter().map(|s| _fbb.create_string(s)).collect();_fbb.create_vector(&w)
     });
+    let members = self.members.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
     ConsumerListResponse::create(_fbb, &ConsumerListResponseArgs{
       client_ids,
+      members,
+    })
+  }
+}
+pub enum ConsumerMemberOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A live member of a consumer group and the queues it holds.
+pub struct ConsumerMember<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ConsumerMember<'a> {
+  type Inner = ConsumerMember<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ConsumerMember<'a> {
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_HELD_QUEUES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ConsumerMember { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ConsumerMemberArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ConsumerMember<'bldr>> {
+    let mut builder = ConsumerMemberBuilder::new(_fbb);
+    if let Some(x) = args.held_queues { builder.add_held_queues(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    builder.finish()
+  }
+
+  pub fn unpack(&self) -> ConsumerMemberT {
+    let client_id = self.client_id().map(|x| {
+      alloc::string::ToString::to_string(x)
+    });
+    let held_queues = self.held_queues().map(|x| {
+      x.iter().map(|t| t.unpack()).collect()
+    });
+    ConsumerMemberT {
+      client_id,
+      held_queues,
+    }
+  }
+
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ConsumerMember::VT_CLIENT_ID, None)}
+  }
+  /// Absent: the member does not report its queues (see ConsumerGroupInfo.held_queues).
+  #[inline]
+  pub fn held_queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue>>>>(ConsumerMember::VT_HELD_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ConsumerMember<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<HeldQueue>>>>("held_queues", Self::VT_HELD_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ConsumerMemberArgs<'a> {
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub held_queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldQueue<'a>>>>>,
+}
+impl<'a> Default for ConsumerMemberArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ConsumerMemberArgs {
+      client_id: None,
+      held_queues: None,
+    }
+  }
+}
+
+pub struct ConsumerMemberBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ConsumerMemberBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerMember::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_held_queues(&mut self, held_queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<HeldQueue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ConsumerMember::VT_HELD_QUEUES, held_queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ConsumerMemberBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ConsumerMemberBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ConsumerMember<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ConsumerMember<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ConsumerMember");
+      ds.field("client_id", &self.client_id());
+      ds.field("held_queues", &self.held_queues());
+      ds.finish()
+  }
+}
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerMemberT {
+  pub client_id: Option<alloc::string::String>,
+  pub held_queues: Option<alloc::vec::Vec<HeldQueueT>>,
+}
+impl Default for ConsumerMemberT {
+  fn default() -> Self {
+    Self {
+      client_id: None,
+      held_queues: None,
+    }
+  }
+}
+impl ConsumerMemberT {
+  pub fn pack<'b, A: ::flatbuffers::Allocator + 'b>(
+    &self,
+    _fbb: &mut ::flatbuffers::FlatBufferBuilder<'b, A>
+  ) -> ::flatbuffers::WIPOffset<ConsumerMember<'b>> {
+    let client_id = self.client_id.as_ref().map(|x|{
+      _fbb.create_string(x)
+    });
+    let held_queues = self.held_queues.as_ref().map(|x|{
+      let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
+    });
+    ConsumerMember::create(_fbb, &ConsumerMemberArgs{
+      client_id,
+      held_queues,
     })
   }
 }
@@ -12679,6 +13075,8 @@ impl<'a> BrokerStatusResponse<'a> {
   pub const VT_ROLE: ::flatbuffers::VOffsetT = 40;
   pub const VT_REPLICA_LAG_BYTES: ::flatbuffers::VOffsetT = 42;
   pub const VT_REPLICATION: ::flatbuffers::VOffsetT = 44;
+  pub const VT_SEND_LATENCY_BOUNDS_US: ::flatbuffers::VOffsetT = 46;
+  pub const VT_SEND_LATENCY_COUNTS: ::flatbuffers::VOffsetT = 48;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -12701,6 +13099,8 @@ impl<'a> BrokerStatusResponse<'a> {
     builder.add_bytes_in(args.bytes_in);
     builder.add_messages_in(args.messages_in);
     builder.add_uptime_ms(args.uptime_ms);
+    if let Some(x) = args.send_latency_counts { builder.add_send_latency_counts(x); }
+    if let Some(x) = args.send_latency_bounds_us { builder.add_send_latency_bounds_us(x); }
     if let Some(x) = args.replication { builder.add_replication(x); }
     if let Some(x) = args.role { builder.add_role(x); }
     builder.add_topics(args.topics);
@@ -12750,6 +13150,12 @@ impl<'a> BrokerStatusResponse<'a> {
     let replication = self.replication().map(|x| {
       x.iter().map(|t| t.unpack()).collect()
     });
+    let send_latency_bounds_us = self.send_latency_bounds_us().map(|x| {
+      x.into_iter().collect()
+    });
+    let send_latency_counts = self.send_latency_counts().map(|x| {
+      x.into_iter().collect()
+    });
     BrokerStatusResponseT {
       cluster_name,
       broker_name,
@@ -12772,6 +13178,8 @@ impl<'a> BrokerStatusResponse<'a> {
       role,
       replica_lag_bytes,
       replication,
+      send_latency_bounds_us,
+      send_latency_counts,
     }
   }
 
@@ -12929,6 +13337,25 @@ impl<'a> BrokerStatusResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus>>>>(BrokerStatusResponse::VT_REPLICATION, None)}
   }
+  /// Send latency histogram since the broker started (time from a send request's arrival to
+  /// its answer): the buckets' upper bounds in microseconds, ascending.
+  #[inline]
+  pub fn send_latency_bounds_us(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(BrokerStatusResponse::VT_SEND_LATENCY_BOUNDS_US, None)}
+  }
+  /// Sends per bucket since the start (not cumulative over the buckets): entry i counts sends
+  /// that took more than bound i-1 and at most bound i; one more entry than the bounds, the
+  /// last counting sends slower than the last bound. Absent from brokers that predate it.
+  #[inline]
+  pub fn send_latency_counts(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(BrokerStatusResponse::VT_SEND_LATENCY_COUNTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
@@ -12958,6 +13385,8 @@ impl ::flatbuffers::Verifiable for BrokerStatusResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("role", Self::VT_ROLE, false)?
      .visit_field::<i64>("replica_lag_bytes", Self::VT_REPLICA_LAG_BYTES, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus>>>>("replication", Self::VT_REPLICATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("send_latency_bounds_us", Self::VT_SEND_LATENCY_BOUNDS_US, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("send_latency_counts", Self::VT_SEND_LATENCY_COUNTS, false)?
      .finish();
     Ok(())
   }
@@ -12984,6 +13413,8 @@ pub struct BrokerStatusResponseArgs<'a> {
     pub role: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub replica_lag_bytes: i64,
     pub replication: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicationShardStatus<'a>>>>>,
+    pub send_latency_bounds_us: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub send_latency_counts: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for BrokerStatusResponseArgs<'a> {
   #[inline]
@@ -13010,6 +13441,8 @@ impl<'a> Default for BrokerStatusResponseArgs<'a> {
       role: None,
       replica_lag_bytes: -1,
       replication: None,
+      send_latency_bounds_us: None,
+      send_latency_counts: None,
     }
   }
 }
@@ -13104,6 +13537,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerStatusResponseBuilder<'
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_REPLICATION, replication);
   }
   #[inline]
+  pub fn add_send_latency_bounds_us(&mut self, send_latency_bounds_us: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_SEND_LATENCY_BOUNDS_US, send_latency_bounds_us);
+  }
+  #[inline]
+  pub fn add_send_latency_counts(&mut self, send_latency_counts: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BrokerStatusResponse::VT_SEND_LATENCY_COUNTS, send_latency_counts);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerStatusResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerStatusResponseBuilder {
@@ -13142,6 +13583,8 @@ impl ::core::fmt::Debug for BrokerStatusResponse<'_> {
       ds.field("role", &self.role());
       ds.field("replica_lag_bytes", &self.replica_lag_bytes());
       ds.field("replication", &self.replication());
+      ds.field("send_latency_bounds_us", &self.send_latency_bounds_us());
+      ds.field("send_latency_counts", &self.send_latency_counts());
       ds.finish()
   }
 }
@@ -13169,6 +13612,8 @@ pub struct BrokerStatusResponseT {
   pub role: Option<alloc::string::String>,
   pub replica_lag_bytes: i64,
   pub replication: Option<alloc::vec::Vec<ReplicationShardStatusT>>,
+  pub send_latency_bounds_us: Option<alloc::vec::Vec<u64>>,
+  pub send_latency_counts: Option<alloc::vec::Vec<u64>>,
 }
 impl Default for BrokerStatusResponseT {
   fn default() -> Self {
@@ -13194,6 +13639,8 @@ impl Default for BrokerStatusResponseT {
       role: None,
       replica_lag_bytes: -1,
       replication: None,
+      send_latency_bounds_us: None,
+      send_latency_counts: None,
     }
   }
 }
@@ -13237,6 +13684,12 @@ impl BrokerStatusResponseT {
     let replication = self.replication.as_ref().map(|x|{
       let w: alloc::vec::Vec<_> = x.iter().map(|t| t.pack(_fbb)).collect();_fbb.create_vector(&w)
     });
+    let send_latency_bounds_us = self.send_latency_bounds_us.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
+    let send_latency_counts = self.send_latency_counts.as_ref().map(|x|{
+      _fbb.create_vector(x)
+    });
     BrokerStatusResponse::create(_fbb, &BrokerStatusResponseArgs{
       cluster_name,
       broker_name,
@@ -13259,6 +13712,8 @@ impl BrokerStatusResponseT {
       role,
       replica_lag_bytes,
       replication,
+      send_latency_bounds_us,
+      send_latency_counts,
     })
   }
 }

@@ -91,6 +91,8 @@ pub(super) async fn heartbeat(
                         // RocketMQ's heartbeat does not say; its orderly consumers lock queues.
                         is_orderly: false,
                         subscriptions: Some(subscriptions),
+                        // RocketMQ's heartbeat does not carry its rebalance result.
+                        held_queues: None,
                     },
                 )
             })

@@ -25,7 +25,8 @@ pub async fn list(caller: Caller) -> ApiResult {
 }
 
 /// `GET /api/groups/{group}?topic=T`: the group's progress on every queue of its topics (or of
-/// `topic`), and its live members per topic.
+/// `topic`), and its live members per topic with the queues of the topic each holds
+/// (`queues: null`: the member does not report them).
 pub async fn detail(
     caller: Caller,
     Path(group): Path<String>,
@@ -43,8 +44,29 @@ pub async fn detail(
         .collect();
     let mut members = Vec::new();
     for topic in topics {
-        let entry = match caller.admin.consumer_list(&group, topic).await {
-            Ok(clients) => json!({ "topic": topic, "members": clients }),
+        let entry = match caller.admin.consumer_members(&group, topic).await {
+            Ok(clients) => {
+                let ids: Vec<&str> = clients.iter().map(|c| c.client_id.as_str()).collect();
+                let held: Vec<Value> = clients
+                    .iter()
+                    .map(|client| {
+                        let queues = client.held_queues.as_ref().map(|queues| {
+                            queues
+                                .iter()
+                                .filter(|queue| queue.topic == topic)
+                                .map(|queue| {
+                                    json!({
+                                        "broker_name": queue.broker_name,
+                                        "queue_id": queue.queue_id,
+                                    })
+                                })
+                                .collect::<Vec<Value>>()
+                        });
+                        json!({ "client_id": client.client_id, "queues": queues })
+                    })
+                    .collect();
+                json!({ "topic": topic, "members": ids, "assignment": held })
+            }
             Err(error) => {
                 json!({ "topic": topic, "error": error_text(&anyhow::Error::new(error)) })
             }

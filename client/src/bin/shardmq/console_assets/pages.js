@@ -325,8 +325,19 @@ async function group(main, name) {
         m.error ? el("span", { class: "error-text" }, m.error)
           : m.members.length ? m.members.join(", ") : el("span", { class: "muted" },
             "no live member")))),
-      el("p", { class: "muted" }, "Which member holds which queue is not reported by the " +
-        "brokers' admin API; members rebalance among themselves."),
+      el("h2", {}, "Queue assignment"),
+      table("group-assignment", [
+        ["Topic", (a) => a.topic],
+        ["Member", (a) => a.client_id],
+        ["Queues held", (a) => a.queues === null
+          ? el("span", { class: "muted" }, "not reported")
+          : a.queues.length ? a.queues.map((q) => q.broker_name + "#" + q.queue_id).join(", ")
+            : el("span", { class: "muted" }, "none")],
+      ], data.members.flatMap((m) => (m.assignment || []).map((a) => ({ topic: m.topic, ...a }))),
+      (a) => ({ "data-member": a.topic + " " + a.client_id })),
+      el("p", { class: "muted" }, "As each member reported in its last heartbeat (sent when " +
+        "its queues change, and every 30 s); \"not reported\": a client that does not say " +
+        "(older clients, pull and RocketMQ consumers)."),
       el("h2", {}, "Progress"),
       el("p", { id: "consume-rate" }, "Total lag " + data.total_lag + ". Consume rate: " + rate),
       table("group-queues", [
@@ -591,7 +602,10 @@ async function metrics(main) {
       metricsChart("chart-in", "Produce rate", "messages/s stored"),
       metricsChart("chart-out", "Consume rate", "messages/s pulled"),
       metricsChart("chart-bytes-in", "Produce throughput", "bytes/s stored"),
-      metricsChart("chart-lag", "Replication lag", "bytes a slave lacks")),
+      metricsChart("chart-lag", "Replication lag", "bytes a slave lacks"),
+      metricsChart("chart-send-p50", "Send latency p50", "µs, bucket upper bound"),
+      metricsChart("chart-send-p90", "Send latency p90", "µs, bucket upper bound"),
+      metricsChart("chart-send-p99", "Send latency p99", "µs, bucket upper bound")),
     el("p", { class: "muted", id: "metrics-note" }));
   const render = async () => {
     const data = await api("GET", "/metrics");
@@ -599,8 +613,10 @@ async function metrics(main) {
       "broker's counters every " + data.interval_ms / 1000 + " s while it runs (as its own " +
       "account, the one given on its command line) and keeps the last " +
       data.history_ms / 60000 + " minutes; rates are the change between two samples. Send " +
-      "and pull latency percentiles are not shown: the brokers' admin API does not report " +
-      "them (they are on the brokers' Prometheus endpoint).";
+      "latency percentiles are over the sends between two samples, each estimated as the " +
+      "upper bound of its latency histogram bucket (the bounds double from 50 µs), so they " +
+      "overstate by up to 2×; the legend adds them over the whole window. Pull latency is " +
+      "not shown.";
     const draw = (id, lines, format) => {
       drawChart(document.getElementById(id), lines, data.history_ms, data.now_ms);
       document.getElementById(id + "-legend").replaceChildren(...lines.map((line) => {
@@ -624,6 +640,20 @@ async function metrics(main) {
     if (lag.length === 0) {
       document.getElementById("chart-lag-legend").textContent =
         "no master reports a replicating slave";
+    }
+    const micros = (value) => value >= 1000 ? (value / 1000).toFixed(1) + " ms"
+      : value.toFixed(0) + " µs";
+    for (const p of ["p50", "p90", "p99"]) {
+      const field = p + "_us";
+      const latency = lines((b) => b.samples.filter((s) => s.send_latency)
+        .map((s) => [s.at_ms, s.send_latency[field]]));
+      draw("chart-send-" + p, latency, micros);
+      const legend = document.getElementById("chart-send-" + p + "-legend");
+      data.brokers.forEach((broker, index) => {
+        const window = broker.send_latency_window;
+        legend.children[index].append(window ? "; " + micros(window[field]) + " over " +
+          window.sends + " send(s) in the window" : "; no send in the window");
+      });
     }
     const down = data.brokers.filter((b) => !b.is_up).map((b) => b.address + ": " + b.error);
     const problems = (data.error ? ["cannot list the brokers: " + data.error] : []).concat(down);
