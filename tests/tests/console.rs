@@ -602,6 +602,8 @@ fn pages_show_the_cluster_and_drive_topics_messages_and_groups() {
         "{}",
         browser.text("#consume-rate")
     );
+    // The pull consumer has left: nobody holds a queue.
+    assert_eq!(browser.text("#group-assignment"), "no live member");
     browser.eval("document.getElementById('reset-to').value = 'first'");
     browser.click("#reset-submit");
     browser.wait_for(

@@ -326,15 +326,17 @@ async function group(main, name) {
           : m.members.length ? m.members.join(", ") : el("span", { class: "muted" },
             "no live member")))),
       el("h2", {}, "Queue assignment"),
-      table("group-assignment", [
-        ["Topic", (a) => a.topic],
-        ["Member", (a) => a.client_id],
-        ["Queues held", (a) => a.queues === null
-          ? el("span", { class: "muted" }, "not reported")
-          : a.queues.length ? a.queues.map((q) => q.broker_name + "#" + q.queue_id).join(", ")
-            : el("span", { class: "muted" }, "none")],
-      ], data.members.flatMap((m) => (m.assignment || []).map((a) => ({ topic: m.topic, ...a }))),
-      (a) => ({ "data-member": a.topic + " " + a.client_id })),
+      data.members.every((m) => !(m.assignment || []).length)
+        ? el("p", { id: "group-assignment", class: "muted" }, "no live member")
+        : table("group-assignment", [
+          ["Topic", (a) => a.topic],
+          ["Member", (a) => a.client_id],
+          ["Queues held", (a) => a.queues === null
+            ? el("span", { class: "muted" }, "not reported")
+            : a.queues.length ? a.queues.map((q) => q.broker_name + "#" + q.queue_id).join(", ")
+              : el("span", { class: "muted" }, "none")],
+        ], data.members.flatMap((m) => (m.assignment || []).map((a) => ({ topic: m.topic, ...a }))),
+        (a) => ({ "data-member": a.topic + " " + a.client_id })),
       el("p", { class: "muted" }, "As each member reported in its last heartbeat (sent when " +
         "its queues change, and every 30 s); \"not reported\": a client that does not say " +
         "(older clients, pull and RocketMQ consumers)."),
