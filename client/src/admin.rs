@@ -163,6 +163,17 @@ impl Admin {
         fan.finish()
     }
 
+    /// Whether this client's account may make admin calls (create, update and delete topics)
+    /// at the server at `address`, as the server said when the connection authenticated;
+    /// `None` when it did not authenticate there (no access control, or no credentials).
+    pub async fn account_is_admin(&self, address: &str) -> Result<Option<bool>> {
+        check_address(address).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let connection = self.instance.pool.get(address).await?;
+        Ok(connection
+            .server()
+            .and_then(|server| server.account_is_admin))
+    }
+
     /// Every cluster the name servers know, with its broker names and live instances.
     pub async fn cluster_info(&self) -> Result<Vec<ClusterInfo>> {
         self.instance.namesrv.cluster_info().await

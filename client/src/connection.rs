@@ -116,6 +116,10 @@ pub struct ServerInfo {
     pub max_frame_bytes: usize,
     /// Largest message body the server accepts (0: not stated).
     pub max_message_bytes: usize,
+    /// Whether the account this connection authenticated as may make admin calls (the
+    /// server's `AuthResponse`); `None` when it did not authenticate (the server enforces no
+    /// access control, or the client has no credentials).
+    pub account_is_admin: Option<bool>,
 }
 
 /// State shared by the connection's handle and its tasks.
@@ -352,7 +356,7 @@ impl Connection {
             detail: "handshake answered without a HandshakeResponse".to_owned(),
         })?;
         let server = response.server();
-        let info = ServerInfo {
+        let mut info = ServerInfo {
             name: server.and_then(|s| s.name()).unwrap_or_default().to_owned(),
             version: server
                 .and_then(|s| s.version())
@@ -370,6 +374,7 @@ impl Connection {
             protocol_version: response.protocol_version(),
             max_frame_bytes: response.max_frame_bytes() as usize,
             max_message_bytes: response.max_message_bytes() as usize,
+            account_is_admin: None,
         };
         if info.max_frame_bytes > 0 {
             *self.lock_encoder() = FrameEncoder::with_max_frame_bytes(info.max_frame_bytes);
@@ -377,7 +382,8 @@ impl Connection {
         let auth_nonce = response.auth_nonce().map(|nonce| nonce.bytes().to_vec());
         match (auth_nonce, credentials) {
             (Some(nonce), Some(credentials)) => {
-                self.authenticate(&nonce, credentials, timeout).await?;
+                info.account_is_admin =
+                    Some(self.authenticate(&nonce, credentials, timeout).await?);
             }
             (Some(_), None) => debug!(
                 address = %self.address(),
@@ -391,13 +397,14 @@ impl Connection {
     }
 
     /// Answers the server's challenge (docs/acl.md, "The native handshake"): the connection
-    /// speaks as the account from now on, or fails with the server's reason.
+    /// speaks as the account from now on (whether it is an admin account comes back), or fails
+    /// with the server's reason.
     async fn authenticate(
         &self,
         nonce: &[u8],
         credentials: &shardmq_acl::Credentials,
         timeout: Duration,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (client_nonce, proof) =
             credentials
                 .answer(nonce)
@@ -433,8 +440,11 @@ impl Connection {
                 ),
             });
         }
-        debug!(address = %self.address(), access_key = credentials.access_key(), "authenticated");
-        Ok(())
+        let is_admin = header
+            .body_as_auth_response()
+            .is_some_and(|response| response.admin());
+        debug!(address = %self.address(), access_key = credentials.access_key(), is_admin, "authenticated");
+        Ok(is_admin)
     }
 
     /// The `host:port` this connection was made to.

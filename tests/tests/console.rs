@@ -1101,8 +1101,17 @@ fn with_access_control_operations_run_as_the_logged_in_account() {
     assert_eq!(login.status, 200, "{}", login.body);
     assert!(!login.body.to_string().contains("console-app-secret"));
     let app = session_cookie(&login);
+    assert_eq!(login.body["may_admin"], json!(false), "{}", login.body);
     let session = http(addr, "GET", "/api/session", None, Some(&app));
     assert_eq!(session.body["account"], json!("console-app"));
+    assert_eq!(session.body["may_admin"], json!(false), "{}", session.body);
+    let anonymous_session = get(addr, "/api/session");
+    assert_eq!(
+        anonymous_session.body["may_admin"],
+        json!(null),
+        "{}",
+        anonymous_session.body
+    );
     let listed = http(addr, "GET", "/api/topics", None, Some(&app));
     assert_eq!(listed.status, 200, "{}", listed.body);
     let create = json!({ "topic": "AclConsoleTopic", "queues": 1 }).to_string();
@@ -1121,6 +1130,7 @@ fn with_access_control_operations_run_as_the_logged_in_account() {
         "/api/login",
         &json!({ "access_key": "console-admin", "secret_key": "console-admin-secret" }),
     );
+    assert_eq!(login.body["may_admin"], json!(true), "{}", login.body);
     let admin = session_cookie(&login);
     assert_ne!(admin, app);
     let created = http(addr, "POST", "/api/topics", Some(&create), Some(&admin));
@@ -1144,6 +1154,7 @@ fn with_access_control_operations_run_as_the_logged_in_account() {
     );
     let listed = get(with_flags.addr, "/api/topics");
     assert_eq!(listed.status, 200, "{}", listed.body);
+
     wait_until(Duration::from_secs(20), "the topic routed", || {
         let topics = get(with_flags.addr, "/api/topics").body;
         topics["topics"]
@@ -1152,4 +1163,25 @@ fn with_access_control_operations_run_as_the_logged_in_account() {
             .any(|topic| topic == "AclConsoleTopic")
             .then_some(())
     });
+
+    // The pages hide what that account may not do: no topic forms, a note instead.
+    let mut browser = Browser::start();
+    browser.open(&with_flags.url("#/topics"));
+    browser.wait_for(
+        "the note instead of the create form",
+        "document.getElementById('create-topic-denied')",
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('create-topic') === null"),
+        json!(true)
+    );
+    browser.show("#/topics/AclConsoleTopic");
+    browser.wait_for(
+        "the notes instead of update and delete",
+        "document.getElementById('delete-topic-denied') && document.getElementById('update-topic-denied')",
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('delete-topic') === null"),
+        json!(true)
+    );
 }

@@ -173,11 +173,27 @@ pub async fn current(State(console): State<Arc<Console>>, headers: HeaderMap) ->
         .credentials
         .as_ref()
         .map(|credentials| credentials.access_key().to_owned());
+    let admin = logged_in.as_ref().map_or_else(
+        || console.sessions.default_admin(),
+        |(_, admin)| Arc::clone(admin),
+    );
     Ok(Json(json!({
         "account": logged_in.as_ref().map(|(credentials, _)| credentials.access_key()),
         "default_account": default_account,
         "namesrv": console.settings.namesrv,
+        "may_admin": may_admin(&admin).await,
     })))
+}
+
+/// Whether `admin`'s account may make admin calls, as the first master broker of the cluster
+/// listing said when the account authenticated there; `None` when that is unknown (no access
+/// control, no account, no master reachable), and the page then shows every control.
+async fn may_admin(admin: &Admin) -> Option<bool> {
+    let clusters = admin.cluster_info().await.ok()?;
+    let address = clusters
+        .iter()
+        .find_map(|cluster| cluster.master_addresses().first().map(|a| (*a).to_owned()))?;
+    admin.account_is_admin(&address).await.ok().flatten()
 }
 
 /// `POST /api/login` `{access_key, secret_key}`: checks the account against the name server (a
@@ -201,6 +217,7 @@ pub async fn login(
         admin.shutdown().await;
         return Err(error.into());
     }
+    let may_admin = may_admin(&admin).await;
     let id = new_session_id()?;
     console
         .sessions
@@ -208,7 +225,7 @@ pub async fn login(
     let cookie = format!("{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict");
     Ok((
         AppendHeaders([(SET_COOKIE, cookie)]),
-        Json(json!({ "account": access_key })),
+        Json(json!({ "account": access_key, "may_admin": may_admin })),
     ))
 }
 

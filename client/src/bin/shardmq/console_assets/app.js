@@ -152,9 +152,19 @@ export function duration(ms) {
   return minutes + "m " + (seconds % 60) + "s";
 }
 
+// Whether the account this browser works as may make admin calls (create, update and delete
+// topics): true or false as the broker said when the console's connection authenticated, null
+// when unknown (no access control, no account, or no broker reachable): then every control is
+// shown and the servers decide.
+let accountMayAdmin = null;
+export function mayAdmin() {
+  return accountMayAdmin;
+}
+
 async function refreshAccount() {
   try {
     const session = await api("GET", "/session");
+    accountMayAdmin = typeof session.may_admin === "boolean" ? session.may_admin : null;
     const account = session.account || session.default_account;
     document.getElementById("account").textContent = session.account
       ? "logged in as " + session.account
@@ -162,6 +172,7 @@ async function refreshAccount() {
     document.getElementById("logout").hidden = !session.account;
     document.getElementById("login-open").hidden = Boolean(session.account);
   } catch (error) {
+    accountMayAdmin = null;
     document.getElementById("account").textContent = "session unknown";
   }
 }
@@ -226,5 +237,4 @@ async function route() {
 
 window.addEventListener("hashchange", () => { clearMessage(); route(); });
 setUpLogin();
-refreshAccount();
-route();
+refreshAccount().then(route);

@@ -2,7 +2,7 @@
 
 import {
   api, el, table, showMessage, showError, clearMessage, confirmAction, every, time, bytes,
-  duration,
+  duration, mayAdmin,
 } from "./app.js";
 import { drawChart } from "./chart.js";
 
@@ -16,6 +16,12 @@ async function guarded(what, action) {
     showError(error, what);
     return undefined;
   }
+}
+
+// What stands instead of a form the account may not use (it is not an admin account).
+function needsAdmin(id, what) {
+  return el("p", { class: "muted", id }, what + " needs an admin account; this account is not " +
+    "one (log in with another access key).");
 }
 
 // Replaces `node`'s children with `children` (arrays flattened, null and undefined left out).
@@ -157,7 +163,7 @@ async function topics(main, name) {
   fill(main, 
     el("h1", {}, "Topics"),
     el("h2", {}, "Create a topic"),
-    form,
+    mayAdmin() === false ? needsAdmin("create-topic-denied", "Creating a topic") : form,
     el("h2", {}, data.topics.length + " topic(s)",
       el("a", { href: showSystem ? "#/topics" : "#/topics//system", class: "muted",
         style: "margin-left: 12px; font-size: 12px" },
@@ -240,9 +246,9 @@ async function topic(main, name) {
         ["Last stored", (q) => time(q.last_update_ms)],
       ], queues, (q) => ({ "data-queue": q.broker_name + "#" + q.queue_id })),
       el("h2", {}, "Update queues and permission"),
-      update,
+      mayAdmin() === false ? needsAdmin("update-topic-denied", "Updating a topic") : update,
       el("h2", {}, "Delete"),
-      remove);
+      mayAdmin() === false ? needsAdmin("delete-topic-denied", "Deleting a topic") : remove);
   };
   await render();
   every(5000, () => {
