@@ -488,3 +488,27 @@ fn every_request_kind_without_credentials_is_refused() {
     }
     assert!(refused > 60, "only {refused} kinds tried");
 }
+
+/// A broker account no server could accept (an empty access key, a secret with a control
+/// character) stops the broker at start with the reason, as on the name server.
+#[test]
+fn an_unusable_broker_account_stops_the_start() {
+    let dir = TempDir::new().expect("temp dir");
+    for (access_key, secret_key, reason) in [
+        ("", "secret", "access key is empty"),
+        ("broker", "bad\nsecret", "secret"),
+    ] {
+        let output = std::process::Command::new(shardmq_tests::binary_path("shardmq-broker"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("broker"))
+            .args(["--access-key", access_key, "--secret-key", secret_key])
+            .output()
+            .expect("shardmq-broker runs");
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("the broker's account") && stderr.contains(reason),
+            "{stderr}"
+        );
+    }
+}

@@ -31,6 +31,12 @@ static STORE: OnceLock<Option<Arc<AclStore>>> = OnceLock::new();
 /// Loads `config.acl_file`, once per process, before the shards start. An accounts file that
 /// does not load stops the broker from starting, with the file's error.
 pub fn init(config: &BrokerConfig) -> Result<(), String> {
+    // The broker's own account: a key or secret that no server could accept stops the start,
+    // as on the name server, rather than connecting without an account.
+    if let (Some(access_key), Some(secret_key)) = (&config.access_key, &config.secret_key) {
+        shardmq_acl::Credentials::new(access_key.as_str(), secret_key.as_str())
+            .map_err(|error| format!("the broker's account (access_key/secret_key): {error}"))?;
+    }
     let store = match &config.acl_file {
         None => None,
         Some(path) => {
