@@ -39,7 +39,7 @@ pub struct ClientOptions {
     /// TLS files; `None`: the process default or the environment (`crate::tls`).
     pub(crate) tls: Option<shardmq_tls::ClientTlsFiles>,
     /// The account every connection authenticates as when its server enforces access
-    /// control; `None`: anonymous.
+    /// control; `None`: the process default (`crate::account`), else anonymous.
     pub(crate) credentials: Option<shardmq_acl::Credentials>,
 }
 
@@ -221,7 +221,7 @@ impl ClientInstance {
         let tls = crate::tls::resolve(options.tls.as_ref())?;
         let pool = Arc::new(
             ConnectionPool::new(client_id, options.connect_timeout, notice_sender, tls)
-                .with_credentials(options.credentials.clone()),
+                .with_credentials(crate::account::resolve(options.credentials.as_ref())),
         );
         let namesrv = Arc::new(NameServers::new(
             options.namesrv_addresses.clone(),

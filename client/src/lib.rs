@@ -85,6 +85,7 @@
 //! requests of `api/` are `ConnectionPool` methods, called without an import from the layers
 //! above it.
 
+mod account;
 mod admin;
 mod api;
 mod broker_admin;
@@ -109,6 +110,7 @@ mod subscription;
 mod tls;
 mod transaction;
 
+pub use account::set_default_credentials;
 pub use admin::{Admin, AdminBuilder, QueueProgress};
 pub use api::{
     BatchSendResult, BatchSendResults, PullResult, PullStatus, QueueStats, SendResult, SendStatus,

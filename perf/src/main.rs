@@ -59,6 +59,13 @@ struct Cli {
     /// PEM private key of --tls-cert.
     #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Access key of the account every client authenticates as, with servers that enforce
+    /// access control (docs/acl.md). Also from SHARDMQ_ACCESS_KEY.
+    #[arg(long, global = true, value_name = "KEY", requires = "secret_key")]
+    access_key: Option<String>,
+    /// Secret key of that account (with --access-key). Also from SHARDMQ_SECRET_KEY.
+    #[arg(long, global = true, value_name = "SECRET", requires = "access_key")]
+    secret_key: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -94,6 +101,19 @@ fn main() -> ExitCode {
         files.cert_chain = cli.tls_cert.clone();
         files.key = cli.tls_key.clone();
         shardmq_client::set_default_tls(Some(files));
+    }
+    let credentials = match (&cli.access_key, &cli.secret_key) {
+        (Some(access_key), Some(secret_key)) => {
+            shardmq_client::Credentials::new(access_key.as_str(), secret_key.as_str()).map(Some)
+        }
+        _ => shardmq_client::Credentials::from_env(),
+    };
+    match credentials {
+        Ok(credentials) => shardmq_client::set_default_credentials(credentials),
+        Err(error) => {
+            eprintln!("shardmq-perf: the account: {error}");
+            return ExitCode::from(2);
+        }
     }
     let result = match cli.scenario {
         Scenario::Produce(args) => produce::run(&args),

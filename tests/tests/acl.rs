@@ -512,3 +512,50 @@ fn an_unusable_broker_account_stops_the_start() {
         );
     }
 }
+
+/// The perf harness against a broker that enforces access control: refused without an account,
+/// served with `--access-key`/`--secret-key` (every client it starts authenticates).
+#[test]
+fn the_perf_harness_takes_an_account() {
+    let cluster = Cluster::start();
+    let namesrv = cluster.namesrv_addr();
+    let perf = |account: &[&str]| {
+        std::process::Command::new(shardmq_tests::binary_path("shardmq-perf"))
+            .env_remove("SHARDMQ_ACCESS_KEY")
+            .env_remove("SHARDMQ_SECRET_KEY")
+            .args(account)
+            .args(["produce", "--namesrv", &namesrv, "--topic", "orders"])
+            .args([
+                "--queues",
+                "1",
+                "--messages",
+                "200",
+                "--batch",
+                "10",
+                "--quiet",
+            ])
+            .args(["--json", "--verify"])
+            .output()
+            .expect("shardmq-perf runs")
+    };
+    let anonymous = perf(&[]);
+    assert!(!anonymous.status.success(), "{anonymous:?}");
+    let error = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(error.contains("ACCESS_DENIED"), "{error}");
+
+    let output = shardmq_tests::wait_until(shardmq_tests::ROUTE_TIMEOUT, "a route", || {
+        let output = perf(&["--access-key", "admin-key", "--secret-key", "admin-secret"]);
+        (output.status.success() || !String::from_utf8_lossy(&output.stderr).contains("route"))
+            .then_some(output)
+    });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON");
+    assert_eq!(result["messages"], serde_json::json!(200), "{result}");
+    assert_eq!(result["lost"], serde_json::json!(0), "{result}");
+}

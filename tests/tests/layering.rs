@@ -26,10 +26,16 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("shardmq-remoting", set(&[])),
         ("shardmq-filter", set(&[])),
         ("shardmq-acl", set(&[])),
+        ("shardmq-tls", set(&[])),
         ("shardmq-store", set(&["shardmq-codec", "shardmq-filter"])),
         (
             "shardmq-base",
-            set(&["shardmq-store", "shardmq-codec", "shardmq-schema"]),
+            set(&[
+                "shardmq-store",
+                "shardmq-codec",
+                "shardmq-schema",
+                "shardmq-tls",
+            ]),
         ),
         (
             "shardmq-services",
@@ -38,6 +44,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-store",
                 "shardmq-codec",
                 "shardmq-schema",
+                "shardmq-acl",
+                "shardmq-tls",
             ]),
         ),
         (
@@ -50,15 +58,29 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-schema",
                 "shardmq-remoting",
                 "shardmq-filter",
+                "shardmq-acl",
+                "shardmq-tls",
             ]),
         ),
         (
             "shardmq-namesrv",
-            set(&["shardmq-schema", "shardmq-codec", "shardmq-remoting"]),
+            set(&[
+                "shardmq-schema",
+                "shardmq-codec",
+                "shardmq-remoting",
+                "shardmq-acl",
+                "shardmq-tls",
+            ]),
         ),
         (
             "shardmq-client",
-            set(&["shardmq-schema", "shardmq-codec", "shardmq-filter"]),
+            set(&[
+                "shardmq-schema",
+                "shardmq-codec",
+                "shardmq-filter",
+                "shardmq-acl",
+                "shardmq-tls",
+            ]),
         ),
         (
             "shardmq-perf",
@@ -76,6 +98,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-codec",
                 "shardmq-client",
                 "shardmq-remoting",
+                "shardmq-tls",
             ]),
         ),
         (
@@ -86,6 +109,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "shardmq-store",
                 "shardmq-client",
                 "shardmq-remoting",
+                "shardmq-filter",
             ]),
         ),
     ])
