@@ -53,6 +53,14 @@ pub use handshake::{
 };
 pub use peek::{peek_run_head, HeadPeek, RunHead};
 
+/// Most queues a heartbeat's `ConsumerGroupInfo.held_queues` may list for one group; a client
+/// holding more reports none for that group (shown as "not reported"), and a broker refuses a
+/// heartbeat that lists more.
+pub const MAX_HELD_QUEUES: usize = 4096;
+
+/// Most bytes of a broker name in `held_queues` (RocketMQ's names are far shorter).
+pub const MAX_BROKER_NAME_BYTES: usize = 255;
+
 /// Topic permission bits carried in `TopicConfig.perm` and `QueueData.perm`, as RocketMQ
 /// defines them.
 /// Topics the broker owns (RocketMQ's names where RocketMQ has them): users may not create,

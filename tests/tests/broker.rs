@@ -391,6 +391,35 @@ fn heartbeat_body(
     group: &str,
     topic: &str,
 ) -> shardmq_tests::RequestBody {
+    heartbeat_holding(builder, client_id, group, topic, None)
+}
+
+/// A heartbeat whose group entry reports `held` as (topic, broker name, queue id).
+fn heartbeat_holding(
+    builder: &mut flatbuffers::FlatBufferBuilder<'static>,
+    client_id: &str,
+    group: &str,
+    topic: &str,
+    held: Option<&[(&str, &str, u32)]>,
+) -> shardmq_tests::RequestBody {
+    let held_queues = held.map(|held| {
+        let queues: Vec<_> = held
+            .iter()
+            .map(|(topic, broker_name, queue_id)| {
+                let topic = builder.create_string(topic);
+                let broker_name = builder.create_string(broker_name);
+                wire::HeldQueue::create(
+                    builder,
+                    &wire::HeldQueueArgs {
+                        topic: Some(topic),
+                        broker_name: Some(broker_name),
+                        queue_id: *queue_id,
+                    },
+                )
+            })
+            .collect();
+        builder.create_vector(&queues)
+    });
     let subscription_topic = builder.create_string(topic);
     let expression = builder.create_string("*");
     let subscription = wire::Subscription::create(
@@ -410,7 +439,7 @@ fn heartbeat_body(
             message_model: wire::MessageModel::CLUSTERING,
             is_orderly: false,
             subscriptions: Some(subscriptions),
-            held_queues: None,
+            held_queues,
         },
     );
     let consumer_groups = builder.create_vector(&[info]);
@@ -2376,4 +2405,73 @@ fn repeated_heartbeats_keep_a_client_alive_without_reaching_storage_each_time() 
         },
     );
     drop(client);
+}
+
+/// The queues a heartbeat says its client holds are bounded and checked: more than
+/// `MAX_HELD_QUEUES`, an invalid topic name or an empty broker name refuse the heartbeat with
+/// INVALID_ARGUMENT and leave the group as it was; a valid list comes back in the member list.
+#[test]
+fn held_queues_in_a_heartbeat_are_bounded_and_checked() {
+    const GROUP: &str = "Holders";
+    const TOPIC: &str = "Held";
+    let dir = temp_dir();
+    let broker = BrokerProcess::start(dir.path(), &[]);
+    let mut client = broker.client();
+    create_topic(&mut client, TOPIC, 2);
+
+    let too_many: Vec<(&str, &str, u32)> = (0..=shardmq_schema::MAX_HELD_QUEUES as u32)
+        .map(|queue_id| (TOPIC, "broker-a", queue_id))
+        .collect();
+    let bad_topic = [("no spaces allowed", "broker-a", 0)];
+    let no_broker = [(TOPIC, "", 0)];
+    for (what, held) in [
+        ("too many", &too_many[..]),
+        ("a bad topic", &bad_topic[..]),
+        ("no broker name", &no_broker[..]),
+    ] {
+        let response = client
+            .request(|builder| heartbeat_holding(builder, "holder", GROUP, TOPIC, Some(held)))
+            .expect("an answer to the heartbeat");
+        require_status(&response, wire::Status::INVALID_ARGUMENT, what);
+    }
+    let response = client
+        .request(|builder| consumer_list_body(builder, GROUP))
+        .expect("an answer to ConsumerListRequest");
+    assert!(
+        consumer_ids(&response).is_empty(),
+        "a refused heartbeat joined"
+    );
+
+    let held = [(TOPIC, "broker-a", 1), (TOPIC, "broker-a", 0)];
+    let (response, _notices) = client
+        .request_collecting_one_way(|builder| {
+            heartbeat_holding(builder, "holder", GROUP, TOPIC, Some(&held))
+        })
+        .expect("an answer to the heartbeat");
+    require_status(&response, wire::Status::OK, "a valid list");
+    let (response, _notices) = client
+        .request_collecting_one_way(|builder| consumer_list_body(builder, GROUP))
+        .expect("an answer to ConsumerListRequest");
+    let list = response
+        .frame()
+        .body_as_consumer_list_response()
+        .expect("a ConsumerListResponse");
+    let members = list.members().expect("members");
+    assert_eq!(members.len(), 1);
+    let reported: Vec<(String, String, u32)> = members
+        .get(0)
+        .held_queues()
+        .expect("held queues")
+        .iter()
+        .map(|q| {
+            (
+                q.topic().unwrap_or_default().to_owned(),
+                q.broker_name().unwrap_or_default().to_owned(),
+                q.queue_id(),
+            )
+        })
+        .collect();
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    assert!(reported.contains(&(TOPIC.to_owned(), "broker-a".to_owned(), 0)));
+    assert!(reported.contains(&(TOPIC.to_owned(), "broker-a".to_owned(), 1)));
 }

@@ -45,18 +45,34 @@ pub(super) async fn heartbeat(
                 is_sql,
             ));
         }
-        let held_queues = info.held_queues().map(|queues| {
-            queues
-                .iter()
-                .map(|queue| {
-                    (
-                        queue.topic().unwrap_or_default().to_owned(),
-                        queue.broker_name().unwrap_or_default().to_owned(),
-                        queue.queue_id(),
-                    )
-                })
-                .collect()
-        });
+        let held_queues = match info.held_queues() {
+            None => None,
+            Some(queues) => {
+                if queues.len() > shardmq_schema::MAX_HELD_QUEUES {
+                    return Err(invalid(format!(
+                        "held_queues of group {group} lists {} queues, more than {}",
+                        queues.len(),
+                        shardmq_schema::MAX_HELD_QUEUES
+                    )));
+                }
+                let mut held = Vec::with_capacity(queues.len());
+                for queue in queues.iter() {
+                    let topic = queue.topic().unwrap_or_default();
+                    check_topic_name(topic).map_err(invalid)?;
+                    let broker_name = queue.broker_name().unwrap_or_default();
+                    if broker_name.is_empty()
+                        || broker_name.len() > shardmq_schema::MAX_BROKER_NAME_BYTES
+                    {
+                        return Err(invalid(format!(
+                            "held_queues of group {group}: a broker name must have 1 to {} bytes",
+                            shardmq_schema::MAX_BROKER_NAME_BYTES
+                        )));
+                    }
+                    held.push((topic.to_owned(), broker_name.to_owned(), queue.queue_id()));
+                }
+                Some(held)
+            }
+        };
         consumer_groups.insert(
             group.to_owned(),
             ConsumerMembership {

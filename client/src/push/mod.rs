@@ -267,7 +267,9 @@ impl ConsumerCore {
                     )
                 })
                 .collect(),
-            held_queues: Some(self.assigned_queues()),
+            // More than a heartbeat may list: reported as none ("not reported").
+            held_queues: Some(self.assigned_queues())
+                .filter(|queues| queues.len() <= shardmq_schema::MAX_HELD_QUEUES),
         }
     }
 
