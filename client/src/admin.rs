@@ -289,19 +289,26 @@ impl Admin {
     /// them.
     pub async fn consumer_list(&self, group: &str, topic: &str) -> Result<Vec<String>> {
         check_group_name(group)?;
+        let address = self.group_broker(topic).await?;
+        self.instance
+            .pool
+            .consumer_list(&address, self.timeout(), group)
+            .await
+    }
+
+    /// The broker asked about a group of `topic`'s consumers: the first of its route's brokers
+    /// with a readable address.
+    pub(crate) async fn group_broker(&self, topic: &str) -> Result<String> {
         let route = self.route(topic).await?;
-        let address = route
+        route
             .brokers
             .keys()
             .find_map(|name| route.read_address(name))
+            .map(str::to_owned)
             .ok_or_else(|| Error::NoQueue {
                 topic: topic.to_owned(),
                 kind: "live-broker",
-            })?;
-        self.instance
-            .pool
-            .consumer_list(address, self.timeout(), group)
-            .await
+            })
     }
 
     /// `group`'s committed offset, the queue's end and so the lag of every queue of `topic`,

@@ -181,19 +181,7 @@ impl ConnectionPool {
         timeout: Duration,
         group: &str,
     ) -> Result<Vec<ConsumerMember>> {
-        let frame = self
-            .request(address, "consumer list", timeout, |builder| {
-                let group = builder.create_string(group);
-                let request = wire::ConsumerListRequest::create(
-                    builder,
-                    &wire::ConsumerListRequestArgs {
-                        consumer_group: Some(group),
-                    },
-                );
-                (wire::Body::ConsumerListRequest, request.as_union_value())
-            })
-            .await?;
-        let frame = require_ok(address, frame)?;
+        let frame = self.consumer_list_answer(address, timeout, group).await?;
         let response = frame
             .frame()
             .body_as_consumer_list_response()
@@ -273,17 +261,9 @@ impl Admin {
     /// knows them (the one `consumer_list` asks).
     pub async fn consumer_members(&self, group: &str, topic: &str) -> Result<Vec<ConsumerMember>> {
         crate::message::check_group_name(group)?;
-        let route = self.route(topic).await?;
-        let address = route
-            .brokers
-            .keys()
-            .find_map(|name| route.read_address(name))
-            .ok_or_else(|| Error::NoQueue {
-                topic: topic.to_owned(),
-                kind: "live-broker",
-            })?;
+        let address = self.group_broker(topic).await?;
         self.pool()
-            .consumer_members(address, self.timeout(), group)
+            .consumer_members(&address, self.timeout(), group)
             .await
     }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use shardmq_schema::wire;
+use shardmq_schema::{wire, VerifiedFrame};
 
 use super::{missing_body, require_ok, strings};
 use crate::error::Result;
@@ -141,13 +141,13 @@ impl ConnectionPool {
         require_ok(address, frame).map(|_| ())
     }
 
-    /// Client ids of a consumer group's live members at this broker, sorted.
-    pub(crate) async fn consumer_list(
+    /// The broker's `ConsumerListResponse` for `group`, checked (its body is there).
+    pub(crate) async fn consumer_list_answer(
         &self,
         address: &str,
         timeout: Duration,
         group: &str,
-    ) -> Result<Vec<String>> {
+    ) -> Result<VerifiedFrame> {
         let frame = self
             .request(address, "consumer list", timeout, |builder| {
                 let group = builder.create_string(group);
@@ -161,6 +161,20 @@ impl ConnectionPool {
             })
             .await?;
         let frame = require_ok(address, frame)?;
+        if frame.frame().body_as_consumer_list_response().is_none() {
+            return Err(missing_body(address, "ConsumerListResponse"));
+        }
+        Ok(frame)
+    }
+
+    /// Client ids of a consumer group's live members at this broker, sorted.
+    pub(crate) async fn consumer_list(
+        &self,
+        address: &str,
+        timeout: Duration,
+        group: &str,
+    ) -> Result<Vec<String>> {
+        let frame = self.consumer_list_answer(address, timeout, group).await?;
         let response = frame
             .frame()
             .body_as_consumer_list_response()
