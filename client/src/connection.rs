@@ -25,8 +25,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, Vector, WIPOffset};
 use shardmq_schema::{
-    build_frame, wire, FrameDecoder, FrameEncoder, FrameError, FrameHeader, VerifiedFrame,
-    DEFAULT_MAX_FRAME_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    build_frame, grow_without_realloc, wire, FrameDecoder, FrameEncoder, FrameError, FrameHeader,
+    VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -728,7 +728,9 @@ async fn read_frames(
     notices: Option<mpsc::Sender<Notice>>,
     requests: Option<RequestHandler>,
 ) {
-    let decoder = FrameDecoder::with_max_frame_bytes(MAX_RESPONSE_FRAME_BYTES);
+    // Room for a frame is made below once its length is known, not by the decoder.
+    let decoder =
+        FrameDecoder::with_max_frame_bytes(MAX_RESPONSE_FRAME_BYTES).without_reserve_ahead();
     let mut encoder = FrameEncoder::new();
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
     loop {
@@ -752,13 +754,19 @@ async fn read_frames(
                 }
             }
         }
-        // Room for the whole frame once its length is known (a pull answer is about 1 MiB):
-        // its bytes are then read into place, not moved each time the buffer grows.
-        if let Some(frame_bytes) = decoder.pending_frame_bytes(&buffer) {
-            buffer.reserve(frame_bytes.saturating_sub(buffer.len()));
-        }
-        if buffer.capacity() - buffer.len() < READ_BUFFER_BYTES / 4 {
-            buffer.reserve(READ_BUFFER_BYTES);
+        // Room for the whole frame once its length is known (a pull answer is about 1 MiB),
+        // and a read buffer more for what follows it: its bytes are then read into place,
+        // never moved while it arrives. The room is a new allocation, not a `realloc` (which
+        // copies the whole old block: `grow_without_realloc`).
+        match decoder.pending_frame_bytes(&buffer) {
+            Some(frame_bytes) if frame_bytes > buffer.len() => {
+                grow_without_realloc(&mut buffer, frame_bytes + READ_BUFFER_BYTES);
+            }
+            _ => {
+                if buffer.capacity() - buffer.len() < READ_BUFFER_BYTES / 4 {
+                    buffer.reserve(READ_BUFFER_BYTES);
+                }
+            }
         }
         match read_half.read_buf(&mut buffer).await {
             Ok(0) => {

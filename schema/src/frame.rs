@@ -112,6 +112,7 @@ impl FrameError {
 pub struct FrameDecoder {
     max_frame_bytes: usize,
     verifier_options: VerifierOptions,
+    reserves_ahead: bool,
 }
 
 impl Default for FrameDecoder {
@@ -123,6 +124,21 @@ impl Default for FrameDecoder {
 /// Room a decoder reserves ahead for a partly received frame at least (it reserves up to as
 /// much as the buffer holds, so room grows geometrically with the bytes that arrive).
 pub const MIN_RESERVE_AHEAD_BYTES: usize = 64 << 10;
+
+/// Makes `buffer`'s capacity at least `capacity` without `realloc`: glibc's `realloc` of a heap
+/// block copies the whole old block (it cannot know how much of it is used), so growing a read
+/// buffer that had held a megabyte frame copied that megabyte again. The allocation `buffer`
+/// already owns is taken back when nothing else shares it any more (the frames split off it
+/// were dropped) and it is large enough; otherwise its bytes move into a new allocation of
+/// exactly `capacity`. Either way only the bytes held are moved.
+pub fn grow_without_realloc(buffer: &mut BytesMut, capacity: usize) {
+    if buffer.capacity() >= capacity || buffer.try_reclaim(capacity - buffer.len()) {
+        return;
+    }
+    let mut grown = BytesMut::with_capacity(capacity);
+    grown.extend_from_slice(buffer);
+    *buffer = grown;
+}
 
 impl FrameDecoder {
     /// The full size (length prefix included) of the frame at the front of `buffer`, once its
@@ -148,7 +164,19 @@ impl FrameDecoder {
         Self {
             max_frame_bytes,
             verifier_options: VerifierOptions::default(),
+            reserves_ahead: true,
         }
+    }
+
+    /// This decoder without its own room-making for a partly received frame: for a caller
+    /// that makes room for the whole frame itself once [`pending_frame_bytes`] names its size
+    /// (with [`grow_without_realloc`]), so the frame's first bytes are not moved twice.
+    ///
+    /// [`pending_frame_bytes`]: Self::pending_frame_bytes
+    #[must_use]
+    pub fn without_reserve_ahead(mut self) -> Self {
+        self.reserves_ahead = false;
+        self
     }
 
     /// The largest length prefix this decoder accepts.
@@ -192,10 +220,14 @@ impl FrameDecoder {
         }
         let total_bytes = FRAME_LENGTH_PREFIX_BYTES + length_bytes;
         if buffer.len() < total_bytes {
-            // Room grows with what has arrived (at most doubling it), not with what the prefix
-            // claims: a peer that declares a large frame and sends little costs little.
-            let missing = total_bytes - buffer.len();
-            buffer.reserve(missing.min(buffer.len().max(MIN_RESERVE_AHEAD_BYTES)));
+            if self.reserves_ahead {
+                // Room grows with what has arrived (at most doubling it), not with what the
+                // prefix claims: a peer that declares a large frame and sends little costs
+                // little.
+                let missing = total_bytes - buffer.len();
+                let ahead = missing.min(buffer.len().max(MIN_RESERVE_AHEAD_BYTES));
+                grow_without_realloc(buffer, buffer.len() + ahead);
+            }
             return Ok(None);
         }
         let mut frame = buffer.split_to(total_bytes);
@@ -575,6 +607,41 @@ fn truncate_at_char_boundary(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn growing_without_realloc_keeps_the_bytes_and_reuses_an_allocation_no_longer_shared() {
+        let mut buffer = BytesMut::with_capacity(16);
+        buffer.extend_from_slice(b"abc");
+        grow_without_realloc(&mut buffer, 1 << 20);
+        assert_eq!(&buffer[..], b"abc");
+        assert!(buffer.capacity() >= 1 << 20);
+
+        // A frame split off and still held: the rest moves to a new allocation.
+        buffer.extend_from_slice(&[7u8; 1000]);
+        let frame = buffer.split_to(900).freeze();
+        let held = buffer.len();
+        let before = buffer.as_ptr();
+        grow_without_realloc(&mut buffer, 2 << 20);
+        assert!(buffer.capacity() >= 2 << 20);
+        assert_eq!(buffer.len(), held);
+        assert_ne!(buffer.as_ptr(), before);
+        assert_eq!(&frame[..3], b"abc");
+
+        // Once the frames split off are dropped, the allocation is taken back, not replaced.
+        buffer.extend_from_slice(&[9u8; 4096]);
+        let frame = buffer.split_to(4000).freeze();
+        drop(frame);
+        let start = buffer.as_ptr() as usize;
+        let want = buffer.capacity() + 1;
+        grow_without_realloc(&mut buffer, want);
+        assert!(buffer.capacity() >= want);
+        let reused = buffer.as_ptr() as usize;
+        assert!(
+            reused < start,
+            "the bytes moved to the front of the same allocation"
+        );
+        assert!(buffer.iter().all(|b| *b == 9 || *b == 7));
+    }
 
     #[test]
     fn truncation_keeps_whole_characters() {

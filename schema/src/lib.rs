@@ -43,9 +43,9 @@ mod generated {
 pub use generated::shardmq::wire;
 
 pub use frame::{
-    build_frame, FrameDecoder, FrameEncoder, FrameError, FrameHeader, MalformedFrame,
-    VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_FILE_IDENTIFIER, FRAME_LENGTH_PREFIX_BYTES,
-    MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
+    build_frame, grow_without_realloc, FrameDecoder, FrameEncoder, FrameError, FrameHeader,
+    MalformedFrame, VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_FILE_IDENTIFIER,
+    FRAME_LENGTH_PREFIX_BYTES, MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
 pub use handshake::{
     build_auth_request, build_handshake_request, negotiate_protocol_version, MIN_PROTOCOL_VERSION,

@@ -25,7 +25,7 @@ use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
-use shardmq_schema::{wire, FrameDecoder, FRAME_LENGTH_PREFIX_BYTES};
+use shardmq_schema::{grow_without_realloc, wire, FrameDecoder, FRAME_LENGTH_PREFIX_BYTES};
 use tracing::{debug, warn};
 
 use super::budget::Claim;
@@ -119,7 +119,9 @@ pub(super) async fn serve_native<R, W>(
 
     let writer_task = glommio::spawn_local(write_queued_to(socket, writer, out_rx)).detach();
 
-    let mut decoder = FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES);
+    // Room for a frame is made here at its admission, not by the decoder (see below).
+    let mut decoder =
+        FrameDecoder::with_max_frame_bytes(PRE_HANDSHAKE_MAX_FRAME_BYTES).without_reserve_ahead();
     let handshake_deadline = Instant::now() + handshake_timeout;
     let mut malformed_frames = 0u32;
     let permits = Rc::new(Semaphore::new(inflight_limit as u64));
@@ -188,7 +190,8 @@ pub(super) async fn serve_native<R, W>(
                         }
                         if connection.is_handshaken.get() {
                             decoder =
-                                FrameDecoder::with_max_frame_bytes(shard.config.max_frame_bytes);
+                                FrameDecoder::with_max_frame_bytes(shard.config.max_frame_bytes)
+                                    .without_reserve_ahead();
                         }
                         continue;
                     }
@@ -276,8 +279,16 @@ pub(super) async fn serve_native<R, W>(
                 // The time to arrive whole counts from admission, not from a wait for room.
                 frame_started = Some(Instant::now());
                 // Admitted: the rest of the frame arrives into room made once, not into a
-                // buffer that grows (and is copied) step by step.
-                buffer.reserve(front.saturating_sub(buffer.len()));
+                // buffer that grows (and is copied) step by step. The room holds a read chunk
+                // more, so the reads that end the frame (and take the next one's first bytes)
+                // need no more room; it is a new allocation, never a `realloc`, which would
+                // copy the whole old block (`grow_without_realloc`).
+                let slack = if front > MAX_READ_CHUNK_BYTES {
+                    MAX_READ_CHUNK_BYTES
+                } else {
+                    read_chunk_bytes
+                };
+                grow_without_realloc(&mut buffer, front + slack);
             }
         }
         if !buffer.is_empty() && frame_started.is_none() {
@@ -287,12 +298,17 @@ pub(super) async fn serve_native<R, W>(
         if shard.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
-        buffer.reserve(read_chunk_bytes);
+        // The rest of an admitted frame fits in the room made at its admission: asking for a
+        // whole chunk more near its end would move the frame's bytes.
+        let chunk = match decoder.pending_frame_bytes(&buffer) {
+            Some(front) if front > buffer.len() => read_chunk_bytes.min(front - buffer.len()),
+            _ => read_chunk_bytes,
+        };
+        buffer.reserve(chunk);
         let start = buffer.len();
-        // Read into all the room there is when the decoder reserved it for a known frame.
-        let mut read_bytes =
-            read_chunk_bytes.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
-        if let Some(socket) = socket.filter(|_| read_bytes > read_chunk_bytes) {
+        // Read into all the room there is when it was made for a known frame.
+        let mut read_bytes = chunk.max((buffer.capacity() - start).min(MAX_FRAME_READ_BYTES));
+        if let Some(socket) = socket.filter(|_| read_bytes > chunk) {
             // The rest of an admitted frame: what has arrived is taken straight into the room
             // reserved for it, which is not zeroed first (zeroing a batch's megabyte before
             // every read cost more than a tenth of receiving it); only when nothing has
@@ -302,7 +318,7 @@ pub(super) async fn serve_native<R, W>(
                     Ok(0) => break,
                     Ok(_) => continue,
                     Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                        read_bytes = read_chunk_bytes;
+                        read_bytes = chunk;
                     }
                     Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                     Err(_) => break,
