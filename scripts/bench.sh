@@ -5,7 +5,8 @@
 # 1. builds the binaries (release);
 # 2. measures the machine: fio O_DIRECT sequential write (1 MiB blocks, io_uring, iodepth 8,
 #    1 GiB into fresh space; three runs here and three after the broker scenarios, the median
-#    of the six is the reference) and the latency of fdatasync after 4 KiB O_DIRECT writes, and of 4 KiB O_DSYNC writes, on the
+#    of the six is the reference), O_DIRECT sequential read (the drains read their backlog from
+#    the disk), and the latency of fdatasync after 4 KiB O_DIRECT writes, and of 4 KiB O_DSYNC writes, on the
 #    disk of the data directory (installing fio with apt-get when missing), and TCP loopback
 #    throughput, round trip and the sender's CPU per KiB (python3; on 2 or more cores the
 #    receiver pinned to core 0 and the sender to core 1, as the isolated layout places the
@@ -170,6 +171,14 @@ fio_seqwrite() {
   rm -f "$work_dir/fio.dat"
 }
 for fio_run in 1 2 3; do fio_seqwrite "$fio_run"; done
+# The drains read their backlog from the disk (it is far larger than the write ring and the
+# read-ahead cache): the disk's sequential read rate bounds them.
+step "fio: sequential O_DIRECT read, 1 MiB blocks, iodepth 8, 1 GiB written just before ($fio_engine)"
+fio --name=seqread --rw=read --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
+  --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
+  record fio seqread
+rm -f "$work_dir/fio.dat"
 step "fio: 4 KiB O_DIRECT write + fdatasync (10 s)"
 fio --name=fdatasync --rw=write --bs=4k --direct=1 --fdatasync=1 --size=16m --runtime=10 \
   --ioengine=sync --filename="$work_dir/fio.dat" --output-format=json \
@@ -464,6 +473,8 @@ seq_runs = sorted(seq_before + seq_after)
 sync = result("fio", "fdatasync")
 loop = result("loopback", "tcp")
 seq_mib = (seq_runs[2] + seq_runs[3]) / 2  # the median of six
+seq_read = result("fio", "seqread")
+seq_read_mib = seq_read["read"]["bw"] / 1024 if seq_read else None
 sync_pct = sync["sync"]["lat_ns"]["percentile"]
 fdatasync_p50 = sync_pct["50.000000"] / 1000
 fdatasync_p99 = sync_pct["99.000000"] / 1000
@@ -503,6 +514,7 @@ say("")
 say("| limit | value |")
 say("|---|---:|")
 say(f"| fio sequential write, O_DIRECT, 1 MiB blocks, iodepth 8, fresh space ({env['BENCH_FIO_ENGINE']}), median of 6: 3 before the broker runs, 3 after (ranges) | {num(seq_mib)} MiB/s (before {num(seq_before[0])}–{num(seq_before[2])}, after {num(seq_after[0])}–{num(seq_after[2])}) |")
+say(f"| fio sequential read, O_DIRECT, 1 MiB blocks, iodepth 8, 1 GiB written just before ({env['BENCH_FIO_ENGINE']}) | {num(seq_read_mib)} MiB/s |")
 say(f"| fio 4 KiB O_DIRECT write + fdatasync: fdatasync p50 / p99 | {num(fdatasync_p50)} / {num(fdatasync_p99)} µs |")
 dsync_pct = result("fio", "dsync")["write"]["clat_ns"]["percentile"]
 say(f"| fio 4 KiB O_DIRECT write with O_DSYNC: p50 / p99 | {num(dsync_pct['50.000000'] / 1000)} / {num(dsync_pct['99.000000'] / 1000)} µs |")
@@ -610,7 +622,12 @@ target("1 producer, batch 1, async: p50", v, f"{v or 0:.0f} µs (loopback round 
 for label, r in (("1 consumer draining 1 queue, warm", warm), ("1 consumer draining 1 queue, after a restart", cold)):
     v = ratio(r)
     vs_producer = r["mb_per_sec"] / one["mb_per_sec"] if r and one else None
-    target(label, v, f"{v or 0:.2f} x fio, {vs_producer or 0:.2f} x the 1-producer rate",
+    # 1.5 x the producer in record bytes (a stored 1 KiB message is about 1.12 KiB), against
+    # what the disk reads: the drains read their backlog from it.
+    asks = one and 1.5 * one["mb_per_sec"] * 1.12
+    disk_note = (f"; 1.5 x the producer asks ~{asks:,.0f} MiB/s of records, the disk reads {seq_read_mib:,.0f}"
+                 if asks and seq_read_mib else "")
+    target(label, v, f"{v or 0:.2f} x fio, {vs_producer or 0:.2f} x the 1-producer rate{disk_note}",
            ">= 0.6 x fio and >= 1.5 x the 1-producer rate",
            lambda x, p=vs_producer: x >= 0.6 and (p or 0) >= 1.5)
 v, _ = broker_cpu_us_per_msg("produce", "async, batch 1000, 1 producer, 1 queue, no verify")
