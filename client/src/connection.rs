@@ -26,7 +26,8 @@ use bytes::{Bytes, BytesMut};
 use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, Vector, WIPOffset};
 use shardmq_schema::{
     build_frame, grow_without_realloc, wire, FrameDecoder, FrameEncoder, FrameError, FrameHeader,
-    VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    FramePool, VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_LENGTH_PREFIX_BYTES,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,6 +59,14 @@ const MAX_WRITE_SLICES: usize = 64;
 
 /// Bytes the reader asks the socket for at least, per read.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Frames of this size or more (pull answers of a backlog, query answers) are read into a
+/// buffer of [`RECEIVE_POOL`] instead of the connection's read buffer.
+const POOLED_FRAME_BYTES: usize = 256 * 1024;
+
+/// Buffers of large frames kept for reuse, shared by every connection of the process: at most
+/// 32 MiB kept free (a consumer draining a queue holds a few answers of about 1 MiB).
+static RECEIVE_POOL: FramePool = FramePool::new(32 << 20);
 
 /// Software name and version sent in the handshake.
 const CLIENT_VERSION: &str = concat!("shardmq-client ", env!("CARGO_PKG_VERSION"));
@@ -754,11 +763,42 @@ async fn read_frames(
                 }
             }
         }
-        // Room for the whole frame once its length is known (a pull answer is about 1 MiB),
-        // and a read buffer more for what follows it: its bytes are then read into place,
-        // never moved while it arrives. The room is a new allocation, not a `realloc` (which
-        // copies the whole old block: `grow_without_realloc`).
+        // A large frame (a pull answer is about 1 MiB) is read whole into a pooled buffer
+        // whose memory was read into before: no page faults, no copy while it arrives, and
+        // the memory returns to the pool when the last message sliced out of it is dropped.
+        // Smaller ones get room for the whole frame and a read buffer more, made without a
+        // `realloc` (which copies the whole old block: `grow_without_realloc`).
         match decoder.pending_frame_bytes(&buffer) {
+            Some(frame_bytes)
+                if frame_bytes > buffer.len() && frame_bytes >= POOLED_FRAME_BYTES =>
+            {
+                let frame = match read_pooled_frame(&mut read_half, &mut buffer, frame_bytes).await
+                {
+                    Ok(frame) => frame,
+                    Err(why) => {
+                        shared.close(why);
+                        return;
+                    }
+                };
+                match decoder.verify(frame.slice(FRAME_LENGTH_PREFIX_BYTES..)) {
+                    Ok(frame) => dispatch(
+                        &shared,
+                        frame,
+                        &outgoing,
+                        &notices,
+                        requests.as_ref(),
+                        &mut encoder,
+                    ),
+                    Err(error @ FrameError::Malformed(_)) => {
+                        warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
+                    }
+                    Err(error) => {
+                        shared.close(format!("the server's byte stream is broken: {error}"));
+                        return;
+                    }
+                }
+                continue;
+            }
             Some(frame_bytes) if frame_bytes > buffer.len() => {
                 grow_without_realloc(&mut buffer, frame_bytes + READ_BUFFER_BYTES);
             }
@@ -780,6 +820,30 @@ async fn read_frames(
             }
         }
     }
+}
+
+/// Reads the rest of a frame of `frame_bytes` (length prefix included) whose first bytes are
+/// all of `buffer` into a buffer of [`RECEIVE_POOL`], and leaves `buffer` empty. Reads stop at
+/// the frame's end, so nothing of the next frame is taken. `Err` says why the stream ended.
+async fn read_pooled_frame(
+    read_half: &mut ReadHalf,
+    buffer: &mut BytesMut,
+    frame_bytes: usize,
+) -> std::result::Result<Bytes, String> {
+    debug_assert!(buffer.len() < frame_bytes);
+    let mut pooled = RECEIVE_POOL.take(frame_bytes);
+    pooled.vec_mut().extend_from_slice(buffer);
+    buffer.clear();
+    while pooled.len() < frame_bytes {
+        let rest = frame_bytes - pooled.len();
+        let mut room = bytes::BufMut::limit(pooled.vec_mut(), rest);
+        match read_half.read_buf(&mut room).await {
+            Ok(0) => return Err("closed by the server".to_owned()),
+            Ok(_) => {}
+            Err(error) => return Err(format!("read failed: {error}")),
+        }
+    }
+    Ok(pooled.into_bytes())
 }
 
 fn dispatch(
@@ -1115,6 +1179,113 @@ mod tests {
         }
         assert!(connection.is_closed());
         server.abort();
+    }
+
+    /// The records a large-answer test asks for: `len` bytes of a pattern.
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 13 % 241) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn large_answers_arrive_whole_in_pieces_and_a_malformed_one_is_skipped() {
+        // Answers sized around the pooled-frame threshold, written in pieces of 7,001 bytes;
+        // before the first, a malformed frame larger than the threshold.
+        let sizes = [
+            POOLED_FRAME_BYTES - 200,
+            POOLED_FRAME_BYTES,
+            1_500_000,
+            10,
+            300_001,
+        ];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let decoder = FrameDecoder::new();
+            let mut encoder = FrameEncoder::new();
+            let mut buffer = BytesMut::new();
+            let mut is_first = true;
+            loop {
+                while let Ok(Some(frame)) = decoder.decode(&mut buffer) {
+                    let header = frame.frame();
+                    let id = header.request_id();
+                    if header.body_as_handshake_request().is_some() {
+                        let answer = testing::handshake_response(&mut encoder, id);
+                        socket.write_all(&answer).await.unwrap();
+                        continue;
+                    }
+                    let len: usize = header
+                        .body_as_get_route_request()
+                        .and_then(|r| r.topic())
+                        .and_then(|t| t.parse().ok())
+                        .unwrap();
+                    let mut out = Vec::new();
+                    if is_first {
+                        is_first = false;
+                        let garbage = 400_000u32;
+                        out.extend_from_slice(&garbage.to_be_bytes());
+                        out.extend(std::iter::repeat_n(0x5a, garbage as usize));
+                    }
+                    let records = pattern(len);
+                    let answer = encoder
+                        .encode(|b| {
+                            let topic = b.create_string("t");
+                            let records = b.create_vector(&records);
+                            let body = wire::SendRecordsRequest::create(
+                                b,
+                                &wire::SendRecordsRequestArgs {
+                                    topic: Some(topic),
+                                    records: Some(records),
+                                    count: 1,
+                                    ..Default::default()
+                                },
+                            );
+                            build_frame(
+                                b,
+                                &FrameHeader::response(id, wire::Status::OK),
+                                wire::Body::SendRecordsRequest,
+                                Some(body.as_union_value()),
+                            )
+                        })
+                        .unwrap();
+                    out.extend_from_slice(&answer);
+                    for piece in out.chunks(7_001) {
+                        socket.write_all(piece).await.unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                }
+                if socket.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
+                    return;
+                }
+            }
+        });
+        let connection = Connection::connect(&address, "c", Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        for len in sizes {
+            let answer = connection
+                .request("large", Duration::from_secs(10), |b| {
+                    let topic = b.create_string(&len.to_string());
+                    let request = wire::GetRouteRequest::create(
+                        b,
+                        &wire::GetRouteRequestArgs { topic: Some(topic) },
+                    );
+                    (wire::Body::GetRouteRequest, request.as_union_value())
+                })
+                .await
+                .unwrap();
+            let records = answer
+                .frame()
+                .body_as_send_records_request()
+                .and_then(|r| r.records())
+                .map(|v| v.bytes().to_vec())
+                .unwrap();
+            assert_eq!(records.len(), len);
+            assert!(records == pattern(len), "answer of {len} bytes damaged");
+        }
+        assert!(!connection.is_closed());
+        drop(connection);
+        server.await.unwrap();
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@
 extern crate alloc;
 
 pub mod frame;
+pub mod frame_pool;
 pub mod handshake;
 pub mod hex;
 pub mod peek;
@@ -47,6 +48,7 @@ pub use frame::{
     MalformedFrame, VerifiedFrame, DEFAULT_MAX_FRAME_BYTES, FRAME_FILE_IDENTIFIER,
     FRAME_LENGTH_PREFIX_BYTES, MAX_STATUS_MESSAGE_BYTES, MIN_RESERVE_AHEAD_BYTES,
 };
+pub use frame_pool::{FramePool, PooledBuffer};
 pub use handshake::{
     build_auth_request, build_handshake_request, negotiate_protocol_version, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
