@@ -283,12 +283,14 @@ pub(super) async fn serve_native<R, W>(
                 // more, so the reads that end the frame (and take the next one's first bytes)
                 // need no more room; it is a new allocation, never a `realloc`, which would
                 // copy the whole old block (`grow_without_realloc`).
-                let slack = if front > MAX_READ_CHUNK_BYTES {
-                    MAX_READ_CHUNK_BYTES
-                } else {
-                    read_chunk_bytes
-                };
-                grow_without_realloc(&mut buffer, front + slack);
+                if front > buffer.len() {
+                    let slack = if front > MAX_READ_CHUNK_BYTES {
+                        MAX_READ_CHUNK_BYTES
+                    } else {
+                        read_chunk_bytes
+                    };
+                    grow_without_realloc(&mut buffer, front + slack);
+                }
             }
         }
         if !buffer.is_empty() && frame_started.is_none() {
