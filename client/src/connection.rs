@@ -947,9 +947,12 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    /// A fake server: answers the handshake, then answers every request with `status` after
-    /// `delay`, in reverse order of arrival for each pair (to check pipelining).
-    async fn fake_server(status: wire::Status) -> (String, JoinHandle<()>) {
+    /// A fake server: answers the handshake, then hands every other frame to `answer`, which
+    /// returns the bytes to write back (possibly none), written in pieces of `piece` bytes.
+    async fn scripted_server<F>(piece: usize, mut answer: F) -> (String, JoinHandle<()>)
+    where
+        F: FnMut(wire::Frame<'_>, &mut FrameEncoder) -> Vec<u8> + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let task = tokio::spawn(async move {
@@ -957,22 +960,17 @@ mod tests {
             let decoder = FrameDecoder::new();
             let mut encoder = FrameEncoder::new();
             let mut buffer = BytesMut::new();
-            let mut held: Vec<u64> = Vec::new();
             loop {
                 while let Ok(Some(frame)) = decoder.decode(&mut buffer) {
                     let header = frame.frame();
-                    let id = header.request_id();
-                    if header.body_as_handshake_request().is_some() {
-                        let answer = testing::handshake_response(&mut encoder, id);
-                        socket.write_all(&answer).await.unwrap();
-                        continue;
-                    }
-                    held.push(id);
-                    if held.len() == 2 {
-                        for id in held.drain(..).rev() {
-                            let answer = encoder.encode_error_response(id, status, "x").unwrap();
-                            socket.write_all(&answer).await.unwrap();
-                        }
+                    let out = if header.body_as_handshake_request().is_some() {
+                        testing::handshake_response(&mut encoder, header.request_id()).to_vec()
+                    } else {
+                        answer(header, &mut encoder)
+                    };
+                    for part in out.chunks(piece) {
+                        socket.write_all(part).await.unwrap();
+                        tokio::task::yield_now().await;
                     }
                 }
                 if socket.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
@@ -981,6 +979,23 @@ mod tests {
             }
         });
         (address, task)
+    }
+
+    /// A fake server that answers every request with `status`, in reverse order of arrival
+    /// for each pair (to check pipelining).
+    async fn fake_server(status: wire::Status) -> (String, JoinHandle<()>) {
+        let mut held: Vec<u64> = Vec::new();
+        scripted_server(usize::MAX, move |header, encoder| {
+            held.push(header.request_id());
+            let mut out = Vec::new();
+            if held.len() == 2 {
+                for id in held.drain(..).rev() {
+                    out.extend_from_slice(&encoder.encode_error_response(id, status, "x").unwrap());
+                }
+            }
+            out
+        })
+        .await
     }
 
     fn route_request(builder: &mut FlatBufferBuilder<'static>) -> Body {
@@ -1015,38 +1030,19 @@ mod tests {
     /// A fake server that answers each request with `len:crc` of its records vector (empty
     /// for requests without one) as the status message.
     async fn echoing_server() -> (String, JoinHandle<()>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let task = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let decoder = FrameDecoder::new();
-            let mut encoder = FrameEncoder::new();
-            let mut buffer = BytesMut::new();
-            loop {
-                while let Ok(Some(frame)) = decoder.decode(&mut buffer) {
-                    let header = frame.frame();
-                    let id = header.request_id();
-                    let answer = if header.body_as_handshake_request().is_some() {
-                        testing::handshake_response(&mut encoder, id)
-                    } else {
-                        let records = header
-                            .body_as_send_records_request()
-                            .and_then(|r| r.records())
-                            .map(|v| v.bytes())
-                            .unwrap_or_default();
-                        let echo = format!("{}:{}", records.len(), crc32fast::hash(records));
-                        encoder
-                            .encode_error_response(id, wire::Status::SYSTEM_BUSY, &echo)
-                            .unwrap()
-                    };
-                    socket.write_all(&answer).await.unwrap();
-                }
-                if socket.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
-                    return;
-                }
-            }
-        });
-        (address, task)
+        scripted_server(usize::MAX, |header, encoder| {
+            let records = header
+                .body_as_send_records_request()
+                .and_then(|r| r.records())
+                .map(|v| v.bytes())
+                .unwrap_or_default();
+            let echo = format!("{}:{}", records.len(), crc32fast::hash(records));
+            encoder
+                .encode_error_response(header.request_id(), wire::Status::SYSTEM_BUSY, &echo)
+                .unwrap()
+                .to_vec()
+        })
+        .await
     }
 
     #[tokio::test]
@@ -1197,68 +1193,46 @@ mod tests {
             10,
             300_001,
         ];
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let server = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let decoder = FrameDecoder::new();
-            let mut encoder = FrameEncoder::new();
-            let mut buffer = BytesMut::new();
-            let mut is_first = true;
-            loop {
-                while let Ok(Some(frame)) = decoder.decode(&mut buffer) {
-                    let header = frame.frame();
-                    let id = header.request_id();
-                    if header.body_as_handshake_request().is_some() {
-                        let answer = testing::handshake_response(&mut encoder, id);
-                        socket.write_all(&answer).await.unwrap();
-                        continue;
-                    }
-                    let len: usize = header
-                        .body_as_get_route_request()
-                        .and_then(|r| r.topic())
-                        .and_then(|t| t.parse().ok())
-                        .unwrap();
-                    let mut out = Vec::new();
-                    if is_first {
-                        is_first = false;
-                        let garbage = 400_000u32;
-                        out.extend_from_slice(&garbage.to_be_bytes());
-                        out.extend(std::iter::repeat_n(0x5a, garbage as usize));
-                    }
-                    let records = pattern(len);
-                    let answer = encoder
-                        .encode(|b| {
-                            let topic = b.create_string("t");
-                            let records = b.create_vector(&records);
-                            let body = wire::SendRecordsRequest::create(
-                                b,
-                                &wire::SendRecordsRequestArgs {
-                                    topic: Some(topic),
-                                    records: Some(records),
-                                    count: 1,
-                                    ..Default::default()
-                                },
-                            );
-                            build_frame(
-                                b,
-                                &FrameHeader::response(id, wire::Status::OK),
-                                wire::Body::SendRecordsRequest,
-                                Some(body.as_union_value()),
-                            )
-                        })
-                        .unwrap();
-                    out.extend_from_slice(&answer);
-                    for piece in out.chunks(7_001) {
-                        socket.write_all(piece).await.unwrap();
-                        tokio::task::yield_now().await;
-                    }
-                }
-                if socket.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
-                    return;
-                }
+        let mut is_first = true;
+        let (address, server) = scripted_server(7_001, move |header, encoder| {
+            let len: usize = header
+                .body_as_get_route_request()
+                .and_then(|r| r.topic())
+                .and_then(|t| t.parse().ok())
+                .unwrap();
+            let mut out = Vec::new();
+            if is_first {
+                is_first = false;
+                let garbage = 400_000u32;
+                out.extend_from_slice(&garbage.to_be_bytes());
+                out.extend(std::iter::repeat_n(0x5a, garbage as usize));
             }
-        });
+            let records = pattern(len);
+            let answer = encoder
+                .encode(|b| {
+                    let topic = b.create_string("t");
+                    let records = b.create_vector(&records);
+                    let body = wire::SendRecordsRequest::create(
+                        b,
+                        &wire::SendRecordsRequestArgs {
+                            topic: Some(topic),
+                            records: Some(records),
+                            count: 1,
+                            ..Default::default()
+                        },
+                    );
+                    build_frame(
+                        b,
+                        &FrameHeader::response(header.request_id(), wire::Status::OK),
+                        wire::Body::SendRecordsRequest,
+                        Some(body.as_union_value()),
+                    )
+                })
+                .unwrap();
+            out.extend_from_slice(&answer);
+            out
+        })
+        .await;
         let connection = Connection::connect(&address, "c", Duration::from_secs(5), None)
             .await
             .unwrap();
