@@ -743,24 +743,37 @@ async fn read_frames(
     let mut encoder = FrameEncoder::new();
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
     loop {
-        loop {
-            match decoder.decode(&mut buffer) {
-                Ok(Some(frame)) => dispatch(
+        // Dispatches a decoded frame or skips a malformed one; false once the stream is broken
+        // (the connection is closed then).
+        let mut take = |decoded: std::result::Result<VerifiedFrame, FrameError>| match decoded {
+            Ok(frame) => {
+                dispatch(
                     &shared,
                     frame,
                     &outgoing,
                     &notices,
                     requests.as_ref(),
                     &mut encoder,
-                ),
+                );
+                true
+            }
+            Err(error @ FrameError::Malformed(_)) => {
+                warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
+                true
+            }
+            Err(error) => {
+                shared.close(format!("the server's byte stream is broken: {error}"));
+                false
+            }
+        };
+        loop {
+            let decoded = match decoder.decode(&mut buffer) {
                 Ok(None) => break,
-                Err(error @ FrameError::Malformed(_)) => {
-                    warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
-                }
-                Err(error) => {
-                    shared.close(format!("the server's byte stream is broken: {error}"));
-                    return;
-                }
+                Ok(Some(frame)) => Ok(frame),
+                Err(error) => Err(error),
+            };
+            if !take(decoded) {
+                return;
             }
         }
         // A large frame (a pull answer is about 1 MiB) is read whole into a pooled buffer
@@ -780,22 +793,8 @@ async fn read_frames(
                         return;
                     }
                 };
-                match decoder.verify(frame.slice(FRAME_LENGTH_PREFIX_BYTES..)) {
-                    Ok(frame) => dispatch(
-                        &shared,
-                        frame,
-                        &outgoing,
-                        &notices,
-                        requests.as_ref(),
-                        &mut encoder,
-                    ),
-                    Err(error @ FrameError::Malformed(_)) => {
-                        warn!(address = %shared.address, %error, "the server sent a malformed frame; skipped");
-                    }
-                    Err(error) => {
-                        shared.close(format!("the server's byte stream is broken: {error}"));
-                        return;
-                    }
+                if !take(decoder.verify(frame.slice(FRAME_LENGTH_PREFIX_BYTES..))) {
+                    return;
                 }
                 continue;
             }
@@ -808,17 +807,19 @@ async fn read_frames(
                 }
             }
         }
-        match read_half.read_buf(&mut buffer).await {
-            Ok(0) => {
-                shared.close("closed by the server".to_owned());
-                return;
-            }
-            Ok(_) => {}
-            Err(error) => {
-                shared.close(format!("read failed: {error}"));
-                return;
-            }
+        if let Some(why) = stream_end(read_half.read_buf(&mut buffer).await) {
+            shared.close(why);
+            return;
         }
+    }
+}
+
+/// Why the server's stream ended, when a read says it did (closed, or failed).
+fn stream_end(read: std::io::Result<usize>) -> Option<String> {
+    match read {
+        Ok(0) => Some("closed by the server".to_owned()),
+        Ok(_) => None,
+        Err(error) => Some(format!("read failed: {error}")),
     }
 }
 
@@ -837,10 +838,8 @@ async fn read_pooled_frame(
     while pooled.len() < frame_bytes {
         let rest = frame_bytes - pooled.len();
         let mut room = bytes::BufMut::limit(pooled.vec_mut(), rest);
-        match read_half.read_buf(&mut room).await {
-            Ok(0) => return Err("closed by the server".to_owned()),
-            Ok(_) => {}
-            Err(error) => return Err(format!("read failed: {error}")),
+        if let Some(why) = stream_end(read_half.read_buf(&mut room).await) {
+            return Err(why);
         }
     }
     Ok(pooled.into_bytes())
