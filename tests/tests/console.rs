@@ -24,8 +24,13 @@ use tempfile::TempDir;
 /// How long a page may take to show what the test waits for.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long Chromium and the console may take to start.
+/// How long the console may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long Chromium may take to print its DevTools address. Its first start on a fresh machine
+/// reads a few hundred MiB of binary and libraries from a cold disk while the other tests of this
+/// file start their brokers; one CI run spent 30 s before Chromium's first log line.
+const BROWSER_START_TIMEOUT: Duration = Duration::from_secs(180);
 
 // ---------------------------------------------------------------------------------------------
 // The console process
@@ -234,7 +239,8 @@ impl Browser {
             .spawn()
             .expect("chromium starts");
         let stderr = lines_of(child.stderr.take().expect("stderr piped"));
-        let deadline = Instant::now() + START_TIMEOUT;
+        let started = Instant::now();
+        let deadline = started + BROWSER_START_TIMEOUT;
         let mut seen = Vec::new();
         let url = loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -245,7 +251,10 @@ impl Browser {
                 },
                 Err(error) => {
                     let _ = child.kill();
-                    panic!("chromium printed no DevTools address ({error}): {seen:?}");
+                    panic!(
+                        "chromium printed no DevTools address in {:?} ({error}): {seen:?}",
+                        started.elapsed()
+                    );
                 }
             }
         };
