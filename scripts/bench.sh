@@ -150,6 +150,12 @@ record() {
     "$1" "$2" >>"$results"
 }
 
+# Records the job of the last fio run ($work_dir/fio.json) under the label $1.
+record_fio_job() {
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' \
+    "$work_dir/fio.json" | record fio "$1"
+}
+
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- machine limits ------------------------------------------------------------------------
@@ -167,16 +173,14 @@ fio_seqwrite() {
   step "fio: sequential O_DIRECT write, 1 MiB blocks, iodepth 8, 1 GiB into fresh space ($fio_engine), run $fio_run of 6"
   fio --name=seqwrite --rw=write --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
     --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
-  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
-    record fio "seqwrite $fio_run"
+  record_fio_job "seqwrite $fio_run"
   # The drains read their backlog from the disk (it is far larger than the write ring and the
   # read-ahead cache): the disk's sequential read rate bounds them. It varies as much as the
   # write rate, so it is taken after each write, of the file just written.
   step "fio: sequential O_DIRECT read, 1 MiB blocks, iodepth 8, the 1 GiB just written ($fio_engine), run $fio_run of 6"
   fio --name=seqread --rw=read --bs=1m --direct=1 --size=1g --ioengine="$fio_engine" \
     --iodepth=8 --filename="$work_dir/fio.dat" --output-format=json --output="$work_dir/fio.json" >&2
-  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
-    record fio "seqread $fio_run"
+  record_fio_job "seqread $fio_run"
   rm -f "$work_dir/fio.dat"
 }
 for fio_run in 1 2 3; do fio_seqwrite "$fio_run"; done
@@ -184,15 +188,13 @@ step "fio: 4 KiB O_DIRECT write + fdatasync (10 s)"
 fio --name=fdatasync --rw=write --bs=4k --direct=1 --fdatasync=1 --size=16m --runtime=10 \
   --ioengine=sync --filename="$work_dir/fio.dat" --output-format=json \
   --output="$work_dir/fio.json" >&2
-python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
-  record fio fdatasync
+record_fio_job fdatasync
 rm -f "$work_dir/fio.dat"
 step "fio: 4 KiB O_DIRECT write with O_DSYNC (10 s; the least a durable lone send costs)"
 fio --name=dsync --rw=write --bs=4k --direct=1 --sync=dsync --size=16m --runtime=10 \
   --ioengine=sync --filename="$work_dir/fio.dat" --output-format=json \
   --output="$work_dir/fio.json" >&2
-python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["jobs"][0]))' "$work_dir/fio.json" |
-  record fio dsync
+record_fio_job dsync
 rm -f "$work_dir/fio.dat"
 
 step "loopback: TCP throughput (2 GiB, 1 MiB writes) and 1 KiB round trips"

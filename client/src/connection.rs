@@ -766,12 +766,7 @@ async fn read_frames(
                 false
             }
         };
-        loop {
-            let decoded = match decoder.decode(&mut buffer) {
-                Ok(None) => break,
-                Ok(Some(frame)) => Ok(frame),
-                Err(error) => Err(error),
-            };
+        while let Some(decoded) = decoder.decode(&mut buffer).transpose() {
             if !take(decoded) {
                 return;
             }
