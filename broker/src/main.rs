@@ -225,7 +225,7 @@ struct ServeArgs {
     /// Time a new connection has to complete its handshake, in ms. [default: 10000]
     #[arg(long)]
     handshake_timeout_ms: Option<u64>,
-    /// How long an idle executor polls before it sleeps, in µs (lower latency; CPU while nearly idle). [default: 100]
+    /// How long an idle executor polls before it sleeps, in µs (lower latency; CPU while nearly idle); above 0, sync flush also polls while a durable write is in flight. [default: 100]
     #[arg(long)]
     spin_before_park_us: Option<u64>,
     /// Age in ms at which an unresolved transaction is first checked back. [default: 6000]

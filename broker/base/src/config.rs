@@ -83,7 +83,8 @@ pub struct BrokerConfig {
     /// arrives within that time is picked up without a wake-up (lower latency, more CPU while
     /// nearly idle). 0 sleeps at once. 100 µs by default: on a VM a sleeping executor's
     /// wake-up (and glommio's `membarrier` before each sleep) costs more than the polling, so a
-    /// lone send is answered in a third of the time, for less CPU per message.
+    /// lone send is answered in a third of the time, for less CPU per message. Above 0, sync
+    /// flush also polls while a durable write is in flight (`StoreConfig::poll_durable_writes`).
     pub spin_before_park_us: u64,
     pub max_parked_pulls: usize,
     /// Longest a pull may be held, whatever the client asks.
@@ -534,6 +535,7 @@ impl BrokerConfig {
         config.preallocate_ahead_bytes = self.preallocate_ahead_bytes;
         config.journal_bytes = self.journal_bytes;
         config.readahead_bytes = self.readahead_bytes;
+        config.poll_durable_writes = self.spin_before_park_us > 0;
         config.consume_queue_entries_per_file = self.consume_queue_entries_per_file;
         config.file_reserved_hours = self.file_reserved_hours;
         config.retention_interval_ms = self.retention_interval_ms.max(1);

@@ -49,7 +49,9 @@ pub(super) async fn flush_loop(inner: Rc<Inner>) {
             let is_syncing = is_syncing.clone();
             glommio::spawn_local(async move {
                 let started = std::time::Instant::now();
+                let awake = inner.polls_durable_writes();
                 let outcome = inner.commit_log.write(job).await;
+                drop(awake);
                 if inner.commit_log.finish_write(from, outcome) {
                     inner.observe_flush(started.elapsed());
                     inner.report_flush_recovered();
@@ -127,7 +129,10 @@ fn start_sync(inner: &Rc<Inner>, is_syncing: &Rc<Cell<bool>>) {
     let syncing = is_syncing.clone();
     glommio::spawn_local(async move {
         let started = std::time::Instant::now();
-        match inner.commit_log.sync().await {
+        let awake = inner.polls_durable_writes();
+        let synced = inner.commit_log.sync().await;
+        drop(awake);
+        match synced {
             Ok(_) => inner.observe_flush(started.elapsed()),
             Err(e) => {
                 inner.report_flush_failure(format!("fdatasync: {e}"));
@@ -161,5 +166,68 @@ impl MessageStore {
         while inner.visible_offset() < end && !inner.is_closed.get() {
             inner.flushed.notified().await;
         }
+    }
+}
+
+impl Inner {
+    /// Under sync flush (when configured), keeps the storage core polling while a durable
+    /// write or `fdatasync` an acknowledgement waits on is in flight: its completion is then
+    /// seen at once instead of after the core's wake-up from sleep. See
+    /// `StoreConfig::poll_durable_writes`.
+    fn polls_durable_writes(&self) -> Option<glommio::StayAwake> {
+        (self.config.flush_mode == FlushMode::Sync && self.config.poll_durable_writes)
+            .then(|| glommio::executor().stay_awake())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// The CPU time this thread has used.
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid timespec for clock_gettime to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// The vendored glommio's `StayAwake` (vendor/glommio/PATCHES.md): an idle executor with
+    /// no polling before parking sleeps through a timer wait, but polls through it while a
+    /// guard lives, so its thread uses CPU for the wait.
+    #[test]
+    fn a_stay_awake_guard_keeps_an_idle_executor_polling() {
+        glommio::LocalExecutorBuilder::default()
+            .spin_before_park(Duration::ZERO)
+            .spawn(|| async {
+                let wait = Duration::from_millis(60);
+                let before = thread_cpu();
+                glommio::timer::sleep(wait).await;
+                let asleep = thread_cpu() - before;
+
+                let guard = glommio::executor().stay_awake();
+                let before = thread_cpu();
+                glommio::timer::sleep(wait).await;
+                let awake = thread_cpu() - before;
+                drop(guard);
+
+                let before = thread_cpu();
+                glommio::timer::sleep(wait).await;
+                let asleep_again = thread_cpu() - before;
+                assert!(
+                    asleep < wait / 6 && asleep_again < wait / 6,
+                    "an idle executor parks: {asleep:?} and {asleep_again:?} of CPU in {wait:?}"
+                );
+                assert!(
+                    awake > wait / 6,
+                    "a guard keeps the executor polling: {awake:?} of CPU in {wait:?}"
+                );
+            })
+            .expect("executor")
+            .join()
+            .expect("executor ran");
     }
 }

@@ -1496,6 +1496,14 @@ impl LocalExecutor {
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {
+                                // ShardMQ patch: no parking while a `StayAwake` guard lives;
+                                // the thread yields its CPU to whatever else is runnable there
+                                // (a kernel worker finishing the I/O waited for, say) on every
+                                // pass instead.
+                                if is_held_awake() {
+                                    std::thread::yield_now();
+                                    continue;
+                                }
                                 this.parker
                                     .park()
                                     .expect("Failed to park! This is actually pretty bad!");
@@ -2074,12 +2082,45 @@ pub unsafe fn spawn_scoped_local_into<'a, T>(
     executor().spawn_scoped_local_into(future, handle)
 }
 
+// ShardMQ patch: how many `StayAwake` guards live on this thread (one executor per thread).
+std::thread_local! {
+    static STAY_AWAKE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn is_held_awake() -> bool {
+    STAY_AWAKE.with(|held| held.get() > 0)
+}
+
+/// ShardMQ patch: while a guard lives, the executor of its thread polls for events instead of
+/// parking when it runs out of work (as during `spin_before_park`, for as long as the guard
+/// lives). For a wait on an I/O whose completion someone waits for and that ends in about the
+/// time a wake-up from sleep costs. Made by [`ExecutorProxy::stay_awake`]; not `Send`.
+#[derive(Debug)]
+pub struct StayAwake {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for StayAwake {
+    fn drop(&mut self) {
+        STAY_AWAKE.with(|held| held.set(held.get() - 1));
+    }
+}
+
 /// A proxy struct to the underlying [`LocalExecutor`]. It is accessible from
 /// anywhere within a Glommio context using [`executor()`].
 #[derive(Debug)]
 pub struct ExecutorProxy {}
 
 impl ExecutorProxy {
+    /// ShardMQ patch: keeps this thread's executor polling instead of parking while the
+    /// returned guard lives (see [`StayAwake`]).
+    pub fn stay_awake(&self) -> StayAwake {
+        STAY_AWAKE.with(|held| held.set(held.get() + 1));
+        StayAwake {
+            _not_send: PhantomData,
+        }
+    }
+
     /// Checks if this task has run for too long and need to be preempted. This
     /// is useful for situations where we can't call .await, for instance,
     /// if a [`RefMut`] is held. If this tests true, then the user is
