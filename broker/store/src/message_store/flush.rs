@@ -197,13 +197,14 @@ mod tests {
 
     /// The vendored glommio's `StayAwake` (vendor/glommio/PATCHES.md): an idle executor with
     /// no polling before parking sleeps through a timer wait, but polls through it while a
-    /// guard lives, so its thread uses CPU for the wait.
+    /// guard lives, so its thread uses CPU for the wait (a tenth of it is asked, as other tests
+    /// share the cores; a parked executor uses next to none).
     #[test]
     fn a_stay_awake_guard_keeps_an_idle_executor_polling() {
         glommio::LocalExecutorBuilder::default()
             .spin_before_park(Duration::ZERO)
             .spawn(|| async {
-                let wait = Duration::from_millis(60);
+                let wait = Duration::from_millis(200);
                 let before = thread_cpu();
                 glommio::timer::sleep(wait).await;
                 let asleep = thread_cpu() - before;
@@ -218,11 +219,11 @@ mod tests {
                 glommio::timer::sleep(wait).await;
                 let asleep_again = thread_cpu() - before;
                 assert!(
-                    asleep < wait / 6 && asleep_again < wait / 6,
+                    asleep < wait / 20 && asleep_again < wait / 20,
                     "an idle executor parks: {asleep:?} and {asleep_again:?} of CPU in {wait:?}"
                 );
                 assert!(
-                    awake > wait / 6,
+                    awake > wait / 10,
                     "a guard keeps the executor polling: {awake:?} of CPU in {wait:?}"
                 );
             })
