@@ -97,10 +97,11 @@ pub struct StoreConfig {
     /// must not be served after a restart just because they are on the local disk
     /// (docs/replication.md, "The confirmed offset").
     pub hold_unconfirmed_tail: bool,
-    /// Under sync flush, the storage core polls instead of sleeping while a durable write (an
-    /// `O_DSYNC` write or an `fdatasync`) is in flight, so that its completion is seen at once
-    /// rather than after a wake-up from sleep (tens of µs on a virtual machine); costs the
-    /// core's time for as long as the disk takes. The broker sets it from
+    /// Under sync flush, the storage core polls instead of sleeping while a CommitLog write
+    /// (`O_DSYNC`) or an `fdatasync` is in flight, so that its completion is seen at once rather
+    /// than after a wake-up from sleep (tens of µs on a virtual machine): up to 2 ms, and not
+    /// while another thread wants the core (the vendored glommio's `StayAwake`). It costs the
+    /// core's time while the disk works. On by default; the broker sets it from
     /// `spin_before_park_us > 0`.
     pub poll_durable_writes: bool,
 }

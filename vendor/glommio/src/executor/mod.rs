@@ -1496,13 +1496,25 @@ impl LocalExecutor {
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {
-                                // ShardMQ patch: no parking while a `StayAwake` guard lives;
-                                // the thread yields its CPU to whatever else is runnable there
-                                // (a kernel worker finishing the I/O waited for, say) on every
-                                // pass instead.
-                                if is_held_awake() {
+                                // ShardMQ patch: no parking while a `StayAwake` guard lives,
+                                // for at most `STAY_AWAKE_MAX` of an idle period, and only
+                                // while this CPU has nothing else to run: the thread yields on
+                                // every pass, and a yield that took long means another thread
+                                // ran. Then it parks, and parks at once for the next
+                                // `STAY_AWAKE_BACKOFF` (a polling thread gets the CPU only at
+                                // the end of its neighbours' time slices; a parked one is
+                                // woken at once).
+                                if is_held_awake()
+                                    && pre_time.elapsed() < spin_before_park + STAY_AWAKE_MAX
+                                    && !is_contended()
+                                {
+                                    let yielded = Instant::now();
                                     std::thread::yield_now();
-                                    continue;
+                                    if yielded.elapsed() < STAY_AWAKE_CONTENDED {
+                                        continue;
+                                    }
+                                    STAY_AWAKE_CONTENDED_UNTIL
+                                        .with(|until| until.set(Some(Instant::now() + STAY_AWAKE_BACKOFF)));
                                 }
                                 this.parker
                                     .park()
@@ -2087,14 +2099,34 @@ std::thread_local! {
     static STAY_AWAKE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// ShardMQ patch: the longest an idle executor polls for a `StayAwake` guard (a durable write
+/// that takes longer, a stalled device, is waited for asleep).
+const STAY_AWAKE_MAX: Duration = Duration::from_millis(2);
+
+/// ShardMQ patch: a `sched_yield` that takes longer than this ran another thread.
+const STAY_AWAKE_CONTENDED: Duration = Duration::from_micros(30);
+
+/// ShardMQ patch: after a contended yield, guards are ignored this long.
+const STAY_AWAKE_BACKOFF: Duration = Duration::from_millis(100);
+
+std::thread_local! {
+    static STAY_AWAKE_CONTENDED_UNTIL: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+fn is_contended() -> bool {
+    STAY_AWAKE_CONTENDED_UNTIL.with(|until| until.get().is_some_and(|t| Instant::now() < t))
+}
+
 fn is_held_awake() -> bool {
     STAY_AWAKE.with(|held| held.get() > 0)
 }
 
-/// ShardMQ patch: while a guard lives, the executor of its thread polls for events instead of
-/// parking when it runs out of work (as during `spin_before_park`, for as long as the guard
-/// lives). For a wait on an I/O whose completion someone waits for and that ends in about the
-/// time a wake-up from sleep costs. Made by [`ExecutorProxy::stay_awake`]; not `Send`.
+/// ShardMQ patch: while a guard lives, the executor of its thread, out of work, goes on
+/// polling for events after `spin_before_park` instead of parking: for up to 2 ms of each
+/// idle period, yielding its CPU on every pass, and parking as usual once a yield shows that
+/// another thread wants the CPU (and, for the next 100 ms, without polling first). For a wait on an I/O whose completion someone waits for and
+/// that ends in about the time a wake-up from sleep costs. Made by
+/// [`ExecutorProxy::stay_awake`]; not `Send`.
 #[derive(Debug)]
 pub struct StayAwake {
     _not_send: PhantomData<*const ()>,
@@ -2102,7 +2134,10 @@ pub struct StayAwake {
 
 impl Drop for StayAwake {
     fn drop(&mut self) {
-        STAY_AWAKE.with(|held| held.set(held.get() - 1));
+        STAY_AWAKE.with(|held| {
+            debug_assert!(held.get() > 0, "a StayAwake guard dropped twice");
+            held.set(held.get().saturating_sub(1))
+        });
     }
 }
 
