@@ -45,7 +45,8 @@ fn a_stay_awake_guard_keeps_an_idle_executor_polling() {
                 assert!(parked > 0, "an idle executor with no guard sleeps");
                 let (slept, yielded_to_others) = one_wait(true).await;
                 if slept == 0 {
-                    done.send(Ok(())).unwrap();
+                    done.send(Ok(()))
+                        .expect("the test's thread waits for the outcome");
                     return;
                 }
                 assert!(
@@ -60,7 +61,7 @@ fn a_stay_awake_guard_keeps_an_idle_executor_polling() {
                 "another thread wanted the CPU in every attempt (sleeps, involuntary switches): \
                  {contended:?}"
             )))
-            .unwrap();
+            .expect("the test's thread waits for the outcome");
         })
         .expect("executor");
     // A spin loop that stopped seeing timers would hang here: fail instead.

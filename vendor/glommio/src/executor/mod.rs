@@ -1513,8 +1513,7 @@ impl LocalExecutor {
                                     if yielded.elapsed() < STAY_AWAKE_CONTENDED {
                                         continue;
                                     }
-                                    STAY_AWAKE_CONTENDED_UNTIL
-                                        .with(|until| until.set(Some(Instant::now() + STAY_AWAKE_BACKOFF)));
+                                    back_off_stay_awake();
                                 }
                                 this.parker
                                     .park()
@@ -2094,9 +2093,12 @@ pub unsafe fn spawn_scoped_local_into<'a, T>(
     executor().spawn_scoped_local_into(future, handle)
 }
 
-// ShardMQ patch: how many `StayAwake` guards live on this thread (one executor per thread).
+// ShardMQ patch: how many `StayAwake` guards live on this thread (one executor per thread),
+// and until when they are ignored after a contended yield.
 std::thread_local! {
     static STAY_AWAKE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static STAY_AWAKE_CONTENDED_UNTIL: std::cell::Cell<Option<Instant>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// ShardMQ patch: the longest an idle executor polls for a `StayAwake` guard (a durable write
@@ -2109,8 +2111,8 @@ const STAY_AWAKE_CONTENDED: Duration = Duration::from_micros(30);
 /// ShardMQ patch: after a contended yield, guards are ignored this long.
 const STAY_AWAKE_BACKOFF: Duration = Duration::from_millis(100);
 
-std::thread_local! {
-    static STAY_AWAKE_CONTENDED_UNTIL: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+fn back_off_stay_awake() {
+    STAY_AWAKE_CONTENDED_UNTIL.with(|until| until.set(Some(Instant::now() + STAY_AWAKE_BACKOFF)));
 }
 
 fn is_contended() -> bool {
@@ -2124,9 +2126,9 @@ fn is_held_awake() -> bool {
 /// ShardMQ patch: while a guard lives, the executor of its thread, out of work, goes on
 /// polling for events after `spin_before_park` instead of parking: for up to 2 ms of each
 /// idle period, yielding its CPU on every pass, and parking as usual once a yield shows that
-/// another thread wants the CPU (and, for the next 100 ms, without polling first). For a wait on an I/O whose completion someone waits for and
-/// that ends in about the time a wake-up from sleep costs. Made by
-/// [`ExecutorProxy::stay_awake`]; not `Send`.
+/// another thread wants the CPU (and, for the next 100 ms, without polling first). For a wait
+/// on an I/O whose completion someone waits for and that ends in about the time a wake-up from
+/// sleep costs. Made by [`ExecutorProxy::stay_awake`]; not `Send`.
 #[derive(Debug)]
 pub struct StayAwake {
     _not_send: PhantomData<*const ()>,
